@@ -1,0 +1,156 @@
+"""Engine overhead: HSD with K = 0 (plain autoregressive decoding through the engine) vs HF's own
+greedy `generate` on the same model, side by side in one run, plus the engine's per-round overhead
+(wall time of a round minus the time spent inside the model's forward).
+
+    python bench/bench_engine_overhead.py [--device cpu] [--new-tokens 128] [--repeats 5]
+
+Writes bench/results/engine_overhead_<device>.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import hsd_fast
+from hsd_fast.hf_runner import HFRunner
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def small_llama(device: str) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=8192,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval().to(device)
+
+
+class TimedForward:
+    """Wraps HFRunner.forward to add up the seconds spent inside the model."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+        self._orig = HFRunner.forward
+
+    def __enter__(self) -> TimedForward:
+        outer = self
+
+        def forward(runner, feed):
+            _sync()
+            t0 = time.perf_counter()
+            out = outer._orig(runner, feed)
+            _sync()
+            outer.seconds += time.perf_counter() - t0
+            outer.calls += 1
+            return out
+
+        HFRunner.forward = forward
+        return self
+
+    def __exit__(self, *exc) -> None:
+        HFRunner.forward = self._orig
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _time(fn, repeats: int) -> list[float]:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+
+    model = small_llama(args.device)
+    ids = torch.randint(3, 8192, (1, args.prompt_len), generator=torch.Generator().manual_seed(1))
+    ids = ids.to(args.device)
+    kwargs = {"do_sample": False, "max_new_tokens": args.new_tokens, "eos_token_id": None}
+    hf_out = model.generate(ids, **kwargs)
+    hsd_out = model.generate(ids, custom_generate=hsd_fast.generate, **kwargs)
+    assert torch.equal(hf_out, hsd_out), "K = 0 must reproduce HF's greedy output"
+
+    hf_times = _time(lambda: model.generate(ids, **kwargs), args.repeats)
+    hsd_times = _time(lambda: model.generate(ids, custom_generate=hsd_fast.generate, **kwargs), args.repeats)
+    with TimedForward() as timer:
+        model.generate(ids, custom_generate=hsd_fast.generate, **kwargs)
+    hsd_median = statistics.median(hsd_times)
+    rounds = timer.calls
+    overhead_us = (hsd_median - timer.seconds) / rounds * 1e6
+
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    result = {
+        "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(),
+        "cpu": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "dtype": "float32",
+        "batch": 1,
+        "model": "Llama 4 layers, hidden 256, vocab 8192 (random init), SDPA",
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "commit": commit,
+        "date": date.today().isoformat(),
+        "hf_generate_tok_s": args.new_tokens / statistics.median(hf_times),
+        "hsd_k0_tok_s": args.new_tokens / hsd_median,
+        "ratio_hsd_over_hf": statistics.median(hf_times) / hsd_median,
+        "engine_rounds": rounds,
+        "model_forward_s": timer.seconds,
+        "engine_overhead_us_per_round": overhead_us,
+        "raw_times_s": {"hf": hf_times, "hsd_k0": hsd_times},
+    }
+    RESULTS.mkdir(exist_ok=True)
+    stem = RESULTS / f"engine_overhead_{args.device}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    md = (
+        f"# Engine overhead ({result['device']}, {result['dtype']}, batch 1)\n\n"
+        f"{result['model']}; prompt {args.prompt_len}, {args.new_tokens} new tokens, greedy; "
+        f"torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"{result['threads']} threads; commit {commit}, {result['date']}.\n\n"
+        "| path | tokens/s |\n|---|---|\n"
+        f"| HF `generate` (greedy) | {result['hf_generate_tok_s']:.1f} |\n"
+        f"| hsd_fast, K = 0 | {result['hsd_k0_tok_s']:.1f} |\n\n"
+        f"Ratio hsd_fast / HF: {result['ratio_hsd_over_hf']:.2f}. Engine overhead per round "
+        f"(wall time minus model forward): {overhead_us:.0f} us over {rounds} rounds.\n"
+    )
+    stem.with_suffix(".md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

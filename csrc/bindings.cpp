@@ -1,0 +1,190 @@
+// Python bindings of the ledger: argument conversion and docstrings only. Validation lives in
+// ledger.cpp (std::invalid_argument, which pybind11 raises as ValueError).
+//
+// Sequences arrive as anything numpy.asarray accepts (list, tuple, numpy array of any integer or bool
+// dtype, contiguous or not) and leave as numpy int64 arrays. Not 1-D -> ValueError; not integer ->
+// TypeError (an empty sequence of any dtype is fine), as the Python model converts them.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <string>
+
+#include "ledger.hpp"
+
+namespace py = pybind11;
+using hsd::Ledger;
+using Ints = Ledger::Ints;
+using Int64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+namespace {
+
+py::array as_array(const py::object& obj, const std::string& name) {
+  py::array arr = py::array::ensure(obj);  // null (error cleared) when numpy cannot convert it
+  if (!arr) throw py::type_error(name + " must be a sequence of integers");
+  return arr;
+}
+
+Ints integers(const py::array& arr, const std::string& name) {
+  const char kind = arr.dtype().kind();
+  if (arr.size() > 0 && kind != 'i' && kind != 'u' && kind != 'b')
+    throw py::type_error(name + " must hold integers, got dtype " + std::string(py::str(arr.dtype())));
+  const auto ints = Int64Array::ensure(arr);
+  if (!ints) throw py::type_error(name + " must be a sequence of integers");
+  return Ints(ints.data(), ints.data() + ints.size());
+}
+
+Ints to_ints(const py::object& obj, const std::string& name) {
+  const py::array arr = as_array(obj, name);
+  if (arr.ndim() != 1)
+    throw py::value_error(name + " must be a 1-D sequence, got " + std::to_string(arr.ndim()) +
+                          " dimensions");
+  return integers(arr, name);
+}
+
+py::array_t<int64_t> to_numpy(const Ints& values) {
+  py::array_t<int64_t> out(static_cast<py::ssize_t>(values.size()));
+  std::copy(values.begin(), values.end(), out.mutable_data());
+  return out;
+}
+
+py::array_t<int64_t> to_numpy_2d(const Ints& values, int64_t rows, int64_t cols) {  // [rows, cols]
+  py::array_t<int64_t> out({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(cols)});
+  std::copy(values.begin(), values.end(), out.mutable_data());
+  return out;
+}
+
+Ledger make_ledger(int64_t num_levels, const py::object& batch_sizes, const py::object& prompt_lens,
+                   const py::object& max_new_tokens, const std::string& policy) {
+  Ints sizes = to_ints(batch_sizes, "batch_sizes");
+  Ints prompts = to_ints(prompt_lens, "prompt_lens");
+  const py::array budget = as_array(max_new_tokens, "max_new_tokens");
+  if (budget.ndim() == 0)  // one int: the same budget for every row
+    return Ledger(num_levels, sizes, prompts, integers(budget, "max_new_tokens")[0], policy);
+  return Ledger(num_levels, sizes, prompts, to_ints(budget, "max_new_tokens"), policy);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() =
+      "C++ core of hsd_fast: the nested KV-cache ledger of Hierarchical Speculative Decoding "
+      "(integers only; specified by tests/ledger_model.py).";
+
+  py::class_<Ledger>(m, "Ledger", R"doc(
+Per row and level: tags (as frontiers), pending counts, valid KV-cache lengths, EOS and length budget.
+
+Levels are 0..K (K = num_levels - 1, the target). ``frontier[row, l]`` = number of tokens (prompt
+included) whose tag is >= l, so ``frontier[:, 0]`` is the sequence length and ``frontier[:, K]`` the
+committed length. ``cached[row, l]`` = leading positions level l's KV cache holds validly.
+
+Loop: ``level = next_level()``; ``rows = rows_for(level)``; ``spans(level, rows)`` says what to feed;
+then ``commit_draft`` (level 0) or ``commit_verify`` (level >= 1). Invalid arguments raise ValueError
+before any state changes.
+)doc")
+      .def(py::init(&make_ledger), py::arg("num_levels"), py::arg("batch_sizes"),
+           py::arg("prompt_lens"), py::arg("max_new_tokens"), py::arg("policy") = "most_rows",
+           R"doc(
+num_levels: K + 1 (at least 1: the target alone decodes autoregressively).
+batch_sizes: T_0..T_{K-1}, each >= 1: level i+1 verifies once T_i tokens tagged i wait.
+prompt_lens: one length >= 1 per row. max_new_tokens: one int >= 0, or one per row.
+policy: which level runs when rows want different ones: "most_rows" (ties to the higher level) or
+"highest_level".
+)doc")
+      .def_property_readonly("num_levels", &Ledger::num_levels)
+      .def_property_readonly("num_rows", &Ledger::num_rows)
+      .def_property_readonly(
+          "batch_sizes",
+          [](const Ledger& self) {
+            py::list out;
+            for (const int64_t t : self.batch_sizes()) out.append(t);
+            return out;
+          },
+          "T_0..T_{K-1} (a new list).")
+      .def_property_readonly("policy", &Ledger::policy)
+
+      .def("seq_len", &Ledger::seq_len, py::arg("row"), "Tokens in the row, speculative included.")
+      .def("committed_len", &Ledger::committed_len, py::arg("row"),
+           "Tokens tagged K (the prompt included).")
+      .def("pending", &Ledger::pending, py::arg("row"), py::arg("level"),
+           "Tokens tagged exactly `level` (0 for the top level: its tokens are committed).")
+      .def("last_tag", &Ledger::last_tag, py::arg("row"), "Tag of the row's last token.")
+      .def(
+          "tags", [](const Ledger& self, int64_t row) { return to_numpy(self.tags(row)); },
+          py::arg("row"), "int64 [seq_len]: the tag of every position (non-increasing).")
+      .def("finished", &Ledger::finished, py::arg("row"),
+           "Whether an EOS is committed or the length budget is committed in full.")
+      .def("output_len", &Ledger::output_len, py::arg("row"),
+           "Committed length, cut after a committed EOS.")
+      .def("wanted_level", &Ledger::wanted_level, py::arg("row"),
+           "The level the row needs next; -1 once it is finished.")
+
+      .def(
+          "frontiers",
+          [](const Ledger& self) {
+            return to_numpy_2d(self.frontiers(), self.num_rows(), self.num_levels());
+          },
+          "int64 [num_rows, num_levels]: tokens whose tag is >= level (a copy).")
+      .def(
+          "cached_lens",
+          [](const Ledger& self) {
+            return to_numpy_2d(self.cached_lens(), self.num_rows(), self.num_levels());
+          },
+          "int64 [num_rows, num_levels]: valid KV-cache length per level (a copy).")
+      .def(
+          "seq_lens", [](const Ledger& self) { return to_numpy(self.seq_lens()); },
+          "int64 [num_rows].")
+      .def(
+          "output_lens", [](const Ledger& self) { return to_numpy(self.output_lens()); },
+          "int64 [num_rows]: committed lengths, cut after a committed EOS.")
+      .def(
+          "eos_positions", [](const Ledger& self) { return to_numpy(self.eos_positions()); },
+          "int64 [num_rows]: position of the drawn EOS, -1 where the row holds none.")
+      .def("all_finished", &Ledger::all_finished)
+      .def(
+          "wanted_levels", [](const Ledger& self) { return to_numpy(self.wanted_levels()); },
+          "int64 [num_rows]: wanted_level of every row.")
+      .def("next_level", &Ledger::next_level,
+           "The level to run next under the policy; -1 when every row is finished.")
+      .def(
+          "rows_for",
+          [](const Ledger& self, int64_t level) { return to_numpy(self.rows_for(level)); },
+          py::arg("level"), "int64: the rows that want `level`, ascending.")
+
+      .def(
+          "spans",
+          [](const Ledger& self, int64_t level, const py::object& rows) {
+            const Ledger::Spans s = self.spans(level, to_ints(rows, "rows"));
+            return py::make_tuple(to_numpy(s.feed_start), to_numpy(s.feed_end),
+                                  to_numpy(s.out_start));
+          },
+          py::arg("level"), py::arg("rows"), R"doc(
+Per row (int64 arrays): feed_start, feed_end (level feeds positions [feed_start, feed_end): all it
+has not cached) and out_start (first position whose logits are needed; logits at position t give the
+distribution of token t + 1). Every row must want `level`.
+)doc")
+      .def(
+          "commit_draft",
+          [](Ledger& self, const py::object& rows, const py::object& is_eos) {
+            self.commit_draft(to_ints(rows, "rows"), to_ints(is_eos, "is_eos"));
+          },
+          py::arg("rows"), py::arg("is_eos"),
+          "Level 0 fed its span and drew one token (tag 0) per row at position seq_len.")
+      .def(
+          "commit_verify",
+          [](Ledger& self, int64_t level, const py::object& rows, const py::object& num_accepted,
+             const py::object& extra_is_eos) {
+            const Ledger::Verified v =
+                self.commit_verify(level, to_ints(rows, "rows"), to_ints(num_accepted, "num_accepted"),
+                                   to_ints(extra_is_eos, "extra_is_eos"));
+            return py::make_tuple(to_numpy(v.kept_extra), to_numpy(v.cascaded));
+          },
+          py::arg("level"), py::arg("rows"), py::arg("num_accepted"), py::arg("extra_is_eos"),
+          R"doc(
+Level (>= 1) fed its span and verified its block [frontier[level], seq_len) of tag level - 1:
+num_accepted[i] drafts passed, then a correction (on a rejection) or a bonus token follows, EOS or not
+as extra_is_eos[i] says. A bonus is dropped when the last accepted draft is EOS or the length budget is
+full. A rejection at position j cuts every level's cache to at most j.
+Returns int64 arrays (kept_extra: 0/1, cascaded: how many levels below `level` lost cache entries).
+)doc");
+}

@@ -1,0 +1,46 @@
+"""hsd_fast: Hierarchical Speculative Decoding (arXiv 2510.19705) with the target's exact output
+distribution. See DESIGN.md (algorithm contract) and README.md (set-up, layout)."""
+
+from __future__ import annotations
+
+try:
+    from hsd_fast import _C  # noqa: F401  (the C++ ledger; the package cannot work without it)
+except ImportError as err:  # pragma: no cover - exercised only by broken installs
+    raise ImportError(
+        "hsd_fast: the compiled extension hsd_fast._C is missing. Install the package with "
+        "`pip install -e .` (development) or `pip install .` and import it from outside the "
+        "repository: a regular install imported from the repository root picks up the source tree, "
+        f"which holds no compiled extension. ({err})"
+    ) from err
+
+from hsd_fast.engine import Feed, HSDResult, Runner, run_hsd
+from hsd_fast.stats import HSDStats
+
+__version__ = "0.1.0"
+__all__ = [
+    "Feed",
+    "HSDGenerateOutput",
+    "HSDModel",
+    "HSDResult",
+    "HSDStats",
+    "Runner",
+    "__version__",
+    "generate",
+    "run_hsd",
+    "wrap",
+]
+
+
+def __getattr__(name: str):
+    # transformers is imported only by the HF glue: `hsd_fast.generate` loads it on first use.
+    if name in ("generate", "HSDGenerateOutput", "wrap", "HSDModel"):
+        from hsd_fast import hf_generate, wrapper
+
+        globals().update(
+            generate=hf_generate.generate,
+            HSDGenerateOutput=hf_generate.HSDGenerateOutput,
+            wrap=wrapper.wrap,
+            HSDModel=wrapper.HSDModel,
+        )
+        return globals()[name]
+    raise AttributeError(f"module 'hsd_fast' has no attribute {name!r}")

@@ -1,0 +1,83 @@
+"""What hsd_fast accepts from Hugging Face: architectures, attention, vocabularies, devices.
+
+Every check raises ``ValueError`` naming the model and what to change. The engine's custom 4D mask
+bypasses HF's per-layer sliding-window and hybrid masks and its slot cache holds plain K/V, so
+sliding-window, hybrid, linear-attention and state-space models are refused, not approximated
+(FACTS.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel", "GPTNeoXForCausalLM")
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+VOCAB_PADDING_TOLERANCE = 0.01
+"""Vocabulary sizes may differ by embedding padding: at most this fraction of the smaller one."""
+
+
+def _name(model: torch.nn.Module, role: str) -> str:
+    return f"{role} ({type(model).__name__})"
+
+
+def check_model(model: torch.nn.Module, role: str) -> None:
+    config = model.config
+    name = _name(model, role)
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(f"{name}: encoder-decoder models are not supported, only causal LMs")
+    if type(model).__name__ not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"{name}: architecture not supported. Supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    attn = getattr(config, "_attn_implementation", None)
+    if attn not in SUPPORTED_ATTENTION:
+        raise ValueError(
+            f"{name}: attention implementation {attn!r} not supported; load the model with "
+            f"attn_implementation= one of {SUPPORTED_ATTENTION}"
+        )
+    layer_types = getattr(config, "layer_types", None) or []
+    sliding = getattr(config, "use_sliding_window", False) or any(t != "full_attention" for t in layer_types)
+    if sliding:
+        raise ValueError(
+            f"{name}: sliding-window or hybrid attention layers are not supported (the engine's "
+            "custom attention mask would bypass them); only full attention"
+        )
+
+
+def common_vocab_size(target: torch.nn.Module, drafts: Sequence[torch.nn.Module]) -> int:
+    """The vocabulary every level samples from. Equal sizes, or sizes that differ only by embedding
+    padding (within VOCAB_PADDING_TOLERANCE, identical special-token ids inside the smaller size):
+    then the extra logits are cut at every level, target included."""
+    sizes = [m.get_output_embeddings().weight.shape[0] for m in (target, *drafts)]
+    smallest = min(sizes)
+    if max(sizes) == smallest:
+        return smallest
+    special = ("bos_token_id", "eos_token_id", "pad_token_id")
+    ids = [tuple(_as_tuple(getattr(m.config, s, None)) for s in special) for m in (target, *drafts)]
+    padded = max(sizes) - smallest <= VOCAB_PADDING_TOLERANCE * smallest
+    same_special = all(i == ids[0] for i in ids)
+    inside = all(t < smallest for group in ids[0] for t in group)
+    if not (padded and same_special and inside):
+        raise ValueError(
+            f"target and drafts have different vocabularies (logit sizes {sizes}, special-token ids "
+            f"{ids}); they must share one tokenizer: equal sizes, or sizes differing only by "
+            f"embedding padding (<= {VOCAB_PADDING_TOLERANCE:.0%}) with identical special tokens"
+        )
+    return smallest
+
+
+def _as_tuple(value: int | list[int] | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, (list, tuple)) else (int(value),)
+
+
+def check_devices(target: torch.nn.Module, drafts: Sequence[torch.nn.Module], ids: torch.Tensor) -> None:
+    devices = [next(m.parameters()).device for m in (target, *drafts)]
+    if any(d != ids.device for d in devices):
+        raise ValueError(
+            f"all models and input_ids must be on one device; got models on {[str(d) for d in devices]}"
+            f" and input_ids on {ids.device}"
+        )

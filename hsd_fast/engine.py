@@ -1,0 +1,272 @@
+"""The HSD loop (DESIGN.md §2) over a stack of per-level runners, driven by the C++ ledger.
+
+    while some row is unfinished:
+        level = ledger.next_level()                  # lockstep: one level's forward at a time
+        logits = runners[level].forward(its rows' spans of uncached tokens)
+        level 0:  draw one token per row            -> ledger.commit_draft
+        else:     verify the block of tag level-1   -> ledger.commit_verify (rollback, flush, end)
+
+The ledger (integers only) decides what to feed and what to keep; this module moves the tensors:
+the token buffer, and for every speculative token the distribution ``p`` of the level that tagged it
+(processed logits + fp32 log-sum-exp), kept in a ring buffer over the speculative window. That
+distribution is the ``q`` the next level up verifies against.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from hsd_fast._C import Ledger
+from hsd_fast.stats import HSDStats
+from hsd_fast.triton_kernels.keyed_random import DRAFT, mix32_torch
+from hsd_fast.triton_kernels.rejection import verify_torch
+from hsd_fast.triton_kernels.sampling import sample_torch
+
+
+@dataclass(frozen=True)
+class Feed:
+    """What one level must process for the rows taking part in a forward.
+
+    Row ``rows[j]`` feeds its tokens at positions ``[starts[j], ends[j])`` (those it has not
+    cached) and returns logits for positions ``[out_starts[j], ends[j])``; the logits at position t
+    give the distribution of the token at t + 1.
+    """
+
+    rows: np.ndarray  # [R] int64 row indices (host)
+    starts: np.ndarray  # [R] int64
+    ends: np.ndarray  # [R] int64
+    out_starts: np.ndarray  # [R] int64
+    tokens: torch.Tensor  # [sum(ends - starts)] int64, row after row
+
+    @property
+    def num_outputs(self) -> np.ndarray:  # [R]
+        return self.ends - self.out_starts
+
+
+class Runner(Protocol):
+    """One level of the hierarchy: a model plus its cache."""
+
+    vocab_size: int
+
+    def prepare(self, num_rows: int, capacity: int) -> None:
+        """Start a run: empty caches for ``num_rows`` rows of up to ``capacity`` positions."""
+
+    def forward(self, feed: Feed) -> torch.Tensor:
+        """Cache the fed tokens and return processed logits, ``[sum(feed.num_outputs), V]``."""
+
+
+@dataclass
+class HSDResult:
+    sequences: list[torch.Tensor]  # per row: prompt + generated tokens, [len] int64
+    num_new_tokens: list[int]
+    stats: HSDStats
+
+
+def ragged_arange(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For spans [starts[j], ends[j]): (index j of each element, its position), both [sum(len)]."""
+    lens = ends - starts
+    owner = np.repeat(np.arange(len(starts)), lens)
+    first = np.cumsum(lens) - lens  # where each span begins in the flat output
+    return owner, starts[owner] + np.arange(int(lens.sum())) - first[owner]
+
+
+def speculative_window(batch_sizes: Sequence[int]) -> int:
+    """Ring size for per-position draft distributions. Level 0 holds at most T_0 pending tokens;
+    a verification by level i adds at most (pending of level i-1) + 1 to a level that held fewer
+    than T_i, so level i holds at most T_0 + ... + T_i. +2 covers the bonus slot and one beyond."""
+    prefix = np.cumsum(batch_sizes)
+    return int(prefix.sum()) + 2
+
+
+def row_seeds(seed: int, num_rows: int) -> torch.Tensor:
+    """Seeds of rows 0..num_rows-1 derived from one integer (row r gets the same seed alone or in a
+    batch, as long as it is row r)."""
+    rows = torch.arange(num_rows, dtype=torch.int64)
+    hi = mix32_torch(rows ^ ((seed >> 32) & 0xFFFFFFFF))
+    return (hi << 32) | mix32_torch(hi ^ (seed & 0xFFFFFFFF))
+
+
+def run_hsd(
+    runners: Sequence[Runner],
+    prompts: Sequence[torch.Tensor],
+    *,
+    batch_sizes: Sequence[int],
+    max_new_tokens: int | Sequence[int],
+    eos_token_id: int | Sequence[int] | None = None,
+    seeds: torch.Tensor | int = 0,
+    temperature: float | torch.Tensor = 1.0,
+    greedy: bool = False,
+    policy: str = "most_rows",
+    on_commit: Callable[[int, torch.Tensor], None] | None = None,
+    _residual_as_q: bool = False,
+) -> HSDResult:
+    """Generate with the hierarchy ``runners`` (level 0 drafts, the last is the target).
+
+    ``batch_sizes[i]`` is T_i: level i+1 verifies once level i has emitted at least T_i tokens.
+    ``seeds``: one int (row seeds derived from it) or one int64 per row. ``temperature``: one float
+    or one per row, applied to the runners' logits. ``on_commit(row, tokens)`` is called with every
+    row's newly committed tokens, in order, as the target commits them (streaming).
+    ``_residual_as_q`` is a test-only switch that
+    stores the residual as a correction's ``q``: the known bug the distribution tests must catch.
+    """
+    num_levels, num_rows = len(runners), len(prompts)
+    if num_levels < 1:
+        raise ValueError("need at least one runner (the target)")
+    vocab = runners[-1].vocab_size
+    if any(r.vocab_size != vocab for r in runners):
+        raise ValueError(f"runners disagree on vocab_size: {[r.vocab_size for r in runners]}")
+    budget = np.broadcast_to(np.asarray(max_new_tokens, dtype=np.int64), (num_rows,))
+    prompt_lens = np.array([p.numel() for p in prompts], dtype=np.int64)
+    ledger = Ledger(num_levels, list(batch_sizes), prompt_lens.tolist(), budget.tolist(), policy)
+    # +1: a bonus drawn past the length budget is written before the ledger drops it
+    capacity = int((prompt_lens + budget).max()) + 1
+    state = _DecodeState(
+        prompts, capacity, speculative_window(batch_sizes), num_levels, vocab,
+        seeds, temperature, eos_token_id, greedy, _residual_as_q,
+    )  # fmt: skip
+    stats = HSDStats(num_levels)
+    for runner in runners:
+        runner.prepare(num_rows, capacity)
+
+    emitted = prompt_lens.copy()  # per row: tokens already handed to on_commit
+    while (level := ledger.next_level()) >= 0:
+        started = time.perf_counter()
+        rows = ledger.rows_for(level)
+        starts, ends, outs = ledger.spans(level, rows)
+        logits = runners[level].forward(state.feed(rows, starts, ends, outs))  # [N, V]
+        stats.record_forward(level, len(rows), int((ends - starts).sum()))
+        if level == 0:
+            ledger.commit_draft(rows, state.draft(rows, ends, logits))
+            stats.record_draft(len(rows))
+        else:
+            accepted, next_is_eos = state.verify(level, rows, outs, ends, logits)
+            kept, cascaded = ledger.commit_verify(level, rows, accepted, next_is_eos)
+            stats.record_verify(level, ends - outs - 1, accepted, kept, cascaded)
+        stats.wall_time[level] += time.perf_counter() - started  # each step ends in a host sync
+        if on_commit is not None and level == num_levels - 1:
+            lens = ledger.output_lens()
+            for r in np.flatnonzero(lens > emitted):
+                on_commit(int(r), state.tokens[r, emitted[r] : lens[r]])
+            emitted = np.maximum(emitted, lens)
+
+    lens = ledger.output_lens()
+    sequences = [state.tokens[r, : lens[r]].clone() for r in range(num_rows)]
+    return HSDResult(sequences, (lens - prompt_lens).tolist(), stats)
+
+
+class _DecodeState:
+    """The tensors of one run: the tokens, and for every speculative position the distribution of
+    the level that tagged it (processed logits + fp32 log-sum-exp), in a ring over the window."""
+
+    def __init__(
+        self,
+        prompts: Sequence[torch.Tensor],
+        capacity: int,
+        window: int,
+        num_levels: int,
+        vocab: int,
+        seeds: torch.Tensor | int,
+        temperature: float | torch.Tensor,
+        eos_token_id: int | Sequence[int] | None,
+        greedy: bool,
+        residual_as_q: bool,
+    ) -> None:
+        num_rows, device = len(prompts), prompts[0].device
+        self.device, self.window, self.top = device, window, num_levels - 1
+        self.greedy, self.residual_as_q = greedy, residual_as_q
+        self.tokens = torch.zeros(num_rows, capacity, dtype=torch.int64, device=device)  # [B, S]
+        for r, p in enumerate(prompts):
+            self.tokens[r, : p.numel()] = p
+        seeds = row_seeds(seeds, num_rows) if isinstance(seeds, int) else seeds
+        self.seeds = seeds.to(device=device, dtype=torch.int64)  # [B]
+        temperature = torch.as_tensor(temperature, dtype=torch.float32, device=device)
+        self.temperature = temperature.expand(num_rows).contiguous()  # [B]
+        eos_ids = [] if eos_token_id is None else np.atleast_1d(eos_token_id).tolist()
+        self.eos = torch.tensor(eos_ids, dtype=torch.int64, device=device)  # [E]
+        self.vocab = vocab
+        self.q_logits: torch.Tensor | None = None  # [B, W, V], allocated at the first forward
+        self.q_lse = torch.zeros(num_rows, window, dtype=torch.float32, device=device)  # [B, W]
+
+    def _t(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.device)
+
+    def feed(self, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray, outs: np.ndarray) -> Feed:
+        owner, pos = ragged_arange(starts, ends)
+        return Feed(rows, starts, ends, outs, self.tokens[rows[owner], pos])
+
+    def _keep_p(self, rows: np.ndarray, pos: np.ndarray, logits: torch.Tensor, lse: torch.Tensor):
+        """Store the distribution of the tokens at (rows, pos): the q of the next level up."""
+        if self.q_logits is None:
+            shape = (self.tokens.shape[0], self.window, self.vocab)
+            self.q_logits = logits.new_zeros(shape)
+        elif self.q_logits.dtype != torch.promote_types(self.q_logits.dtype, logits.dtype):
+            self.q_logits = self.q_logits.to(logits.dtype)  # levels differ: keep the widest dtype
+        self.q_logits[rows, pos % self.window] = logits.to(self.q_logits.dtype)
+        self.q_lse[rows, pos % self.window] = lse
+
+    def draft(self, rows: np.ndarray, ends: np.ndarray, logits: torch.Tensor) -> np.ndarray:
+        """Level 0 draws one token per row at position ``ends``; returns the EOS flags [R]."""
+        r, new_pos = self._t(rows), self._t(ends)
+        drawn, lse = sample_torch(logits, self.temperature[r], self.seeds[r], new_pos, 0, DRAFT, self.greedy)
+        self.tokens[r, new_pos] = drawn
+        if self.top > 0:
+            self._keep_p(rows, ends, logits, lse)
+        return torch.isin(drawn, self.eos).cpu().numpy()  # host sync: the ledger needs EOS flags
+
+    def verify(
+        self, level: int, rows: np.ndarray, outs: np.ndarray, ends: np.ndarray, logits: torch.Tensor
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``level`` verifies row j's drafts at positions [outs[j] + 1, ends[j]) with its logits at
+        [outs[j], ends[j]). Returns the accepted counts and EOS flags of the correction/bonus."""
+        assert self.q_logits is not None
+        r, first_pos = self._t(rows), self._t(outs + 1)  # [R]
+        num_drafts = ends - outs - 1
+        offsets = self._t(np.concatenate([[0], np.cumsum(num_drafts)]))  # [R + 1]
+        d_owner, d_pos = ragged_arange(outs + 1, ends)
+        d_rows, d_slot = rows[d_owner], d_pos % self.window
+        draft_logits = self.q_logits[d_rows, d_slot]  # [D, V] (a copy: p is stored below)
+        result = verify_torch(
+            logits, draft_logits, self.q_lse[d_rows, d_slot], self.tokens[d_rows, d_pos],
+            offsets, self.temperature[r], self.seeds[r], first_pos, level, self.greedy,
+        )  # fmt: skip
+        self.tokens[r, first_pos + result.num_accepted] = result.next_token
+        if level < self.top:  # keep p_level for the tokens it just tagged
+            p_owner, p_pos = ragged_arange(outs + 1, ends + 1)
+            self._keep_p(rows[p_owner], p_pos, logits, result.verifier_lse)
+            if self.residual_as_q:
+                _store_residual_as_q(
+                    self.q_logits, self.q_lse, logits, draft_logits, offsets, r, first_pos,
+                    result.num_accepted,
+                )  # fmt: skip
+        is_eos = torch.isin(result.next_token, self.eos)
+        host = torch.stack([result.num_accepted, is_eos]).cpu().numpy()  # the round's one sync
+        return host[0], host[1]
+
+
+def _store_residual_as_q(
+    q_logits: torch.Tensor,  # [B, W, V]
+    q_lse: torch.Tensor,  # [B, W]
+    verifier_logits: torch.Tensor,  # [R + D, V]
+    draft_logits: torch.Tensor,  # [D, V]
+    offsets: torch.Tensor,  # [R + 1]
+    rows: torch.Tensor,  # [R]
+    first_pos: torch.Tensor,  # [R]
+    num_accepted: torch.Tensor,  # [R]
+) -> None:
+    """TEST ONLY: store normalize(max(0, p - q)) as a correction's q. This is the known bug the
+    distribution tests must catch: a residual draw is still marginally a sample of p, so p must be
+    stored. Assumes temperature 1."""
+    rejected = num_accepted < offsets[1:] - offsets[:-1]  # [R]
+    at = offsets[:-1] + num_accepted
+    p = torch.softmax(verifier_logits[at + torch.arange(len(at), device=at.device)].float(), -1)
+    q = torch.softmax(draft_logits[at.clamp(max=max(len(draft_logits) - 1, 0))].float(), -1)
+    log_residual = (p - q).clamp_min(0).log()[rejected]  # [R', V]
+    slot = ((first_pos + num_accepted) % q_logits.shape[1])[rejected]
+    q_logits[rows[rejected], slot] = log_residual.to(q_logits.dtype)
+    q_lse[rows[rejected], slot] = torch.logsumexp(log_residual, -1)

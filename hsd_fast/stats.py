@@ -1,0 +1,133 @@
+"""HSDStats: what each level did during one decoding run, summed over the rows of the batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+
+def _zeros(n: int) -> list[int]:
+    return [0] * n
+
+
+@dataclass
+class HSDStats:
+    """Counters per level (index = level; level 0 drafts, level K is the target).
+
+    A *block position* k is the index of a draft inside the block a level verifies (0 = first).
+    Every rejection is a rollback of the verifier's own cache; ``cascade_depth[d]`` counts the
+    rollbacks that also cut the caches of ``d`` levels below the verifier.
+    """
+
+    num_levels: int
+    forwards: list[int] = field(default_factory=list)  # lockstep forward passes
+    row_forwards: list[int] = field(default_factory=list)  # rows taking part, summed over passes
+    fed_tokens: list[int] = field(default_factory=list)  # tokens fed (catch-up + new)
+    drafted: list[int] = field(default_factory=list)  # level 0: tokens drawn; i >= 1: verified
+    accepted: list[int] = field(default_factory=list)
+    bonus: list[int] = field(default_factory=list)  # all accepted, extra token kept
+    corrections: list[int] = field(default_factory=list)  # = rollbacks of that level
+    verified_at: list[list[int]] = field(default_factory=list)  # [level][k]
+    accepted_at: list[list[int]] = field(default_factory=list)  # [level][k]
+    rejected_at: list[list[int]] = field(default_factory=list)  # [level][k]
+    cascade_depth: list[int] = field(default_factory=list)  # [d]
+    wall_time: list[float] = field(default_factory=list)  # seconds per level, host clock
+
+    def __post_init__(self) -> None:
+        n = self.num_levels
+        for name in ("forwards", "row_forwards", "fed_tokens", "drafted", "accepted", "bonus"):
+            setattr(self, name, getattr(self, name) or _zeros(n))
+        self.corrections = self.corrections or _zeros(n)
+        for name in ("verified_at", "accepted_at", "rejected_at"):
+            setattr(self, name, getattr(self, name) or [[] for _ in range(n)])
+        self.cascade_depth = self.cascade_depth or _zeros(n)
+        self.wall_time = self.wall_time or [0.0] * n
+
+    # ------------------------------------------------------------------ recording
+    def record_forward(self, level: int, num_rows: int, fed: int) -> None:
+        self.forwards[level] += 1
+        self.row_forwards[level] += num_rows
+        self.fed_tokens[level] += fed
+
+    def record_draft(self, num_tokens: int) -> None:
+        self.drafted[0] += num_tokens
+
+    def record_verify(
+        self,
+        level: int,
+        num_drafts: np.ndarray,  # [R]
+        num_accepted: np.ndarray,  # [R]
+        kept_extra: np.ndarray,  # [R] 0/1
+        cascaded: np.ndarray,  # [R] levels below `level` whose caches the rollback cut
+    ) -> None:
+        rejected = num_accepted < num_drafts
+        self.drafted[level] += int(num_drafts.sum())
+        self.accepted[level] += int(num_accepted.sum())
+        self.bonus[level] += int((~rejected & (kept_extra == 1)).sum())
+        self.corrections[level] += int(rejected.sum())
+        width = int(num_drafts.max(initial=0))
+        k = np.arange(width)
+        _add(self.verified_at[level], (k[None, :] < num_drafts[:, None]).sum(0))
+        _add(self.accepted_at[level], (k[None, :] < num_accepted[:, None]).sum(0))
+        _add(self.rejected_at[level], np.bincount(num_accepted[rejected], minlength=width))
+        _add(self.cascade_depth, np.bincount(cascaded[rejected], minlength=len(self.cascade_depth)))
+
+    def __add__(self, other: HSDStats) -> HSDStats:
+        """Counters of two runs summed (same number of levels)."""
+        if other.num_levels != self.num_levels:
+            raise ValueError(f"cannot add stats of {self.num_levels} and {other.num_levels} levels")
+        total = HSDStats(self.num_levels)
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if f.name == "num_levels":
+                continue
+            if mine and isinstance(mine[0], list):
+                setattr(total, f.name, [_summed(a, b) for a, b in zip(mine, theirs, strict=True)])
+            else:
+                setattr(total, f.name, _summed(mine, theirs))
+        return total
+
+    # ------------------------------------------------------------------ views
+    def acceptance_rate(self, level: int) -> float:
+        """Fraction of the drafts verified by ``level`` (>= 1) that it accepted."""
+        return self.accepted[level] / self.drafted[level] if self.drafted[level] else float("nan")
+
+    def mean_tokens_per_pass(self, level: int) -> float:
+        """Tokens emitted per row-forward of ``level``: accepted + corrections + bonuses."""
+        emitted = self.accepted[level] + self.corrections[level] + self.bonus[level]
+        if level == 0:
+            emitted = self.drafted[0]
+        return emitted / self.row_forwards[level] if self.row_forwards[level] else float("nan")
+
+    @property
+    def mean_accepted_per_target_pass(self) -> float:
+        """Drafts the target accepted per row-forward of the target."""
+        top = self.num_levels - 1
+        return self.accepted[top] / self.row_forwards[top] if self.row_forwards[top] else float("nan")
+
+    def summary(self) -> str:
+        lines = ["level  forwards  row-fwds  fed-tok  verified  accepted  bonus  corrections  wall-s"]
+        for lvl in range(self.num_levels):
+            lines.append(
+                f"{lvl:>5}  {self.forwards[lvl]:>8}  {self.row_forwards[lvl]:>8}  "
+                f"{self.fed_tokens[lvl]:>7}  {self.drafted[lvl] if lvl else '-':>8}  "
+                f"{self.accepted[lvl] if lvl else '-':>8}  {self.bonus[lvl]:>5}  "
+                f"{self.corrections[lvl]:>11}  {self.wall_time[lvl]:>6.3f}"
+            )
+        lines.append(f"rollbacks by levels cascaded into: {self.cascade_depth}")
+        return "\n".join(lines)
+
+
+def _summed(a: list, b: list) -> list:
+    total = list(a)
+    _add(total, np.asarray(b))
+    return total
+
+
+def _add(total: list[int], counts: np.ndarray) -> None:
+    """total += counts, growing total as needed."""
+    if len(counts) > len(total):
+        total.extend([0] * (len(counts) - len(total)))
+    for i, c in enumerate(counts.tolist()):
+        total[i] += c

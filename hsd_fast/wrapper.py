@@ -1,0 +1,57 @@
+"""`hsd_fast.wrap(target, drafts)`: a model-like object whose `.generate` runs HSD and can stream.
+
+HF drops the ``streamer`` before it calls a ``custom_generate`` callable (FACTS.md), so streaming is
+offered here: the wrapper takes the streamer out of the kwargs, hands it to ``hsd_fast.generate``
+under its own name, and the engine feeds it the prompt, then each committed token in order, then
+``end()``: HF's streamer contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from hsd_fast.hf_generate import DEFAULT_T, generate
+
+
+class HSDModel:
+    """The target with its drafts. ``.generate`` takes HF's kwargs and returns HF's types; every
+    other attribute (``config``, ``device``, ``generation_config``, ...) is the target's."""
+
+    def __init__(
+        self, target: torch.nn.Module, drafts: Sequence[torch.nn.Module], T: Sequence[int] | None = None
+    ) -> None:
+        self.target = target
+        self.drafts = list(drafts)
+        self.T = [DEFAULT_T] * len(self.drafts) if T is None else list(T)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names not found on the wrapper: config, device, generation_config, ...
+        return getattr(self.__dict__["target"], name)
+
+    def generate(self, inputs: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        for name in ("custom_generate", "assistant_model", "drafts", "T"):
+            if kwargs.get(name) is not None:
+                raise ValueError(f"HSDModel.generate: {name}= is set by the wrapper, not per call")
+        streamer = kwargs.pop("streamer", None)
+        if streamer is not None:
+            ids = inputs if inputs is not None else kwargs.get("input_ids")
+            if ids is not None and ids.ndim == 2 and ids.shape[0] > 1:
+                raise ValueError("a streamer only supports batch size 1 (as in HF)")
+        return self.target.generate(
+            inputs,
+            custom_generate=generate,
+            drafts=self.drafts,
+            T=self.T,
+            hsd_streamer=streamer,
+            **kwargs,
+        )
+
+
+def wrap(
+    target: torch.nn.Module, drafts: Sequence[torch.nn.Module], T: Sequence[int] | None = None
+) -> HSDModel:
+    """HSD with ``drafts`` (smallest first) under ``target``: ``wrap(target, drafts).generate(...)``."""
+    return HSDModel(target, drafts, T)

@@ -1,0 +1,115 @@
+"""Every request hsd_fast cannot serve exactly is refused with a clear ValueError."""
+
+import pytest
+import torch
+from hf_models import noisy_copy, tiny_model
+from transformers import GPT2Config, GPT2LMHeadModel, T5Config, T5ForConditionalGeneration
+
+import hsd_fast
+from hsd_fast.hf_generate import generate
+
+pytestmark = pytest.mark.hf
+
+
+@pytest.fixture(scope="module")
+def target() -> torch.nn.Module:
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def draft(target) -> torch.nn.Module:
+    return noisy_copy(target, 0.05, seed=1)
+
+
+IDS = torch.tensor([[5, 6, 7, 8]])
+
+
+def _run(target, **kwargs):
+    kwargs.setdefault("max_new_tokens", 4)
+    return target.generate(IDS, custom_generate=hsd_fast.generate, **kwargs)
+
+
+def test_different_vocabularies(target) -> None:
+    other = tiny_model("llama", vocab_size=200)
+    with pytest.raises(ValueError, match="different vocabularies"):
+        _run(target, drafts=[other], T=[2])
+
+
+def test_padded_vocabulary_is_accepted_and_cut() -> None:
+    target = tiny_model("llama", vocab_size=1000)
+    padded = tiny_model("llama", vocab_size=1008, seed=1)  # 8 rows of embedding padding (< 1%)
+    with torch.no_grad():  # make the padding rows the draft's favourites: they must still be cut
+        padded.lm_head.weight[1000:] = 10 * padded.lm_head.weight[:8].abs()
+    out = _run(target, drafts=[padded], T=[2], do_sample=False)
+    assert out.tolist() == target.generate(IDS, do_sample=False, max_new_tokens=4).tolist()
+
+
+def test_models_on_different_devices(target) -> None:
+    on_meta = tiny_model("llama").to("meta")
+    with pytest.raises(ValueError, match="one device"):
+        _run(target, drafts=[on_meta], T=[2])
+
+
+@pytest.mark.parametrize(("T", "match"), [([2, 2], "one batch size per draft"), ([0], ">= 1")])
+def test_bad_T(target, draft, T, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        _run(target, drafts=[draft], T=T)
+
+
+def test_encoder_decoder() -> None:
+    config = T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2)
+    t5 = T5ForConditionalGeneration(config)
+    with pytest.raises(ValueError, match="encoder-decoder"):
+        generate(t5, IDS, generation_config=t5.generation_config)
+
+
+def test_unsupported_architecture(target) -> None:
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_embd=16, n_layer=1, n_head=2))
+    with pytest.raises(ValueError, match="architecture not supported"):
+        _run(target, drafts=[gpt2], T=[2])
+
+
+def test_sliding_window_refused() -> None:
+    sliding = tiny_model("qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=0)
+    with pytest.raises(ValueError, match="sliding-window"):
+        _run(sliding)
+
+
+def test_unsupported_attention(target) -> None:
+    other = noisy_copy(target, 0.05, seed=3)
+    other.config._attn_implementation = "flex_attention"
+    with pytest.raises(ValueError, match="attention implementation"):
+        generate(other, IDS, generation_config=target.generation_config)
+
+
+def test_beam_search(target, draft) -> None:
+    with pytest.raises(ValueError, match="beam"):
+        _run(target, drafts=[draft], T=[2], num_beams=2)
+
+
+def test_beyond_max_position_embeddings(target, draft) -> None:
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        _run(target, drafts=[draft], T=[2], max_new_tokens=300)
+
+
+def test_unsupported_logits_processor(target, draft) -> None:
+    with pytest.raises(ValueError, match="RepetitionPenaltyLogitsProcessor"):
+        _run(target, drafts=[draft], T=[2], repetition_penalty=1.3)
+
+
+def test_unsupported_stopping_criterion(target, draft) -> None:
+    with pytest.raises(ValueError, match="MaxTimeCriteria"):
+        _run(target, drafts=[draft], T=[2], max_time=5.0)
+
+
+@pytest.mark.parametrize("flag", ["output_scores", "output_logits"])
+def test_unsupported_outputs(target, draft, flag) -> None:
+    with pytest.raises(ValueError, match=flag):
+        _run(target, drafts=[draft], T=[2], return_dict_in_generate=True, **{flag: True})
+
+
+def test_right_padding_refused(target, draft) -> None:
+    ids = torch.tensor([[5, 6, 7, 8], [5, 6, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    with pytest.raises(ValueError, match="left padding"):
+        target.generate(ids, attention_mask=mask, custom_generate=hsd_fast.generate, drafts=[draft], T=[2])

@@ -1,0 +1,71 @@
+"""Sampled HSD on tiny HF models matches the target's exact distribution, and the known
+residual-as-q bug fails the same test at the same sample count (significance 1e-3)."""
+
+import itertools
+
+import pytest
+import torch
+from hf_models import noisy_copy, tiny_model
+
+import hsd_fast
+from hsd_fast.engine import run_hsd
+from hsd_fast.exactness import pooled_chi_square
+from hsd_fast.hf_runner import HFRunner
+from hsd_fast.processors import LogitsTransform
+
+pytestmark = pytest.mark.hf
+
+V, STEPS, SAMPLES = 6, 3, 5000
+PROMPT = torch.tensor([3, 4, 5, 1])
+
+
+@pytest.fixture(scope="module")
+def models() -> list[torch.nn.Module]:
+    """Two drafts and a peaked target (scaled lm_head) over a vocabulary of 6."""
+    target = tiny_model("llama", vocab_size=V, lm_head_scale=4.0)
+    return [noisy_copy(target, 0.4, seed=1), noisy_copy(target, 0.2, seed=2), target]
+
+
+@pytest.fixture(scope="module")
+def exact(models) -> dict[tuple[int, ...], float]:
+    """The target's distribution over all V**3 continuations, enumerated."""
+    conts = torch.tensor(list(itertools.product(range(V), repeat=STEPS)))  # [V**3, 3]
+    seqs = torch.cat([PROMPT.expand(len(conts), -1), conts], 1)
+    with torch.no_grad():
+        logp = torch.log_softmax(models[-1](seqs).logits.double(), -1)
+    at = len(PROMPT) - 1
+    total = sum(logp[torch.arange(len(conts)), at + k, conts[:, k]] for k in range(STEPS))
+    return {tuple(c.tolist()): float(p) for c, p in zip(conts, total.exp(), strict=True)}
+
+
+def test_generate_samples_the_target_distribution(models, exact) -> None:
+    *drafts, target = models
+    torch.manual_seed(0)
+    out = target.generate(
+        PROMPT.expand(SAMPLES, -1),
+        custom_generate=hsd_fast.generate,
+        drafts=drafts,
+        T=[2, 2],
+        do_sample=True,
+        max_new_tokens=STEPS,
+        eos_token_id=None,
+        output_hsd_stats=True,
+    )
+    samples = [tuple(row) for row in out.sequences[:, len(PROMPT) :].tolist()]
+    result = pooled_chi_square(samples, exact)
+    assert result.p_value > 1e-3, result
+    assert all(0 < out.hsd_stats.acceptance_rate(lvl) < 1 for lvl in (1, 2))
+
+
+def test_residual_as_q_fails_the_same_test(models, exact) -> None:
+    runners = [HFRunner(m, LogitsTransform(), V) for m in models]
+    result = run_hsd(
+        runners,
+        [PROMPT] * SAMPLES,
+        batch_sizes=[2, 2],
+        max_new_tokens=STEPS,
+        seeds=0,
+        _residual_as_q=True,
+    )
+    samples = [tuple(s[len(PROMPT) :].tolist()) for s in result.sequences]
+    assert pooled_chi_square(samples, exact).p_value < 1e-6
