@@ -13,7 +13,14 @@ from hsd_fast.exactness import pooled_chi_square
 
 pytestmark = pytest.mark.hf
 
-PROMPTS = [[5, 9, 11, 40, 3, 7, 12, 60, 33], [8, 9, 10, 11], [70, 71, 3, 4, 5, 6]]  # lengths 9, 4, 6
+# Lengths 9, 4, 6, 7, 5: left padding differs per row.
+PROMPTS = [
+    [5, 9, 11, 40, 3, 7, 12, 60, 33],
+    [8, 9, 10, 11],
+    [70, 71, 3, 4, 5, 6],
+    [20, 19, 18, 50, 51, 52, 53],
+]
+PROMPTS += [[90, 4, 33, 21, 8]]
 
 
 def _left_padded(prompts: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,7 +56,7 @@ def test_a_row_alone_equals_the_row_in_a_batch() -> None:
     target = tiny_model("llama", lm_head_scale=2.0)
     drafts = derived_drafts(target, 2)
     ids, mask = _left_padded(PROMPTS)
-    seeds = [11, 22, 33]
+    seeds = [11, 22, 33, 44, 55]
     common = {"custom_generate": hsd_fast.generate, "drafts": drafts, "T": [2, 3], "do_sample": True}
     common |= {"max_new_tokens": 24, "eos_token_id": None}
     batch = target.generate(ids, attention_mask=mask, seed=seeds, **common)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 from hf_models import noisy_copy, tiny_model
-from transformers import GPT2Config, GPT2LMHeadModel, T5Config, T5ForConditionalGeneration
+from transformers import OPTConfig, OPTForCausalLM, T5Config, T5ForConditionalGeneration
 
 import hsd_fast
 from hsd_fast.hf_generate import generate
@@ -64,9 +64,10 @@ def test_encoder_decoder() -> None:
 
 
 def test_unsupported_architecture(target) -> None:
-    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_embd=16, n_layer=1, n_head=2))
+    config = OPTConfig(vocab_size=96, hidden_size=16, num_hidden_layers=1, ffn_dim=32, num_attention_heads=2)
+    opt = OPTForCausalLM(config)
     with pytest.raises(ValueError, match="architecture not supported"):
-        _run(target, drafts=[gpt2], T=[2])
+        _run(target, drafts=[opt], T=[2])
 
 
 def test_sliding_window_refused() -> None:

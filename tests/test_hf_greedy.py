@@ -23,7 +23,7 @@ def test_greedy_equals_hf(target: torch.nn.Module, T: list[int]) -> None:
     drafts = derived_drafts(target, len(T))
     gen = torch.Generator().manual_seed(5)
     runs = []
-    for _ in range(2):  # two prompts: greedy tiny models fall into loops that repeat one pattern
+    for _ in range(4):  # several prompts: greedy tiny models fall into loops that repeat one pattern
         ids = torch.randint(3, target.config.vocab_size, (1, 9), generator=gen)
         expected = target.generate(ids, do_sample=False, max_new_tokens=40)
         out = target.generate(
@@ -37,7 +37,7 @@ def test_greedy_equals_hf(target: torch.nn.Module, T: list[int]) -> None:
         )
         assert out.sequences.tolist() == expected.tolist()
         runs.append(out.hsd_stats)
-    stats = runs[0] + runs[1]
+    stats = sum(runs[1:], runs[0])
     for level in range(1, len(T) + 1):  # full accepts with bonus and rejections at every level
         assert stats.bonus[level] > 0, stats.summary()
         assert stats.corrections[level] > 0, stats.summary()
