@@ -25,7 +25,7 @@ import torch
 from hsd_fast._C import Ledger
 from hsd_fast.stats import HSDStats
 from hsd_fast.triton_kernels.keyed_random import DRAFT, mix32_torch
-from hsd_fast.triton_kernels.rejection import verify_torch
+from hsd_fast.triton_kernels.rejection import verify
 from hsd_fast.triton_kernels.sampling import sample_torch
 
 
@@ -104,6 +104,7 @@ def run_hsd(
     greedy: bool = False,
     policy: str = "most_rows",
     on_commit: Callable[[int, torch.Tensor], None] | None = None,
+    use_kernel: bool | None = None,
     _residual_as_q: bool = False,
 ) -> HSDResult:
     """Generate with the hierarchy ``runners`` (level 0 drafts, the last is the target).
@@ -111,7 +112,8 @@ def run_hsd(
     ``batch_sizes[i]`` is T_i: level i+1 verifies once level i has emitted at least T_i tokens.
     ``seeds``: one int (row seeds derived from it) or one int64 per row. ``temperature``: one float
     or one per row, applied to the runners' logits. ``on_commit(row, tokens)`` is called with every
-    row's newly committed tokens, in order, as the target commits them (streaming).
+    row's newly committed tokens, in order, as the target commits them (streaming). ``use_kernel``:
+    verify with the fused Triton kernel (default: on CUDA tensors) or the torch reference.
     ``_residual_as_q`` is a test-only switch that
     stores the residual as a correction's ``q``: the known bug the distribution tests must catch.
     """
@@ -128,7 +130,7 @@ def run_hsd(
     capacity = int((prompt_lens + budget).max()) + 1
     state = _DecodeState(
         prompts, capacity, speculative_window(batch_sizes), num_levels, vocab,
-        seeds, temperature, eos_token_id, greedy, _residual_as_q,
+        seeds, temperature, eos_token_id, greedy, use_kernel, _residual_as_q,
     )  # fmt: skip
     stats = HSDStats(num_levels)
     for runner in runners:
@@ -175,11 +177,12 @@ class _DecodeState:
         temperature: float | torch.Tensor,
         eos_token_id: int | Sequence[int] | None,
         greedy: bool,
+        use_kernel: bool | None,
         residual_as_q: bool,
     ) -> None:
         num_rows, device = len(prompts), prompts[0].device
         self.device, self.window, self.top = device, window, num_levels - 1
-        self.greedy, self.residual_as_q = greedy, residual_as_q
+        self.greedy, self.use_kernel, self.residual_as_q = greedy, use_kernel, residual_as_q
         self.tokens = torch.zeros(num_rows, capacity, dtype=torch.int64, device=device)  # [B, S]
         for r, p in enumerate(prompts):
             self.tokens[r, : p.numel()] = p
@@ -231,9 +234,10 @@ class _DecodeState:
         d_owner, d_pos = ragged_arange(outs + 1, ends)
         d_rows, d_slot = rows[d_owner], d_pos % self.window
         draft_logits = self.q_logits[d_rows, d_slot]  # [D, V] (a copy: p is stored below)
-        result = verify_torch(
+        result = verify(
             logits, draft_logits, self.q_lse[d_rows, d_slot], self.tokens[d_rows, d_pos],
             offsets, self.temperature[r], self.seeds[r], first_pos, level, self.greedy,
+            use_kernel=self.use_kernel,
         )  # fmt: skip
         self.tokens[r, first_pos + result.num_accepted] = result.next_token
         if level < self.top:  # keep p_level for the tokens it just tagged

@@ -114,3 +114,52 @@ def test_right_padding_refused(target, draft) -> None:
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
     with pytest.raises(ValueError, match="left padding"):
         target.generate(ids, attention_mask=mask, custom_generate=hsd_fast.generate, drafts=[draft], T=[2])
+
+
+@pytest.mark.parametrize(
+    ("option", "names"),
+    [
+        ({"min_new_tokens": 2}, "MinNewTokensLengthLogitsProcessor"),
+        ({"min_length": 6}, "MinLengthLogitsProcessor"),
+        ({"no_repeat_ngram_size": 2}, "NoRepeatNGramLogitsProcessor"),
+        ({"bad_words_ids": [[5]]}, "NoBadWordsLogitsProcessor"),
+        ({"prefix_allowed_tokens_fn": lambda batch, ids: [3, 4]}, "PrefixConstrainedLogitsProcessor"),
+        ({"begin_suppress_tokens": [3]}, "SuppressTokensAtBeginLogitsProcessor"),
+        ({"forced_eos_token_id": 2}, "ForcedEOSTokenLogitsProcessor"),
+        ({"renormalize_logits": True}, "LogitNormalization"),
+    ],
+    ids=lambda v: next(iter(v)) if isinstance(v, dict) else "",
+)
+def test_history_or_length_dependent_options_are_refused(target, draft, option, names) -> None:
+    with pytest.raises(ValueError, match=names):
+        _run(target, drafts=[draft], T=[2], do_sample=True, **option)
+
+
+def test_stop_strings_refused(target, draft) -> None:
+    # HF itself refuses stop_strings on the custom_generate path: it drops the tokenizer before
+    # building the criterion. A criterion built by hand is refused by name, like any other
+    # unsupported one (test below).
+    with pytest.raises(ValueError, match="stop strings"):
+        _run(target, drafts=[draft], T=[2], stop_strings=["t5"])
+
+
+def test_custom_stopping_criteria_refused(target, draft) -> None:
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class Never(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    with pytest.raises(ValueError, match="Never"):
+        _run(target, drafts=[draft], T=[2], stopping_criteria=StoppingCriteriaList([Never()]))
+
+
+@pytest.mark.parametrize("flag", ["output_attentions", "output_hidden_states"])
+def test_model_internals_refused(target, draft, flag) -> None:
+    with pytest.raises(ValueError, match=flag):
+        _run(target, drafts=[draft], T=[2], return_dict_in_generate=True, **{flag: True})
+
+
+def test_per_row_seeds_must_match_the_batch(target, draft) -> None:
+    with pytest.raises(ValueError, match="one per row"):
+        _run(target, drafts=[draft], T=[2], seed=[1, 2])
