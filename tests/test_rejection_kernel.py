@@ -3,6 +3,10 @@
 On CPU the kernel runs under the Triton interpreter (conftest.py) on tiny shapes, fp16/fp32 (the
 interpreter mishandles bf16, FACTS.md); `-m gpu` runs real sizes and bf16 natively on CUDA."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -75,3 +79,28 @@ def test_kernel_equals_reference_on_cuda(vocab, dtype) -> None:
         assert out.num_accepted.tolist() == ref.num_accepted.tolist()
         assert out.next_token.tolist() == ref.next_token.tolist()
         torch.testing.assert_close(out.verifier_lse, ref.verifier_lse, atol=1e-4, rtol=1e-5)
+
+
+def test_kernel_compiles_for_hopper_and_ampere() -> None:
+    """The interpreter skips type checks the compiler makes (loop-carried types, constexprs): compile
+    the kernel to a cubin for sm_90 and sm_80 without a GPU, in a process without the interpreter."""
+    script = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from hsd_fast.triton_kernels.rejection import _verify_kernel
+sig = {n: t for n, t in zip(_verify_kernel.arg_names, [
+    "*bf16", "i64", "*bf16", "i64", "*fp32", "*i64", "*i64", "*fp32", "*i64", "*i64", "*i64", "*i64",
+    "*fp32", "i32", "i32", "fp32", "constexpr", "constexpr"])}
+for arch in (90, 80):
+    for greedy in (False, True):
+        src = ASTSource(fn=_verify_kernel, signature=sig, constexprs={"GREEDY": greedy, "BLOCK_V": 1024})
+        assert "cubin" in triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm
+print("ok")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
