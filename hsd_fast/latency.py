@@ -1,0 +1,182 @@
+"""Expected latency per committed token of an HSD hierarchy (DESIGN.md §3). Pure Python math.
+
+Inputs, for levels 0..K (K the target): ``costs[i](n)``, the seconds of one forward of level i over
+n fed tokens, and ``alphas[i]`` = alpha(i, i+1), the probability that level i+1 accepts a token of
+level i (acceptance i.i.d. across positions and levels, the paper's assumption). Convention: a
+verification of a batch of b tokens feeds n = b + 1 tokens (the batch and the token before it);
+catch-up tokens are ignored here and modelled only by ``simulate(..., engine=True)``.
+
+The loop of DESIGN.md §2 as a recursion: level 0 returns exactly T_0 tokens for T_0 * c_0(1); level
+i (0 < i < K) calls level i-1 and verifies its batch b (gain G = min(A, b) + 1, P(A >= k) = a^k) until
+its running gain reaches T_i, and returns that gain. The target verifies one batch per round:
+
+    L = (E[C_{K-1}] + E_b[c_K(b + 1)]) / E_b[E[G | b]],      E[G | b] = (1 - a^(b+1)) / (1 - a)
+
+E[C_i] = E[J_i] (E[C_{i-1}] + E_b[c_i(b + 1)]) by Wald; E[J_i] and the distribution of the returned
+batch follow from a DP over the running sum. Our derivation, checked by Monte Carlo in the tests.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+Cost = Callable[[int], float]
+
+
+@dataclass(frozen=True)
+class AffineCost:
+    """c(n) = fixed + per_token * n: close to a CPU forward; on a GPU per_token is nearly 0."""
+
+    fixed: float
+    per_token: float = 0.0
+
+    def __call__(self, n: int) -> float:
+        return self.fixed + self.per_token * n
+
+
+def gain_probs(a: float, b: int) -> list[float]:
+    """P(G = g) for g = 1..b+1 when b drafts are verified with acceptance a."""
+    probs = [a**k * (1.0 - a) for k in range(b)]
+    return [*probs, a**b]
+
+
+def expected_gain(a: float, b: int) -> float:
+    """E[G | b] = (1 - a^(b+1)) / (1 - a), with its limit b + 1 at a = 1."""
+    return float(b + 1) if a >= 1.0 else (1.0 - a ** (b + 1)) / (1.0 - a)
+
+
+@dataclass(frozen=True)
+class LevelOutcome:
+    batch: dict[int, float]  # distribution of the batch size the level returns
+    cost: float  # expected seconds to return it
+    calls: float  # expected verifications (1 at level 0)
+
+    def mean(self, f: Callable[[int], float]) -> float:
+        return sum(p * f(b) for b, p in self.batch.items())
+
+
+def level_outcomes(costs: Sequence[Cost], alphas: Sequence[float], T: Sequence[int]) -> list[LevelOutcome]:
+    """Outcomes of the draft levels 0..K-1 under the 'verify until at least T_i' rule."""
+    _check(costs, alphas, T)
+    outcomes = [LevelOutcome({T[0]: 1.0}, T[0] * costs[0](1), 1.0)]
+    for i in range(1, len(costs) - 1):
+        below, a, target = outcomes[-1], alphas[i - 1], T[i]
+        step_cost = below.cost + below.mean(lambda b, c=costs[i]: c(b + 1))
+        reach = [0.0] * target  # reach[s]: probability the running gain ever equals s (< T_i)
+        reach[0] = 1.0
+        returned: dict[int, float] = {}
+        for s in range(target):
+            if reach[s] == 0.0:
+                continue
+            for b, pb in below.batch.items():
+                for g, pg in enumerate(gain_probs(a, b), start=1):
+                    p = reach[s] * pb * pg
+                    if s + g >= target:
+                        returned[s + g] = returned.get(s + g, 0.0) + p
+                    else:
+                        reach[s + g] += p
+        calls = sum(reach)  # every state below T_i is visited at most once: one call per visit
+        outcomes.append(LevelOutcome(returned, calls * step_cost, calls))
+    return outcomes
+
+
+def expected_latency(costs: Sequence[Cost], alphas: Sequence[float], T: Sequence[int]) -> float:
+    """Expected seconds per committed token; K = 0 is plain autoregressive decoding."""
+    if len(costs) == 1:
+        return costs[0](1)
+    below = level_outcomes(costs, alphas, T)[-1]
+    top, a = costs[-1], alphas[-1]
+    return (below.cost + below.mean(lambda b: top(b + 1))) / below.mean(lambda b: expected_gain(a, b))
+
+
+def fixed_batch_latency(costs: Sequence[Cost], alphas: Sequence[float], T: Sequence[int]) -> float:
+    """The decomposable form: as if every level returned exactly T_i tokens,
+    L = (1/g_K) [c_K + r_{K-1} (c_{K-1} + ... + r_1 (c_1 + T_0 c_0))], r_i = T_i / g_i."""
+    _check(costs, alphas, T)
+    if len(costs) == 1:
+        return costs[0](1)
+    produce = T[0] * costs[0](1)  # seconds for level 0 to produce T_0 tokens
+    for i in range(1, len(costs) - 1):
+        produce = T[i] / expected_gain(alphas[i - 1], T[i - 1]) * (costs[i](T[i - 1] + 1) + produce)
+    return (costs[-1](T[-1] + 1) + produce) / expected_gain(alphas[-1], T[-1])
+
+
+def simulate(
+    costs: Sequence[Cost],
+    alphas: Sequence[float],
+    T: Sequence[int],
+    rounds: int = 20_000,
+    seed: int = 0,
+    engine: bool = False,
+) -> tuple[float, float]:
+    """Monte Carlo of the same control flow: (mean seconds per committed token, standard error).
+
+    ``engine=True`` also charges the catch-up tokens the engine feeds (a level re-feeds the tokens
+    emitted above it since its last forward), which the analytic model ignores."""
+    _check(costs, alphas, T)
+    rng = random.Random(seed)
+    top = len(costs) - 1
+    behind = [0] * len(costs)  # per level: tokens it has not fed yet besides its batch
+
+    def produce(i: int) -> tuple[int, float]:
+        if i == 0:
+            fed = T[0] + (behind[0] if engine else 0)
+            behind[0] = 0
+            return T[0], costs[0](1) * T[0] + (costs[0](fed) - costs[0](T[0]) if engine else 0.0)
+        total, spent = 0, 0.0
+        while total < T[i]:
+            b, c = produce(i - 1)
+            gain = _draw_gain(rng, alphas[i - 1], b)
+            spent += c + costs[i](b + 1 + (behind[i] if engine else 0))
+            behind[i] = 0
+            for lower in range(i):
+                behind[lower] += 1  # the correction/bonus of level i is new to every level below
+            total += gain
+        return total, spent
+
+    per_round_cost, per_round_tokens = [], []
+    for _ in range(rounds):
+        if top == 0:
+            per_round_cost.append(costs[0](1))
+            per_round_tokens.append(1)
+            continue
+        b, c = produce(top - 1)
+        per_round_cost.append(c + costs[top](b + 1 + (behind[top] if engine else 0)))
+        behind[top] = 0
+        for lower in range(top):
+            behind[lower] += 1
+        per_round_tokens.append(_draw_gain(rng, alphas[top - 1], b))
+    return _ratio_with_error(per_round_cost, per_round_tokens)
+
+
+def _draw_gain(rng: random.Random, a: float, b: int) -> int:
+    accepted = 0
+    while accepted < b and rng.random() < a:
+        accepted += 1
+    return accepted + 1
+
+
+def _ratio_with_error(costs: list[float], tokens: list[int]) -> tuple[float, float]:
+    """Ratio estimator sum(costs) / sum(tokens) and its delta-method standard error."""
+    n = len(costs)
+    mean_c, mean_t = sum(costs) / n, sum(tokens) / n
+    ratio = mean_c / mean_t
+    resid = [c - ratio * t for c, t in zip(costs, tokens, strict=True)]
+    var = sum(r * r for r in resid) / (n - 1)
+    return ratio, (var / n) ** 0.5 / mean_t
+
+
+def _check(costs: Sequence[Cost], alphas: Sequence[float], T: Sequence[int]) -> None:
+    k = len(costs) - 1
+    if k < 0:
+        raise ValueError("need at least the target's cost")
+    if len(alphas) != k or len(T) != k:
+        raise ValueError(
+            f"{k} draft level(s) need {k} alphas and {k} batch sizes, got {len(alphas)} and {len(T)}"
+        )
+    if any(not 0.0 <= a <= 1.0 for a in alphas):
+        raise ValueError(f"acceptance rates must lie in [0, 1], got {list(alphas)}")
+    if any(t < 1 for t in T):
+        raise ValueError(f"batch sizes must be >= 1, got {list(T)}")

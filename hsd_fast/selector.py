@@ -1,0 +1,137 @@
+"""The latency-optimal hierarchy: which drafts to stack and each level's batch size T (DESIGN.md §3).
+
+Under the fixed-batch (decomposable) form, producing T tokens at model m on top of (m', T') costs
+
+    V(m, T) = T / g(alpha(m', m), T') * (c_m(T' + 1) + V(m', T')),      V(m, T) = T c_m(1) at level 0
+
+a generalized shortest path over nodes (model, T) with models in cost order. A k-best DP keeps the
+``keep`` cheapest chains (of different models) per node; the best few at the target, autoregressive
+decoding and every single-draft configuration get their T's polished by coordinate descent on the
+exact recursion (``latency.expected_latency``) and are ranked by it, so the pick is never predicted
+slower than AR or the best single draft.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from hsd_fast.latency import Cost, expected_gain, expected_latency
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """A chain of candidate indices (drafts smallest first, the target last) with batch sizes T."""
+
+    chain: tuple[int, ...]
+    T: tuple[int, ...]
+    predicted_latency: float  # seconds per committed token (exact recursion)
+    speedup_over_ar: float = 1.0
+    speedup_over_best_single: float = 1.0
+    runner_ups: tuple[Hierarchy, ...] = field(default=(), compare=False)
+
+
+def select(
+    costs: Sequence[Cost],
+    alpha: Sequence[Sequence[float]],
+    max_T: int = 8,
+    keep: int = 4,
+    rescore: int = 16,
+) -> Hierarchy:
+    """Best hierarchy over candidates 0..n-1 (the last is the target) given per-model costs and the
+    symmetric pairwise acceptance matrix ``alpha``. Candidates are taken in cost order c(1)."""
+    n = len(costs)
+    if n < 1 or len(alpha) != n or any(len(row) != n for row in alpha):
+        raise ValueError(f"need n >= 1 costs and an n x n alpha matrix, got {n} costs")
+    target = n - 1
+    drafts = _drafts_in_cost_order(costs)
+    finals = fixed_batch_candidates(costs, alpha, max_T, keep)
+    shortlisted = {chain for _, chain in finals[:rescore]}
+    shortlisted |= {((m, t),) for m in drafts for t in range(1, max_T + 1)} | {()}  # every single draft, AR
+
+    # The decomposable form ranks T's a little differently from the exact recursion: polish each
+    # shortlisted chain's T by coordinate descent on the exact latency.
+    refined = {_refine_T(costs, alpha, chain, target, max_T) for chain in shortlisted}
+    scored = sorted((_exact(costs, alpha, chain, target), chain) for chain in refined)
+    ar = costs[target](1)
+    best_single = min(lat for lat, chain in scored if len(chain) == 1) if drafts else ar
+    hierarchies = [
+        Hierarchy(
+            chain=(*(m for m, _ in chain), target),
+            T=tuple(t for _, t in chain),
+            predicted_latency=lat,
+            speedup_over_ar=ar / lat,
+            speedup_over_best_single=best_single / lat,
+        )
+        for lat, chain in scored
+    ]
+    first = hierarchies[0]
+    return Hierarchy(
+        first.chain,
+        first.T,
+        first.predicted_latency,
+        first.speedup_over_ar,
+        first.speedup_over_best_single,
+        runner_ups=tuple(hierarchies[1:6]),
+    )
+
+
+def fixed_batch_candidates(
+    costs: Sequence[Cost], alpha: Sequence[Sequence[float]], max_T: int = 8, keep: int = 4
+) -> list[tuple[float, tuple[tuple[int, int], ...]]]:
+    """The k-best DP: (decomposable latency, chain of (draft, T) smallest first), best first, one
+    entry per model chain. The empty chain is autoregressive decoding."""
+    target = len(costs) - 1
+    drafts = _drafts_in_cost_order(costs)
+    # best[(m, T)]: up to `keep` (cost of producing T tokens at m, chain of (model, T) up to m)
+    best: dict[tuple[int, int], list[tuple[float, tuple[tuple[int, int], ...]]]] = {}
+    for pos, m in enumerate(drafts):
+        for t in range(1, max_T + 1):
+            options = [(t * costs[m](1), ((m, t),))]
+            for below in drafts[:pos]:
+                for t_below in range(1, max_T + 1):
+                    scale = t / expected_gain(alpha[below][m], t_below)
+                    for value, chain in best[(below, t_below)]:
+                        options.append((scale * (costs[m](t_below + 1) + value), (*chain, (m, t))))
+            best[(m, t)] = _best_per_model_chain(options, keep)
+    finals = [(costs[target](1), ())]
+    for (m, t), entries in best.items():
+        g = expected_gain(alpha[m][target], t)
+        finals += [((costs[target](t + 1) + value) / g, chain) for value, chain in entries]
+    return _best_per_model_chain(finals, len(finals))
+
+
+def _best_per_model_chain(options, keep: int):
+    """The ``keep`` best options whose model chains differ (their T's may be tuned later): keeping
+    several T-variants of one chain would crowd out other chains the exact form may prefer."""
+    by_models: dict[tuple[int, ...], tuple] = {}
+    for option in sorted(options):
+        by_models.setdefault(tuple(m for m, _ in option[1]), option)
+    return sorted(by_models.values())[:keep]
+
+
+def _drafts_in_cost_order(costs: Sequence[Cost]) -> list[int]:
+    """Candidates cheaper than the target, cheapest first (a draft must be cheaper than its verifier)."""
+    target = len(costs) - 1
+    return sorted((m for m in range(target) if costs[m](1) < costs[target](1)), key=lambda m: costs[m](1))
+
+
+def _refine_T(costs, alpha, chain, target: int, max_T: int) -> tuple[tuple[int, int], ...]:
+    best, best_lat = chain, _exact(costs, alpha, chain, target)
+    improved = True
+    while improved:
+        improved = False
+        for level in range(len(best)):
+            for t in range(1, max_T + 1):
+                trial = tuple((m, t if i == level else old) for i, (m, old) in enumerate(best))
+                lat = _exact(costs, alpha, trial, target)
+                if lat < best_lat * (1 - 1e-12):
+                    best, best_lat, improved = trial, lat, True
+    return best
+
+
+def _exact(costs: Sequence[Cost], alpha: Sequence[Sequence[float]], chain, target: int) -> float:
+    models = [m for m, _ in chain] + [target]
+    alphas = [alpha[a][b] for a, b in itertools.pairwise(models)]
+    return expected_latency([costs[m] for m in models], alphas, [t for _, t in chain])

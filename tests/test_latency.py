@@ -1,0 +1,67 @@
+"""The latency model: the exact recursion against Monte Carlo of the same control flow, Leviathan
+et al.'s closed form at K = 1, and the a -> 1 limits."""
+
+import random
+
+import pytest
+
+from hsd_fast.latency import AffineCost, expected_gain, expected_latency, fixed_batch_latency, simulate
+
+
+@pytest.mark.parametrize("a", [0.0, 0.3, 0.8, 0.99])
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+def test_k1_is_leviathans_formula(a: float, gamma: int) -> None:
+    c = 0.07  # draft cost relative to the target's
+    costs = [AffineCost(c), AffineCost(1.0)]
+    speedup = 1.0 / expected_latency(costs, [a], [gamma])
+    assert speedup == pytest.approx((1 - a ** (gamma + 1)) / ((1 - a) * (gamma * c + 1)), rel=1e-12)
+    assert fixed_batch_latency(costs, [a], [gamma]) == pytest.approx(1.0 / speedup, rel=1e-12)
+
+
+def _random_instance(rng: random.Random, k: int):
+    fixed = sorted(rng.uniform(0.01, 1.0) for _ in range(k + 1))
+    costs = [AffineCost(f, rng.uniform(0.0, 0.2) * f) for f in fixed]
+    alphas = [rng.uniform(0.3, 0.95) for _ in range(k)]
+    T = [rng.randint(1, 4) for _ in range(k)]
+    return costs, alphas, T
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_exact_latency_matches_monte_carlo(k: int) -> None:
+    rng = random.Random(k)
+    for trial in range(3):
+        costs, alphas, T = _random_instance(rng, k)
+        exact = expected_latency(costs, alphas, T)
+        mc, stderr = simulate(costs, alphas, T, rounds=20_000, seed=trial)
+        assert abs(exact - mc) < 4 * stderr, (costs, alphas, T, exact, mc, stderr)
+
+
+def test_fixed_batch_form_differs_from_exact_beyond_k1() -> None:
+    """The decomposable form is an approximation once a level returns a random batch."""
+    costs, alphas, T = _random_instance(random.Random(7), 2)
+    assert fixed_batch_latency(costs, alphas, T) != pytest.approx(
+        expected_latency(costs, alphas, T), rel=1e-6
+    )
+
+
+def test_acceptance_one_is_the_limit() -> None:
+    assert expected_gain(1.0, 5) == 6.0
+    assert expected_gain(1 - 1e-9, 5) == pytest.approx(6.0, rel=1e-6)
+    costs = [AffineCost(0.01), AffineCost(0.1, 0.01), AffineCost(1.0, 0.02)]
+    at_one = expected_latency(costs, [1.0, 1.0], [3, 4])
+    assert at_one == pytest.approx(expected_latency(costs, [1 - 1e-9, 1 - 1e-9], [3, 4]), rel=1e-6)
+    # a = 1: level 1 verifies 3 drafts and gains 4 per call, returns 4 after one call; the target gains 5
+    expected = (3 * 0.01 + costs[1](4) + costs[2](5)) / 5
+    assert at_one == pytest.approx(expected, rel=1e-12)
+
+
+def test_autoregressive_is_one_forward_per_token() -> None:
+    assert expected_latency([AffineCost(0.5, 0.1)], [], []) == pytest.approx(0.6)
+
+
+@pytest.mark.parametrize(
+    ("alphas", "T", "match"), [([0.5], [], "batch sizes"), ([1.5], [2], r"\[0, 1\]"), ([0.5], [0], ">= 1")]
+)
+def test_bad_inputs(alphas, T, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        expected_latency([AffineCost(0.1), AffineCost(1.0)], alphas, T)
