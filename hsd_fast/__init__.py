@@ -27,20 +27,22 @@ __all__ = [
     "__version__",
     "generate",
     "run_hsd",
+    "select_hierarchy",
     "wrap",
 ]
 
 
 def __getattr__(name: str):
     # transformers is imported only by the HF glue: `hsd_fast.generate` loads it on first use.
-    if name in ("generate", "HSDGenerateOutput", "wrap", "HSDModel"):
-        from hsd_fast import hf_generate, wrapper
+    if name in ("generate", "HSDGenerateOutput", "wrap", "HSDModel", "select_hierarchy"):
+        from hsd_fast import hf_generate, profile, wrapper
 
         globals().update(
             generate=hf_generate.generate,
             HSDGenerateOutput=hf_generate.HSDGenerateOutput,
             wrap=wrapper.wrap,
             HSDModel=wrapper.HSDModel,
+            select_hierarchy=profile.select_hierarchy,
         )
         return globals()[name]
     raise AttributeError(f"module 'hsd_fast' has no attribute {name!r}")

@@ -23,6 +23,7 @@ from hsd_fast.compat import check_devices, check_model, common_vocab_size
 from hsd_fast.engine import run_hsd
 from hsd_fast.hf_runner import HFRunner
 from hsd_fast.processors import LogitsTransform
+from hsd_fast.selector import Hierarchy
 from hsd_fast.stats import HSDStats
 
 DEFAULT_T = 4
@@ -47,6 +48,7 @@ def generate(
     seed: int | Sequence[int] | torch.Tensor | None = None,
     output_hsd_stats: bool = False,
     hsd_streamer=None,
+    hierarchy: Hierarchy | None = None,
     **model_kwargs,
 ) -> torch.Tensor | GenerateDecoderOnlyOutput:
     """Hierarchical speculative decoding with ``drafts`` (smallest first) under ``model``.
@@ -60,6 +62,10 @@ def generate(
     (HF drops ``streamer=`` before calling a custom generate).
     """
     config = generation_config if generation_config is not None else model.generation_config
+    if hierarchy is not None:  # from hsd_fast.select_hierarchy: its drafts and batch sizes
+        if drafts or T is not None:
+            raise ValueError("pass either hierarchy= or drafts=/T=, not both")
+        drafts, T = hierarchy.drafts, hierarchy.T
     drafts = list(drafts)
     T = [DEFAULT_T] * len(drafts) if T is None else list(T)
     _check_request(model, drafts, T, input_ids, config, stopping_criteria)

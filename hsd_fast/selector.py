@@ -30,6 +30,8 @@ class Hierarchy:
     speedup_over_ar: float = 1.0
     speedup_over_best_single: float = 1.0
     runner_ups: tuple[Hierarchy, ...] = field(default=(), compare=False)
+    drafts: tuple = field(default=(), compare=False, repr=False)  # the draft models, when known
+    measured_latency: float | None = None  # seconds per token measured with the engine
 
 
 def select(

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from hsd_fast.hf_generate import DEFAULT_T, generate
+from hsd_fast.selector import Hierarchy
 
 
 class HSDModel:
@@ -21,8 +22,16 @@ class HSDModel:
     other attribute (``config``, ``device``, ``generation_config``, ...) is the target's."""
 
     def __init__(
-        self, target: torch.nn.Module, drafts: Sequence[torch.nn.Module], T: Sequence[int] | None = None
+        self,
+        target: torch.nn.Module,
+        drafts: Sequence[torch.nn.Module] = (),
+        T: Sequence[int] | None = None,
+        hierarchy: Hierarchy | None = None,
     ) -> None:
+        if hierarchy is not None:
+            if drafts or T is not None:
+                raise ValueError("pass either hierarchy= or drafts=/T=, not both")
+            drafts, T = hierarchy.drafts, hierarchy.T
         self.target = target
         self.drafts = list(drafts)
         self.T = [DEFAULT_T] * len(self.drafts) if T is None else list(T)
@@ -32,7 +41,7 @@ class HSDModel:
         return getattr(self.__dict__["target"], name)
 
     def generate(self, inputs: torch.Tensor | None = None, **kwargs: Any) -> Any:
-        for name in ("custom_generate", "assistant_model", "drafts", "T"):
+        for name in ("custom_generate", "assistant_model", "drafts", "T", "hierarchy"):
             if kwargs.get(name) is not None:
                 raise ValueError(f"HSDModel.generate: {name}= is set by the wrapper, not per call")
         streamer = kwargs.pop("streamer", None)
@@ -51,7 +60,11 @@ class HSDModel:
 
 
 def wrap(
-    target: torch.nn.Module, drafts: Sequence[torch.nn.Module], T: Sequence[int] | None = None
+    target: torch.nn.Module,
+    drafts: Sequence[torch.nn.Module] = (),
+    T: Sequence[int] | None = None,
+    hierarchy: Hierarchy | None = None,
 ) -> HSDModel:
-    """HSD with ``drafts`` (smallest first) under ``target``: ``wrap(target, drafts).generate(...)``."""
-    return HSDModel(target, drafts, T)
+    """HSD with ``drafts`` (smallest first) under ``target``, or the ``hierarchy`` that
+    ``hsd_fast.select_hierarchy`` picked: ``wrap(target, drafts).generate(...)``."""
+    return HSDModel(target, drafts, T, hierarchy)
