@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache
 
-from hsd_fast.engine import Feed
+from hsd_fast.engine import Feed, ragged_arange
 from hsd_fast.processors import LogitsTransform
 
 
@@ -90,21 +90,20 @@ class HFRunner:
             param.device,
         )
 
+    def _t(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.cache.keys[0].device)
+
     @torch.inference_mode()
     def forward(self, feed: Feed) -> torch.Tensor:
         cache = self.cache
         assert cache is not None, "prepare() first"
         device = cache.keys[0].device
         num_rows, slots = cache.keys[0].shape[0], cache.keys[0].shape[2]
-        lens = feed.ends - feed.starts  # [R]
-        width = int(lens.max())
-        # Right-aligned layout: row j's span fills columns [width - lens[j], width).
-        owner = np.repeat(np.arange(len(lens)), lens)
-        col = np.arange(int(lens.sum())) - (np.cumsum(lens) - lens)[owner] + (width - lens)[owner]
-        row = feed.rows[owner]
-        pos = feed.starts[owner] + col - (width - lens)[owner]
-        row_t, col_t = torch.from_numpy(row).to(device), torch.from_numpy(col).to(device)
-        pos_t = torch.from_numpy(pos).to(device)
+        # Right-aligned layout: position t of row j sits in column width - (ends[j] - t).
+        width = int((feed.ends - feed.starts).max())
+        owner, pos = ragged_arange(feed.starts, feed.ends)
+        row_t, pos_t = self._t(feed.rows[owner]), self._t(pos)
+        col_t = self._t(width - feed.ends[owner] + pos)
 
         input_ids = torch.zeros(num_rows, width, dtype=torch.int64, device=device)  # [B, L]
         position_ids = torch.zeros(num_rows, width, dtype=torch.int64, device=device)  # [B, L]
@@ -125,7 +124,7 @@ class HFRunner:
         mask.masked_fill_(~sees, torch.finfo(dtype).min)
         cache.slots = write_slot
 
-        keep = int((feed.ends - feed.out_starts).max())
+        keep = int(feed.num_outputs.max())
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask[:, None],  # [B, 1, L, S]
@@ -135,10 +134,7 @@ class HFRunner:
             logits_to_keep=keep,
         )
         logits = out.logits[..., : self.vocab_size]  # [B, keep, V]
-        # Row j's outputs are its last (ends - out_starts) columns.
-        n_out = feed.ends - feed.out_starts
-        o_owner = np.repeat(np.arange(len(n_out)), n_out)
-        o_col = keep - n_out[o_owner] + np.arange(int(n_out.sum())) - (np.cumsum(n_out) - n_out)[o_owner]
-        rows = feed.rows[o_owner]
-        picked = logits[torch.from_numpy(rows).to(device), torch.from_numpy(o_col).to(device)]
+        # The kept window is right-aligned too: position t of row j sits in column keep - (ends[j] - t).
+        o_owner, o_pos = ragged_arange(feed.out_starts, feed.ends)
+        picked = logits[self._t(feed.rows[o_owner]), self._t(keep - feed.ends[o_owner] + o_pos)]
         return self.transform(picked)  # [N, V]
