@@ -68,14 +68,17 @@ def select(
         )
         for lat, chain in scored
     ]
-    first = hierarchies[0]
+    first, runner_ups = hierarchies[0], hierarchies[1:6]
+    # AR and the best single draft are the baselines every report compares with: always listed.
+    baselines = [next((h for h in hierarchies if len(h.chain) == k), None) for k in (1, 2)]
+    runner_ups += [h for h in baselines if h is not None and h is not first and h not in runner_ups]
     return Hierarchy(
         first.chain,
         first.T,
         first.predicted_latency,
         first.speedup_over_ar,
         first.speedup_over_best_single,
-        runner_ups=tuple(hierarchies[1:6]),
+        runner_ups=tuple(runner_ups),
     )
 
 

@@ -1,11 +1,21 @@
 """The profiler's arithmetic (fake clock), acceptance rates, and select_hierarchy end to end."""
 
+import copy
+import json
+
 import pytest
 import torch
 from hf_models import layer_dropped_copy, noisy_copy, tiny_model
 
 import hsd_fast
-from hsd_fast.profile import acceptance, forward_costs
+from hsd_fast.profile import (
+    ProfileCache,
+    acceptance,
+    forward_costs,
+    measured_latency,
+    model_identity,
+    sampling_transform,
+)
 
 pytestmark = pytest.mark.hf
 
@@ -62,3 +72,60 @@ def test_select_hierarchy_end_to_end() -> None:
         hsd_fast.wrap(target, hierarchy=pick).generate(prompts[:1], max_new_tokens=16).tolist()
         == expected.tolist()
     )
+
+
+def test_model_identity_follows_the_weights() -> None:
+    model = tiny_model("llama")
+    assert model_identity(model) == model_identity(copy.deepcopy(model))
+    assert model_identity(model) != model_identity(noisy_copy(model, 1e-3, seed=0))
+    assert model_identity(model) != model_identity(copy.deepcopy(model).half())
+
+
+def test_profile_cache_reuses_measurements(tmp_path, monkeypatch) -> None:
+    import hsd_fast.profile as profile
+
+    target = tiny_model("llama")
+    draft = layer_dropped_copy(target, 1)
+    ids = torch.randint(3, 96, (2, 12), generator=torch.Generator().manual_seed(0))
+    calls = {"costs": 0, "alpha": 0}
+    real_costs, real_alpha = profile.forward_costs, profile.acceptance
+
+    def counting_costs(*args, **kwargs):
+        calls["costs"] += 1
+        return real_costs(*args, repeats=1, warmup=0, **kwargs)
+
+    def counting_alpha(*args, **kwargs):
+        calls["alpha"] += 1
+        return real_alpha(*args, **kwargs)
+
+    monkeypatch.setattr(profile, "forward_costs", counting_costs)
+    monkeypatch.setattr(profile, "acceptance", counting_alpha)
+    path = tmp_path / "profiles.json"
+    cache = ProfileCache(path)
+    first = [cache.costs(m, 12) for m in (draft, target)]
+    greedy = cache.acceptance([draft, target], ids, [], "greedy", progress=False)
+    cache.save()
+    assert calls == {"costs": 2, "alpha": 1}
+
+    reread = ProfileCache(tmp_path / "other.json", fallbacks=[path])  # a committed profile as fallback
+    assert [reread.costs(m, 12).seconds for m in (draft, target)] == [p.seconds for p in first]
+    assert reread.acceptance([target, draft], ids, [], "greedy", progress=False) == [
+        row[::-1] for row in greedy[::-1]
+    ]
+    assert calls == {"costs": 2, "alpha": 1}  # nothing re-measured
+    reread.costs(target, 24)  # another context length: a new measurement
+    processors, key = sampling_transform(do_sample=True, temperature=0.5)
+    reread.acceptance([draft, target], ids, processors, key, progress=False)  # other sampling too
+    assert calls == {"costs": 3, "alpha": 2}
+    reread.save()
+    entries = [json.loads(p.read_text())["entries"] for p in (path, tmp_path / "other.json")]
+    assert len(entries[1]) == len(entries[0]) + 2  # only the two new measurements were added
+
+
+def test_measured_latency_excludes_the_prefill_with_a_fake_clock() -> None:
+    target = tiny_model("llama")
+    prompts = torch.randint(3, 96, (2, 8), generator=torch.Generator().manual_seed(0))
+    # readings: warm-up (0, 5), then per row: long run 10 s, one-token run 2 s
+    ticks = iter([0.0, 5.0, 0.0, 10.0, 0.0, 2.0, 0.0, 10.0, 0.0, 2.0])
+    seconds = measured_latency(target, None, prompts, max_new_tokens=5, clock=lambda: next(ticks))
+    assert seconds == pytest.approx((8.0 + 8.0) / (2 * 4))

@@ -1,0 +1,78 @@
+"""The model zoo: a family of small Llama LMs sharing one tokenizer, committed under ``zoo/``.
+
+>>> from hsd_fast import zoo
+>>> zoo.names()                       # smallest first
+>>> target = zoo.load("s"); drafts = [zoo.load("xxs"), zoo.load("xs")]
+>>> tokenizer = zoo.load_tokenizer()
+
+``hsd-fast zoo info`` lists what is there, ``hsd-fast zoo accept`` measures the acceptance matrix,
+``hsd-fast zoo build`` rebuilds it (corpus, tokenizer, training, int8 storage); see ``zoo/README.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # transformers is imported only when a model or the tokenizer is loaded
+    import torch
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+__all__ = ["SIZES", "cost_twin", "load", "load_tokenizer", "manifest", "names", "zoo_dir"]
+
+
+def zoo_dir() -> Path:
+    """Where the zoo is read from: ``$HSD_FAST_ZOO``, else the installed data (``zoo/`` of the
+    repository, installed as ``hsd_fast.zoo_data``)."""
+    if "HSD_FAST_ZOO" in os.environ:
+        return Path(os.environ["HSD_FAST_ZOO"])
+    import hsd_fast.zoo_data
+
+    return Path(hsd_fast.zoo_data.__file__).parent
+
+
+def manifest() -> dict:
+    path = zoo_dir() / "manifest.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no zoo manifest at {path}; build one with `hsd-fast zoo build`")
+    return json.loads(path.read_text())
+
+
+def names() -> list[str]:
+    """The zoo's models, smallest first."""
+    models = manifest()["models"]
+    return sorted(models, key=lambda name: models[name]["params"])
+
+
+def load(name: str, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> LlamaForCausalLM:
+    """A zoo model, de-quantised to ``dtype`` (default float32) on ``device``, in eval mode."""
+    import torch
+
+    from hsd_fast.zoo.models import load_int8
+
+    available = names()
+    if name not in available:
+        raise ValueError(f"no zoo model {name!r}; the zoo holds {available}")
+    model = load_int8(zoo_dir() / name, dtype or torch.float32, device)
+    model.config.name_or_path = f"hsd_fast.zoo/{name}"
+    return model
+
+
+def load_tokenizer() -> PreTrainedTokenizerFast:
+    from hsd_fast.zoo.tokenizer import load_tokenizer as load_from
+
+    return load_from(zoo_dir() / "tokenizer")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "cost_twin":
+        from hsd_fast.zoo.twin import cost_twin
+
+        return cost_twin
+    if name == "SIZES":
+        from hsd_fast.zoo.models import SIZES
+
+        return SIZES
+    raise AttributeError(f"module 'hsd_fast.zoo' has no attribute {name!r}")

@@ -1,0 +1,190 @@
+"""``hsd-fast zoo build``: corpus -> tokenizer -> one trained model per size -> int8 files + manifest.
+
+The committed tokenizer is reused unless ``retrain_tokenizer`` is set. The token corpus is cached in
+``work_dir`` under its hash. Each model is trained, stored as int8 rows, re-loaded, and its int8
+fidelity measured (validation loss and argmax agreement against the fp32 weights it came from).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import transformers
+
+from hsd_fast.zoo.corpus import TokenCorpus, documents, text_hash, tokenize, validation_ids
+from hsd_fast.zoo.models import SIZES, load_int8, num_params, save_int8, shape_dict
+from hsd_fast.zoo.tokenizer import load_tokenizer, train_tokenizer
+from hsd_fast.zoo.train import TrainConfig, train, validation_loss, validation_windows
+
+# Steps of 16 x 256 tokens per size, sized for ~10-17 minutes each on the 2-core CPU machine.
+CPU_STEPS = {"xxs": 1000, "xs": 600, "sm": 400, "s": 400, "m": 400, "l": 400}
+LEARNING_RATES = {"xxs": 3e-3, "xs": 3e-3, "sm": 2e-3, "s": 2e-3, "m": 1.5e-3, "l": 1e-3}
+
+
+def read_manifest(zoo_dir: Path) -> dict:
+    path = zoo_dir / "manifest.json"
+    return json.loads(path.read_text()) if path.is_file() else {"version": 1, "models": {}}
+
+
+def write_manifest(zoo_dir: Path, manifest: dict) -> None:
+    (zoo_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def build_corpus(zoo_dir: Path, work_dir: Path, retrain_tokenizer: bool = False) -> TokenCorpus:
+    manifest = read_manifest(zoo_dir)
+    docs = list(documents())
+    tokenizer_dir = zoo_dir / "tokenizer"
+    if retrain_tokenizer or not (tokenizer_dir / "tokenizer.json").is_file():
+        held = validation_ids(docs)
+        tokenizer = train_tokenizer(d.text for d in docs if (d.source, d.doc_id) not in held)
+        tokenizer.save_pretrained(str(tokenizer_dir))
+    tokenizer = load_tokenizer(tokenizer_dir)
+    digest = text_hash(docs)
+    recorded = manifest.get("corpus", {})
+    cached = work_dir / f"tokens-{digest[:16]}.npz"
+    if cached.is_file():
+        corpus = TokenCorpus.load(cached)
+    else:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        encode = tokenizer.backend_tokenizer.encode_batch
+        corpus = tokenize(docs, lambda texts: [e.ids for e in encode(texts)], tokenizer.eos_token_id)
+        corpus.save(cached)
+    if recorded.get("text_sha256") not in (None, digest):
+        print(f"note: this machine's text differs from the recorded corpus ({recorded['text_sha256'][:12]})")
+    chars: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    for doc in docs:
+        chars[doc.source] = chars.get(doc.source, 0) + len(doc.text)
+        counts[doc.source] = counts.get(doc.source, 0) + 1
+    manifest["corpus"] = {
+        "text_sha256": digest,
+        "tokens_sha256": corpus.hash(),
+        "token_file": cached.name,
+        "python": platform.python_version(),
+        "sources": {
+            name: {"documents": counts[name], "chars": chars[name], **corpus.summary()[name]}
+            for name in counts
+        },
+    }
+    manifest["tokenizer"] = {"vocab_size": len(tokenizer), "eos_id": tokenizer.eos_token_id}
+    write_manifest(zoo_dir, manifest)
+    return corpus
+
+
+@torch.no_grad()
+def int8_fidelity(model, stored, windows) -> dict:
+    agree, total = 0, 0
+    for batch in windows.values():
+        a = model(input_ids=batch[:, :-1]).logits.argmax(-1)
+        b = stored(input_ids=batch[:, :-1]).logits.argmax(-1)
+        agree, total = agree + int((a == b).sum()), total + a.numel()
+    return {"val_loss_int8": validation_loss(stored, windows, "cpu"), "int8_argmax_agreement": agree / total}
+
+
+def build_model(
+    zoo_dir: Path, corpus: TokenCorpus, size: str, steps: int | None = None, device: str = "cpu"
+) -> dict:
+    manifest = read_manifest(zoo_dir)
+    vocab_size = manifest["tokenizer"]["vocab_size"]
+    config = TrainConfig(size, steps=steps or CPU_STEPS[size], lr=LEARNING_RATES[size])
+    out = zoo_dir / size
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    model, records = train(corpus, config, vocab_size, device=device, log_path=out / "train_log.jsonl")
+    seconds = time.perf_counter() - start
+    model = model.float().cpu()
+    save_int8(model, out)
+    windows = validation_windows(corpus, config)
+    card = {
+        "shape": shape_dict(SIZES[size]),
+        "params": num_params(model),
+        "steps": config.steps,
+        "tokens_seen": config.steps * config.tokens_per_step,
+        "val_loss": records[-1]["val"],
+        **int8_fidelity(model, load_int8(out), windows),
+        "train_seconds": round(seconds, 1),
+        "device": _device_name(device),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": sys.version.split()[0],
+    }
+    manifest = read_manifest(zoo_dir)
+    manifest["models"][size] = card
+    write_manifest(zoo_dir, manifest)
+    return card
+
+
+def _device_name(device: str) -> str:
+    return torch.cuda.get_device_name() if device.startswith("cuda") else f"cpu ({platform.machine()})"
+
+
+def build(
+    zoo_dir: Path,
+    work_dir: Path,
+    sizes: Sequence[str] = ("xxs", "xs", "sm", "s"),
+    steps: int | None = None,
+    device: str = "cpu",
+    retrain_tokenizer: bool = False,
+    tokens: Path | None = None,
+) -> dict:
+    """Build the zoo. ``tokens``: a token file carried from the machine that built the corpus (its
+    hash must equal the manifest's), for machines without the corpus text (the GPU machine)."""
+    if tokens is not None:
+        expected = read_manifest(zoo_dir).get("corpus", {}).get("tokens_sha256")
+        if expected is None:
+            raise ValueError(f"{zoo_dir}/manifest.json records no corpus hash to check {tokens} against")
+        corpus = TokenCorpus.load(tokens, expected_hash=expected)
+    else:
+        corpus = build_corpus(zoo_dir, work_dir, retrain_tokenizer)
+    for size in sizes:
+        card = build_model(zoo_dir, corpus, size, steps, device)
+        print(f"{size}: {card['params'] / 1e6:.2f} M params, val {card['val_loss']}")
+    return read_manifest(zoo_dir)
+
+
+CALIBRATION = "calibration.safetensors"
+
+
+def write_calibration(zoo_dir: Path, corpus: TokenCorpus, windows: int = 8, length: int = 128) -> None:
+    """Commit a few held-out windows per source, so acceptance and the selector can be measured on
+    machines without the corpus: ``calibration.safetensors``, one [windows, length] int tensor each."""
+    from safetensors.torch import save_file
+
+    config = TrainConfig("xxs", steps=1, seq_len=length - 1, eval_windows=windows)
+    tensors = {k: v.to(torch.int32).contiguous() for k, v in validation_windows(corpus, config).items()}
+    save_file(tensors, str(zoo_dir / CALIBRATION))
+
+
+def read_calibration(zoo_dir: Path) -> dict[str, torch.Tensor]:
+    """Held-out windows per source: [windows, length] int64 token ids."""
+    from safetensors.torch import load_file
+
+    return {k: v.long() for k, v in load_file(str(zoo_dir / CALIBRATION)).items()}
+
+
+def measure_acceptance(zoo_dir: Path, names: Sequence[str], progress: bool = True) -> dict:
+    """alpha over the zoo on the committed calibration windows: greedy argmax agreement and
+    sum-min(p, q) at temperature 1, pooled over all sources and per source."""
+    from hsd_fast.profile import acceptance
+
+    models = [load_int8(zoo_dir / name) for name in names]
+    windows = read_calibration(zoo_dir)
+    pooled = torch.cat(list(windows.values()))
+    result = {"models": list(names), "tokens": int(pooled.numel())}
+    for key, greedy in (("greedy", True), ("sum_min_t1", False)):
+        result[key] = _rounded(acceptance(models, pooled, greedy=greedy, progress=progress))
+        result[f"{key}_per_source"] = {
+            source: _rounded(acceptance(models, ids, greedy=greedy, progress=False))
+            for source, ids in windows.items()
+        }
+    return result
+
+
+def _rounded(matrix: list[list[float]]) -> list[list[float]]:
+    return [[round(x, 4) for x in row] for row in matrix]

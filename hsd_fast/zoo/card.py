@@ -1,0 +1,122 @@
+"""``zoo/README.md``, rendered from ``zoo/manifest.json`` (so the card always matches the files)."""
+
+from __future__ import annotations
+
+
+def matrix_table(names: list[str], matrix: list[list[float]]) -> list[str]:
+    lines = ["| draft \\ verifier | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines += [
+        f"| {n} | " + " | ".join(f"{x:.3f}" for x in row) + " |" for n, row in zip(names, matrix, strict=True)
+    ]
+    return lines
+
+
+def render(manifest: dict) -> str:
+    corpus, models = manifest["corpus"], manifest["models"]
+    names = sorted(models, key=lambda n: models[n]["params"])
+    sources = list(corpus["sources"])
+    out = [
+        "# The hsd_fast model zoo",
+        "",
+        "A family of small Llama-architecture causal LMs sharing one byte-level BPE tokenizer "
+        f"({manifest['tokenizer']['vocab_size']} entries, id {manifest['tokenizer']['eos_id']} = "
+        "`<|endoftext|>`: BOS, EOS and padding), trained by `hsd-fast zoo build` and stored as int8 rows "
+        "with bf16 scales. Load with `hsd_fast.zoo.load(name)` / `hsd_fast.zoo.load_tokenizer()`. "
+        "These are tiny, briefly trained models: good enough for speculative decoding to have something "
+        "to accept, not for useful text.",
+        "",
+        "## Models",
+        "",
+        "| name | hidden | layers | heads | MLP | params | tokens seen | train time | device | "
+        + " | ".join(f"val loss {s}" for s in sources)
+        + " | int8 argmax agreement |",
+        "|---" * (10 + len(sources)) + "|",
+    ]
+    for name in names:
+        card, shape = models[name], models[name]["shape"]
+        val = " | ".join(f"{card['val_loss'].get(s, float('nan')):.3f}" for s in sources)
+        out.append(
+            f"| {name} | {shape['hidden_size']} | {shape['num_layers']} | {shape['num_heads']} | "
+            f"{shape['intermediate_size']} | {card['params'] / 1e6:.2f} M | "
+            f"{card['tokens_seen'] / 1e6:.2f} M | "
+            f"{card['train_seconds'] / 60:.1f} min | {card['device']} | {val} | "
+            f"{card['int8_argmax_agreement']:.4f} |"
+        )
+    out += [
+        "",
+        "Validation loss (nats per token) is measured on held-out documents of each source with the fp32 "
+        "weights before quantisation; the int8 weights give "
+        + ", ".join(
+            f"{n}: " + "/".join(f"{models[n]['val_loss_int8'].get(s, float('nan')):.3f}" for s in sources)
+            for n in names
+        )
+        + " (same sources, same order). Argmax agreement compares the int8 model with its fp32 weights "
+        "on the same windows.",
+        "",
+    ]
+    accept = manifest.get("acceptance")
+    if accept:
+        out += [
+            "## Acceptance",
+            "",
+            f"Measured by `hsd_fast.profile.acceptance()` ({accept['tokens']} teacher-forced held-out "
+            "tokens, "
+            "`zoo/calibration.safetensors`, every source pooled) with `hsd-fast zoo accept --write`.",
+            "",
+            "Greedy: how often the two models' argmaxes agree.",
+            "",
+            *matrix_table(accept["models"], accept["greedy"]),
+            "",
+            "Sampling at temperature 1: sum_x min(p(x), q(x)), the probability that speculative sampling "
+            "accepts a draft token.",
+            "",
+            *matrix_table(accept["models"], accept["sum_min_t1"]),
+            "",
+            "Per source, adjacent sizes (sum-min at temperature 1 / greedy agreement):",
+            "",
+            "| pair | " + " | ".join(accept["sum_min_t1_per_source"]) + " |",
+            "|---" * (1 + len(accept["sum_min_t1_per_source"])) + "|",
+        ]
+        for i in range(len(accept["models"]) - 1):
+            sum_min, greedy = accept["sum_min_t1_per_source"], accept["greedy_per_source"]
+            cells = [f"{sum_min[s][i][i + 1]:.3f} / {greedy[s][i][i + 1]:.3f}" for s in sum_min]
+            out.append(f"| {accept['models'][i]} -> {accept['models'][i + 1]} | " + " | ".join(cells) + " |")
+        out.append("")
+    source_rows = [
+        f"| {s} | {info['documents']} | {info['chars'] / 1e6:.1f} M | {info['train'] / 1e6:.2f} M | "
+        f"{info['val'] / 1e3:.1f} k |"
+        for s, info in corpus["sources"].items()
+    ]
+    out += [
+        "## Data",
+        "",
+        "Text present offline (`hsd_fast/zoo/corpus.py`): the Python standard library's code (this "
+        f"machine's Python {corpus['python']}, tests excluded), the Python docs' reST sources (Debian "
+        "`python3.11-doc`), Perl's pod pages (`perl-doc`) and the King James Bible (`bible-kjv`, one "
+        "document per chapter). A document is held out when the CRC-32 of its id is 0 mod 50, plus the "
+        "smallest CRC-32 of each source.",
+        "",
+        "| source | documents | characters | train tokens | validation tokens |",
+        "|---|---|---|---|---|",
+        *source_rows,
+        "",
+        f"Corpus text sha256 `{corpus['text_sha256']}`; token arrays sha256 `{corpus['tokens_sha256']}` "
+        "(`TokenCorpus.hash()`: another machine checks it has the same tokens with "
+        "`TokenCorpus.load(path, expected_hash=...)`).",
+        "",
+        "## Training",
+        "",
+        "AdamW (betas 0.9/0.95, weight decay 0.1 on matrices, gradient clip 1.0), batches of 16 random "
+        "windows of 256 tokens drawn uniformly over all training tokens, linear warm-up over 50 steps then "
+        "cosine to 10% of the peak rate, seed 0. Per-step logs with the validation loss per source every "
+        "250 steps: `zoo/<name>/train_log.jsonl`.",
+        "",
+        "Rebuild (needs `apt-get install python3.11-doc perl-doc bible-kjv`; reuses the committed "
+        "tokenizer unless `--retrain-tokenizer`):",
+        "",
+        "```bash",
+        "hsd-fast zoo build --sizes " + " ".join(names) + " --zoo-dir zoo && hsd-fast zoo accept --write",
+        "```",
+        "",
+    ]
+    return "\n".join(out)

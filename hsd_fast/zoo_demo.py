@@ -1,0 +1,60 @@
+"""`hsd-fast demo`: greedy HSD over the committed zoo next to the target's own greedy decoding.
+
+The hierarchy comes from ``select_hierarchy`` with the zoo's committed CPU profile (no re-profiling
+when the models match it); the two outputs must be identical token for token.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+import hsd_fast
+from hsd_fast import zoo
+from hsd_fast.profile import ProfileCache, select_hierarchy
+from hsd_fast.zoo.build import read_calibration
+
+PROMPT = '''def read_config(path):
+    """Read a configuration file and return a dict of its sections."""
+'''
+
+
+def main(prompt: str = PROMPT, max_new_tokens: int = 128, threads: int | None = None) -> int:
+    if threads:
+        torch.set_num_threads(threads)
+    names = zoo.names()
+    tokenizer = zoo.load_tokenizer()
+    models = [zoo.load(name) for name in names]
+    target = models[-1]
+    sizes = [f"{n} ({m.num_parameters() / 1e6:.1f} M)" for n, m in zip(names, models, strict=True)]
+    print(f"zoo: {', '.join(sizes)}")
+    calibration = torch.cat(list(read_calibration(zoo.zoo_dir()).values()))
+    cache = ProfileCache(fallbacks=[zoo.zoo_dir() / "profile_cpu.json"])
+    pick = select_hierarchy(target, models[:-1], calibration, context=96, cache=cache, progress=False)
+    chain = " > ".join(names[i] for i in pick.chain)
+    print(f"hierarchy: {chain}, T = {list(pick.T)} (predicted {pick.speedup_over_ar:.2f}x over AR)\n")
+
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    kwargs = {"do_sample": False, "max_new_tokens": max_new_tokens, "eos_token_id": None}
+    target.generate(ids, **{**kwargs, "max_new_tokens": 4})  # warm-up
+    start = time.perf_counter()
+    expected = target.generate(ids, **kwargs)
+    ar_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    out = target.generate(
+        ids, custom_generate=hsd_fast.generate, hierarchy=pick, output_hsd_stats=True, **kwargs
+    )
+    hsd_seconds = time.perf_counter() - start
+
+    print(tokenizer.decode(out.sequences[0]))
+    print("-" * 72)
+    new = out.sequences.shape[1] - ids.shape[1]
+    print(f"target alone (HF generate): {new / ar_seconds:7.1f} tok/s")
+    print(f"HSD over the zoo:           {new / hsd_seconds:7.1f} tok/s  ({ar_seconds / hsd_seconds:.2f}x)")
+    stats = out.hsd_stats
+    print(f"drafts accepted per target forward: {stats.mean_accepted_per_target_pass:.2f}\n")
+    print(stats.summary())
+    same = out.sequences.tolist() == expected.tolist()
+    print(f"\nHSD output {'equals' if same else 'DIFFERS FROM'} the target's own greedy output.")
+    return 0 if same else 1

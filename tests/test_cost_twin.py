@@ -1,0 +1,76 @@
+"""A cost twin computes the same function as its source: fp32 logits, and greedy HSD outputs."""
+
+import pytest
+import torch
+from hf_models import derived_drafts, tiny_model
+
+import hsd_fast
+from hsd_fast.zoo import cost_twin
+
+pytestmark = pytest.mark.hf
+
+
+@pytest.fixture(scope="module")
+def source() -> torch.nn.Module:
+    model = tiny_model("llama", layers=3, seed=4)  # GQA (4 heads over 2 KV heads), untied head
+    with torch.no_grad():  # non-trivial norm weights, so the sqrt(d/D) rescaling is exercised
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {"hidden_size": 160, "num_layers": 5, "intermediate_size": 320, "num_heads": 10},
+        {"hidden_size": 64, "num_layers": 3, "intermediate_size": 128, "num_heads": 6},  # heads only
+        {"shape": "xs"},
+    ],
+    ids=["all", "heads", "named"],
+)
+def test_twin_logits_equal_source(source, shape) -> None:
+    twin = cost_twin(source, **shape)
+    ids = torch.randint(3, 96, (3, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected, got = source(ids).logits, twin(ids).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert sum(p.numel() for p in twin.parameters()) > sum(p.numel() for p in source.parameters())
+    assert twin.config.head_dim == source.config.head_dim
+
+
+def test_twin_shape_follows_arguments(source) -> None:
+    twin = cost_twin(source, hidden_size=128, num_layers=6, intermediate_size=256)
+    config = twin.config
+    assert (config.hidden_size, config.num_hidden_layers, config.intermediate_size) == (128, 6, 256)
+    assert config.num_attention_heads == 128 // source.config.head_dim  # default: heads fill hidden
+    assert config.num_key_value_heads == config.num_attention_heads // 2  # the source's GQA group kept
+    assert twin.model.layers[5].mlp.down_proj.weight.abs().max() == 0  # added layers write nothing
+    assert twin.model.layers[5].mlp.up_proj.weight.abs().max() > 0  # ...but read (dense matmuls)
+
+
+def test_greedy_hsd_through_a_twin_target_equals_the_source(source) -> None:
+    twin = cost_twin(source, hidden_size=128, num_layers=5, intermediate_size=256)
+    drafts = derived_drafts(source, 2)
+    ids = torch.randint(3, 96, (2, 9), generator=torch.Generator().manual_seed(1))
+    expected = source.generate(ids, do_sample=False, max_new_tokens=30)
+    out = twin.generate(
+        ids, custom_generate=hsd_fast.generate, drafts=drafts, T=[2, 3], do_sample=False, max_new_tokens=30
+    )
+    assert out.tolist() == expected.tolist()
+    # and the twin as a draft of its source
+    out = source.generate(
+        ids, custom_generate=hsd_fast.generate, drafts=[twin], T=[4], do_sample=False, max_new_tokens=30
+    )
+    assert out.tolist() == expected.tolist()
+
+
+def test_twin_refuses_what_it_cannot_preserve(source) -> None:
+    with pytest.raises(ValueError, match="can only grow"):
+        cost_twin(source, hidden_size=32)
+    with pytest.raises(ValueError, match="multiple of the source's GQA group"):
+        cost_twin(source, num_heads=5)
+    with pytest.raises(ValueError, match="unknown zoo shape"):
+        cost_twin(source, shape="huge")
+    with pytest.raises(TypeError, match="LlamaForCausalLM"):
+        cost_twin(tiny_model("gpt2"))
