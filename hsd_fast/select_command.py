@@ -10,6 +10,7 @@ held-out calibration windows; costs at ``--context`` cached tokens. Measurements
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import platform
 import subprocess
@@ -108,7 +109,9 @@ def run(args: argparse.Namespace) -> int:
     print(_table(rows, args.measure))
     if args.json:
         report = {
+            "date": datetime.date.today().isoformat(),
             "device": _device_name(args.device),
+            "batch": 1,
             "dtype": args.dtype,
             "sampling": sampling,
             "context": args.context,

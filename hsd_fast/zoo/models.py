@@ -8,7 +8,7 @@ int8 ``W.q8`` and the bf16 per-row ``W.scale`` (``W ~ q8 * scale``); vectors (no
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -121,7 +121,3 @@ def load_int8(
     model.generation_config.eos_token_id = config.eos_token_id
     model.generation_config.pad_token_id = config.pad_token_id
     return model.to(device=device, dtype=dtype).eval()
-
-
-def shape_dict(shape: Shape) -> dict[str, int]:
-    return asdict(shape)

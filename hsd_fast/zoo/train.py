@@ -12,7 +12,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +38,7 @@ class TrainConfig:
     eval_every: int = 250
     eval_windows: int = 16  # held-out windows of seq_len tokens per source
     seed: int = 0
-    extra: dict = field(default_factory=dict)
+    grown_from: str | None = None  # the zoo model this one starts from (cost_twin), if any
 
     @property
     def tokens_per_step(self) -> int:
@@ -90,11 +90,15 @@ def train(
     log_path: Path | None = None,
     progress: bool = True,
     clock: Callable[[], float] = time.perf_counter,
+    init: torch.nn.Module | None = None,
 ):
-    """Train a fresh model of ``config.size``; returns (model, log records)."""
+    """Train ``init`` (e.g. a smaller zoo model grown by ``cost_twin``), or a fresh model of
+    ``config.size``; returns (model, log records)."""
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
-    model = new_model(SIZES[config.size], vocab_size, seed=config.seed).to(device).train()
+    if init is None:
+        init = new_model(SIZES[config.size], vocab_size, seed=config.seed)
+    model = init.float().to(device).train()
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(

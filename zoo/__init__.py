@@ -1,0 +1,1 @@
+"""Data package: the committed model zoo (tokenizer, int8 weights, manifest). Code: ``hsd_fast.zoo``."""
