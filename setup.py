@@ -24,6 +24,9 @@ class CMakeBuild(build_ext):
         out_dir = Path(self.get_ext_fullpath(ext.name)).parent.resolve()
         build_dir = Path(self.build_temp).resolve() / ext.name
         build_dir.mkdir(parents=True, exist_ok=True)
+        # pip builds in a fresh isolated environment each time, and a cache left by an earlier build
+        # points at that environment's (now deleted) cmake and ninja: configure from scratch.
+        (build_dir / "CMakeCache.txt").unlink(missing_ok=True)
         config = "Debug" if self.debug else "Release"
         configure = [
             "cmake",
