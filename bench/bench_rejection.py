@@ -5,11 +5,16 @@ reference (eager and `torch.compile(dynamic=True)`), side by side in one run.
     python bench/bench_rejection.py --quick         # a small grid
 
 Grid: batch {1, 8, 64} x drafts per row {4, 8, 16} x vocab {32000, 128256, 151936}, bf16 and fp32
-logits. On CUDA: `triton.testing.do_bench` medians (host launch included), CUDA-event timing of one
-launch at batch 1, and a roofline = bytes the op must read / device copy bandwidth measured in the same
-run. On CPU (no kernel: the interpreter is not a speed path) the reference is timed with
-`torch.utils.benchmark`, and the grid stops at batch 8 to keep the run short. Writes
-bench/results/rejection_<device>.{json,md}.
+logits. On CUDA, `triton.testing.do_bench` medians of:
+  kernel            the launcher as the engine calls it (sampled; vocabulary split chosen by it)
+  kernel_greedy     the same in greedy mode (two launches instead of four)
+  kernel_unsplit    sampled with num_chunks=1 (no vocabulary split): what the split buys
+  reference eager / torch.compile(dynamic=True) (first-call compile time reported separately)
+plus, at batch 1, CUDA events around one launcher call (the events sit on the stream, so any time
+the GPU waits for the host to launch the kernels is included), and a roofline = bytes the op must
+read / device copy bandwidth measured in the same run. On CPU (no kernel: the interpreter is not a
+speed path) the reference is timed with `torch.utils.benchmark`, and the grid stops at batch 8 to
+keep the run short. Writes bench/results/rejection_<device>.{json,md}.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import triton
 from hsd_fast.triton_kernels.rejection import verify_torch, verify_triton
 
 RESULTS = Path(__file__).parent / "results"
-REFERENCE_COMMIT = "the reference as first committed (see git log -- triton_kernels/rejection.py)"
+REFERENCE_COMMIT = "acae7d0"  # verify_torch as the kernel issue started; unchanged since
 
 
 def make_inputs(batch: int, drafts: int, vocab: int, dtype: torch.dtype, device: str) -> tuple:
@@ -79,26 +84,31 @@ def main() -> None:
 
     rows = []
     compiled = torch.compile(verify_torch, dynamic=True)
-    compile_s = None
+    compile_s = kernel_jit_s = None
     for batch, drafts, vocab, dtype in itertools.product(batches, [4, 8, 16], vocabs, dtypes):
         inputs = make_inputs(batch, drafts, vocab, dtype, args.device)
         row = {"batch": batch, "drafts": drafts, "vocab": vocab, "dtype": str(dtype).split(".")[-1]}
         if cuda:
             if compile_s is None:
-                start = time.perf_counter()
-                compiled(*inputs, level=1, greedy=False)
-                torch.cuda.synchronize()
-                compile_s = time.perf_counter() - start
+                kernel_jit_s = _first_call_s(lambda i=inputs: _both_modes(verify_triton, i))
+                compile_s = _first_call_s(lambda i=inputs: _both_modes(compiled, i))
             kernel = triton.testing.do_bench(lambda i=inputs: verify_triton(*i, level=1, greedy=False))
+            greedy = triton.testing.do_bench(lambda i=inputs: verify_triton(*i, level=1, greedy=True))
+            unsplit = triton.testing.do_bench(
+                lambda i=inputs: verify_triton(*i, level=1, greedy=False, num_chunks=1)
+            )
             eager = triton.testing.do_bench(lambda i=inputs: verify_torch(*i, level=1, greedy=False))
             comp = triton.testing.do_bench(lambda i=inputs: compiled(*i, level=1, greedy=False))
             roofline_us = needed_bytes(batch, drafts, vocab, dtype) / bandwidth * 1e6
             row |= {
                 "kernel_us": kernel * 1e3,
+                "kernel_greedy_us": greedy * 1e3,
+                "kernel_unsplit_us": unsplit * 1e3,
                 "reference_eager_us": eager * 1e3,
                 "reference_compiled_us": comp * 1e3,
                 "roofline_us": roofline_us,
                 "kernel_over_roofline": kernel * 1e3 / roofline_us,
+                "compiled_over_kernel": comp / kernel,
             }
             if batch == 1:
                 row["kernel_cuda_event_us"] = _event_time(inputs)
@@ -108,7 +118,20 @@ def main() -> None:
             )
         rows.append(row)
         print(row, flush=True)
-    write(rows, args.device, bandwidth, compile_s)
+    write(rows, args.device, bandwidth, compile_s, kernel_jit_s)
+
+
+def _both_modes(fn, inputs: tuple) -> None:
+    fn(*inputs, level=1, greedy=False)
+    fn(*inputs, level=1, greedy=True)
+
+
+def _first_call_s(fn) -> float:
+    """Wall time of a first call: compilation (Triton JIT or torch.compile) plus one run."""
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
 
 
 def _event_time(inputs: tuple, repeats: int = 100) -> float:
@@ -124,7 +147,13 @@ def _event_time(inputs: tuple, repeats: int = 100) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def write(rows: list[dict], device: str, bandwidth: float | None, compile_s: float | None) -> None:
+def write(
+    rows: list[dict],
+    device: str,
+    bandwidth: float | None,
+    compile_s: float | None,
+    kernel_jit_s: float | None,
+) -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
@@ -137,6 +166,8 @@ def write(rows: list[dict], device: str, bandwidth: float | None, compile_s: flo
         "reference": REFERENCE_COMMIT,
         "copy_bandwidth_GBps": None if bandwidth is None else bandwidth / 1e9,
         "torch_compile_first_call_s": compile_s,
+        "kernel_first_call_s": kernel_jit_s,
+        "event_timing": "CUDA events around one launcher call; host launch time included",
     }
     RESULTS.mkdir(exist_ok=True)
     stem = RESULTS / f"rejection_{device}"
@@ -146,11 +177,19 @@ def write(rows: list[dict], device: str, bandwidth: float | None, compile_s: flo
         f"# Verification step: {name}",
         "",
         f"torch {torch.__version__}, triton {triton.__version__}; commit {commit}, {meta['date']}. "
-        "Times in microseconds (medians), sampled mode, level 1.",
+        f"Reference: verify_torch at {REFERENCE_COMMIT}. Times in microseconds (medians), sampled mode "
+        "unless named greedy, level 1, rows of equal draft counts.",
         "",
         "| batch | drafts | vocab | dtype | " + " | ".join(columns) + " |",
         "|" + "---|" * (4 + len(columns)),
     ]
+    if device == "cuda":
+        lines[3:3] = [
+            "",
+            f"First calls (compile + run, both modes): kernels {kernel_jit_s:.1f} s, "
+            f"torch.compile {compile_s:.1f} s. Copy bandwidth: {bandwidth / 1e9:.0f} GB/s. "
+            f"kernel_cuda_event_us: {meta['event_timing']}.",
+        ]
     for r in rows:
         cells = [f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c]) for c in columns]
         lines.append(

@@ -12,17 +12,26 @@ import torch
 
 from hsd_fast.engine import run_hsd
 from hsd_fast.table_model import TableRunner, table_family
+from hsd_fast.triton_kernels import rejection
 from hsd_fast.triton_kernels.rejection import verify_torch, verify_triton
 
 
-def _case(counts: list[int], vocab: int, dtype: torch.dtype, seed: int, masked: bool = False):
+def _case(counts: list[int], vocab: int, dtype: torch.dtype, seed: int, masked: str | None = None):
+    """Random inputs for rows with ``counts`` drafts. ``masked``: "strided" excludes a regular pattern
+    of tokens on both sides; "topk" keeps 3 verifier tokens per position (so whole vocabulary
+    chunks are -inf, and most drafts fall outside the verifier's support)."""
     gen = torch.Generator().manual_seed(seed)
     rows, drafts = len(counts), sum(counts)
     verifier = 2 * torch.randn(rows + drafts, vocab, generator=gen)
     draft = 2 * torch.randn(drafts, vocab, generator=gen)
-    if masked:  # top-k style exclusions on both sides
+    if masked == "strided":
         verifier[:, ::3] = -float("inf")
         draft[:, 1::4] = -float("inf")
+    elif masked == "topk":  # drafts close to the verifier, inside its support, so some accept
+        kth = verifier.topk(min(3, vocab), dim=-1).values[:, -1:]
+        verifier = verifier.masked_fill(verifier < kth, -float("inf"))
+        owner = torch.repeat_interleave(torch.arange(rows), torch.tensor(counts, dtype=torch.int64))
+        draft = verifier[torch.arange(drafts) + owner] + 0.5 * torch.randn(drafts, vocab, generator=gen)
     temperature = torch.rand(rows, generator=gen) + 0.5
     offsets = torch.tensor([0, *torch.tensor(counts, dtype=torch.int64).cumsum(0).tolist()])
     owner = torch.repeat_interleave(torch.arange(rows), torch.tensor(counts, dtype=torch.int64))
@@ -34,27 +43,79 @@ def _case(counts: list[int], vocab: int, dtype: torch.dtype, seed: int, masked: 
     return (verifier.to(dtype), draft.to(dtype), draft_lse, tokens, offsets, temperature, seeds, positions)
 
 
-@pytest.mark.parametrize("counts", [[0], [1], [5], [0, 1, 5], [5, 2, 3]], ids=str)
-@pytest.mark.parametrize(("vocab", "block"), [(7, None), (64, 64), (65, 64)], ids=["V7", "V64", "V65"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def _assert_same(out, ref) -> None:
+    assert out.num_accepted.tolist() == ref.num_accepted.tolist()
+    assert out.next_token.tolist() == ref.next_token.tolist()
+    torch.testing.assert_close(out.verifier_lse, ref.verifier_lse, atol=1e-5, rtol=1e-5)
+
+
+# (vocab, block, chunks): one block; one chunk of one block; the launcher's split (two chunks, the
+# second 1 token long); three chunks of two blocks, the last chunk a 1-token block.
+SHAPES = [(7, None, None), (64, 64, 1), (65, 64, None), (65, 16, 3)]
+# Rows of 0, 1 and 5 drafts, alone and as one batch; fp16 on the batch (the interpreter is slow:
+# FACTS.md), fp32 everywhere.
+CASES = [(counts, *shape, torch.float32) for counts in [[0], [1], [5], [0, 1, 5]] for shape in SHAPES]
+CASES += [([0, 1, 5], *shape, torch.float16) for shape in SHAPES]
+
+
+@pytest.mark.parametrize(("counts", "vocab", "block", "chunks", "dtype"), CASES, ids=str)
 @pytest.mark.parametrize("greedy", [False, True], ids=["sampled", "greedy"])
-def test_kernel_equals_reference(counts, vocab, block, dtype, greedy) -> None:
-    for seed in range(3):
-        args = _case(counts, vocab, dtype, seed, masked=seed == 2)
+def test_kernel_equals_reference(counts, vocab, block, chunks, dtype, greedy) -> None:
+    for seed, masked in enumerate([None, "strided", "topk"]):
+        args = _case(counts, vocab, dtype, seed, masked)
         ref = verify_torch(*args, level=2, greedy=greedy)
-        out = verify_triton(*args, level=2, greedy=greedy, block_v=block)
-        assert out.num_accepted.tolist() == ref.num_accepted.tolist()
-        assert out.next_token.tolist() == ref.next_token.tolist()
-        torch.testing.assert_close(out.verifier_lse, ref.verifier_lse, atol=1e-5, rtol=1e-5)
+        _assert_same(verify_triton(*args, level=2, greedy=greedy, block_v=block, num_chunks=chunks), ref)
+
+
+@pytest.mark.parametrize("greedy", [False, True], ids=["sampled", "greedy"])
+def test_kernel_loops_over_position_and_chunk_blocks(greedy, monkeypatch) -> None:
+    """Positions tested 4 at a time and 9 chunks reduced 4 at a time: the accept kernel takes
+    several steps of both loops, and some rows get past the first block of positions."""
+    monkeypatch.setattr(rejection, "BLOCK_K", 4)
+    monkeypatch.setattr(rejection, "BLOCK_C", 4)
+    reached_second_block = False
+    counts = [0, 9, 5, 6]
+    for seed in range(2):
+        args = _case(counts, 72, torch.float32, seed, masked="topk")
+        if greedy:  # drafts equal to the verifier's argmax, one wrong at draft 6 of the second row
+            owner = torch.repeat_interleave(torch.arange(4), torch.tensor(counts))
+            tokens = args[0][torch.arange(len(owner)) + owner].argmax(-1)
+            tokens[6] = (tokens[6] + 1) % 72
+            args = (*args[:3], tokens, *args[4:])
+        ref = verify_torch(*args, level=1, greedy=greedy)
+        _assert_same(verify_triton(*args, level=1, greedy=greedy, block_v=8, num_chunks=9), ref)
+        reached_second_block |= bool((ref.num_accepted >= 4).any())
+    assert reached_second_block
+
+
+def test_vocab_chunks_fill_the_grid_in_whole_blocks() -> None:
+    cuda_like = torch.device("cpu")  # the interpreter asks for 8 programs
+    assert rejection.vocab_chunks(1, 64, 16, cuda_like) == (4, 16)  # capped by whole blocks
+    assert rejection.vocab_chunks(2, 1000, 16, cuda_like) == (4, 256)
+    assert rejection.vocab_chunks(64, 1000, 16, cuda_like) == (1, 1008)
+    for rows, vocab, block in [(1, 151936, 1024), (3, 32000, 1024), (8, 7, 8)]:
+        chunks, size = rejection.vocab_chunks(rows, vocab, block, cuda_like)
+        assert size % block == 0 and (chunks - 1) * size < vocab <= chunks * size
 
 
 def test_kernel_rejects_and_accepts_in_these_cases() -> None:
-    """Guard against a vacuous comparison: the cases above take every path of the op."""
-    accepted = []
-    for seed in range(3):
-        res = verify_torch(*_case([5, 2, 3], 7, torch.float32, seed), level=2, greedy=False)
-        accepted += res.num_accepted.tolist()
-    assert 0 in accepted and any(0 < a < 5 for a in accepted) and (2 in accepted or 3 in accepted)
+    """Guard against a vacuous comparison: the cases above take every path of the op (all drafts
+    accepted, some, none; whole -inf chunks under top-k), in both modes."""
+    for greedy in (False, True):
+        outcomes = set()
+        for counts, vocab, *_ in CASES:
+            for seed, masked in enumerate([None, "strided", "topk"]):
+                args = _case(counts, vocab, torch.float32, seed, masked)
+                accepted = verify_torch(*args, level=2, greedy=greedy).num_accepted.tolist()
+                outcomes |= {
+                    "all" if a == n else "none" if a == 0 else "some"
+                    for a, n in zip(accepted, counts, strict=True)
+                    if n
+                }
+        assert outcomes == {"all", "some", "none"}, (greedy, outcomes)
+    verifier = _case([0, 1, 5], 65, torch.float32, seed=2, masked="topk")[0]
+    first_chunks_masked = torch.isinf(verifier[:, :32]).all(-1) | torch.isinf(verifier[:, 32:64]).all(-1)
+    assert first_chunks_masked.any()  # (65, 16, 3) has chunks [0, 32), [32, 64), [64, 65)
 
 
 def test_engine_through_the_interpreted_kernel() -> None:
@@ -71,36 +132,78 @@ def test_engine_through_the_interpreted_kernel() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("vocab", [32000, 128256, 151936])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_kernel_equals_reference_on_cuda(vocab, dtype) -> None:
-    args = [a.cuda() for a in _case([4, 0, 8, 16, 1], vocab, dtype, seed=0)]
+@pytest.mark.parametrize("chunks", [None, 1], ids=["split", "unsplit"])
+def test_kernel_equals_reference_on_cuda(vocab, dtype, chunks) -> None:
+    for seed, masked in enumerate([None, "topk"]):
+        args = [a.cuda() for a in _case([4, 0, 8, 16, 1], vocab, dtype, seed, masked)]
+        for greedy in (False, True):
+            ref = verify_torch(*args, level=1, greedy=greedy)
+            out = verify_triton(*args, level=1, greedy=greedy, num_chunks=chunks)
+            assert out.num_accepted.tolist() == ref.num_accepted.tolist()
+            assert out.next_token.tolist() == ref.next_token.tolist()
+            torch.testing.assert_close(out.verifier_lse, ref.verifier_lse, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_kernels_do_not_recompile_per_step() -> None:
+    """Batch size, draft counts, chunk counts and the level change from step to step; after one
+    warm-up call per mode, none of them may add a compiled variant."""
+    kernels = [
+        rejection._chunk_stats_kernel,
+        rejection._accept_kernel,
+        rejection._chunk_race_kernel,
+        rejection._race_pick_kernel,
+    ]
+
+    def variants() -> list[int]:  # device_caches[device][0] is the kernel cache (triton 3.6-3.9)
+        return [len(k.device_caches[torch.cuda.current_device()][0]) for k in kernels]
+
+    def step(counts: list[int], level: int, greedy: bool) -> None:
+        args = [a.cuda() for a in _case(counts, 32000, torch.bfloat16, seed=len(counts))]
+        verify_triton(*args, level=level, greedy=greedy)
+
     for greedy in (False, True):
-        ref = verify_torch(*args, level=1, greedy=greedy)
-        out = verify_triton(*args, level=1, greedy=greedy)
-        assert out.num_accepted.tolist() == ref.num_accepted.tolist()
-        assert out.next_token.tolist() == ref.next_token.tolist()
-        torch.testing.assert_close(out.verifier_lse, ref.verifier_lse, atol=1e-4, rtol=1e-5)
+        step([4], 1, greedy)
+    warm = variants()
+    for counts, level in [([1, 0, 7], 0), ([16] * 8, 2), ([3] * 64, 1), ([0] * 5, 3), ([2, 9], 1)]:
+        for greedy in (False, True):
+            step(counts, level, greedy)
+    assert variants() == warm
 
 
-def test_kernel_compiles_for_hopper_and_ampere() -> None:
+def test_kernels_compile_for_hopper_and_ampere() -> None:
     """The interpreter skips type checks the compiler makes (loop-carried types, constexprs): compile
-    the kernel to a cubin for sm_90 and sm_80 without a GPU, in a process without the interpreter."""
+    every kernel to a cubin for sm_90 and sm_80 without a GPU, in a process without the interpreter."""
     script = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from hsd_fast.triton_kernels.rejection import _verify_kernel
-sig = {n: t for n, t in zip(_verify_kernel.arg_names, [
-    "*bf16", "i64", "*bf16", "i64", "*fp32", "*i64", "*i64", "*fp32", "*i64", "*i64", "*i64", "*i64",
-    "*fp32", "i32", "i32", "fp32", "constexpr", "constexpr"])}
+from hsd_fast.triton_kernels import rejection as r
+kernels = [r._chunk_stats_kernel, r._accept_kernel, r._chunk_race_kernel, r._race_pick_kernel]
+def arg_type(name):
+    if name in ("ver_ptr", "draft_ptr"):
+        return "*bf16"
+    if name in ("draft_tok_ptr", "offsets_ptr", "seeds_ptr", "positions_ptr", "num_acc_ptr", "next_tok_ptr"):
+        return "*i64"
+    if name in ("arg_ptr", "idx_p_ptr", "idx_r_ptr"):
+        return "*i32"
+    if name.endswith("_ptr"):
+        return "*fp32"
+    return {"eps": "fp32", "ver_stride": "i64", "draft_stride": "i64"}.get(name, "i32")
 for arch in (90, 80):
-    for greedy in (False, True):
-        src = ASTSource(fn=_verify_kernel, signature=sig, constexprs={"GREEDY": greedy, "BLOCK_V": 1024})
-        assert "cubin" in triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm
+    for kernel in kernels:
+        for greedy in (False, True):
+            sig = {p.name: "constexpr" if p.is_constexpr else arg_type(p.name) for p in kernel.params}
+            constexprs = {"GREEDY": greedy, "BLOCK_V": 1024, "BLOCK_K": 16, "BLOCK_C": 64}
+            constexprs = {k: v for k, v in constexprs.items() if k in sig}
+            src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs)
+            assert "cubin" in triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm
 print("ok")
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -14,14 +14,15 @@ already processed), and ``draft_lse`` is the log-sum-exp of ``draft_logits / tem
 
 Outputs: accepted count and the correction-or-bonus token per row, and the verifier's fp32
 log-sum-exp at every verifier row, which is what the next level up needs to use ``p`` as its ``q``.
-``verify_torch`` is the reference (and the CPU path); ``verify_triton`` is the fused kernel (one
-program per row, logits read in vocabulary blocks, no probability tensor materialised) and matches it
-token for token except where two candidates tie within float rounding. ``verify`` picks the kernel
-for CUDA tensors.
+``verify_torch`` is the reference (and the CPU path); ``verify_triton`` runs the fused kernels (the
+vocabulary split across programs, logits read once in blocks, no probability tensor materialised)
+and matches it token for token except where two candidates tie within float rounding. ``verify``
+picks the kernels for CUDA tensors.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -97,107 +98,277 @@ def verify_torch(
     return VerifyResult(num_accepted, next_token, verifier_lse)
 
 
-# ----------------------------------------------------------------------------- Triton kernel
+# ----------------------------------------------------------------------------- Triton kernels
+# Split-and-reduce over the vocabulary (as FlashDecoding splits the sequence), so that a batch of
+# one row still spreads over the whole GPU. Four launches (greedy: the first two):
+#   1. _chunk_stats_kernel [B, C, S]  one vocabulary chunk of the row's verifier positions
+#                                     s, s + S, ...: max, sum of exp, first argmax (greedy)
+#   2. _accept_kernel      [B]        chunks -> log-sum-exp of every position (an output), the
+#                                     accept tests of all drafts at once, the count; greedy: token
+#   3. _chunk_race_kernel  [B, C']    the selected position, one chunk: exponential races over p
+#                                     and over the residual max(0, p - q), residual mass
+#   4. _race_pick_kernel   [B]        chunks -> the token
+# Chunk c covers [c * chunk_size, min((c + 1) * chunk_size, V)). Partials are reduced in chunk order,
+# so results do not depend on scheduling. Chunk counts and the level are runtime arguments that
+# Triton must not specialise on: a new batch size or level never recompiles.
 _ACCEPT: tl.constexpr = tl.constexpr(ACCEPT)
 _RESIDUAL: tl.constexpr = tl.constexpr(RESIDUAL)
 _BONUS: tl.constexpr = tl.constexpr(BONUS)
+_NO_SPECIALIZE = ["level", "chunk_size", "num_chunks"]
 
 
 @triton.jit
-def _verify_kernel(
-    ver_ptr, ver_stride, draft_ptr, draft_stride, draft_lse_ptr, draft_tok_ptr, offsets_ptr,
-    temp_ptr, seeds_ptr, positions_ptr, num_acc_ptr, next_tok_ptr, lse_ptr,
-    V, level, eps,
+def _first_argmax(values, indices, absent, axis: tl.constexpr):
+    """(max, smallest index holding it) along ``axis``; ``absent`` exceeds every index."""
+    best = tl.max(values, axis=axis)
+    hit = values == tl.expand_dims(best, axis)
+    return best, tl.min(tl.where(hit, indices, absent), axis=axis)
+
+
+@triton.jit
+def _keep_first(best, best_idx, cand, cand_idx):
+    """Running argmax over blocks visited in index order: ties keep the earlier block."""
+    take = cand > best
+    return tl.where(take, cand, best), tl.where(take, cand_idx, best_idx)
+
+
+@triton.jit
+def _finite(x):
+    """A usable exponent shift: 0 where x is -inf (whole chunks are, under top-k masking)."""
+    return tl.where(x == -float("inf"), 0.0, x)
+
+
+@triton.jit
+def _add_exp(run_max, run_sum, blk_max, blk_sum, blk_shift):
+    """Online log-sum-exp: fold in a block whose sum of exp was taken relative to ``blk_shift``."""
+    new_max = tl.maximum(run_max, blk_max)
+    shift = _finite(new_max)
+    return new_max, run_sum * tl.exp(run_max - shift) + blk_sum * tl.exp(blk_shift - shift)
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _chunk_stats_kernel(
+    ver_ptr, ver_stride, offsets_ptr, temp_ptr, max_ptr, sum_ptr, arg_ptr,
+    V, chunk_size, num_chunks,
     GREEDY: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
-    """One program verifies one row: its n drafts, then draws the correction or the bonus."""
+    row, chunk, first_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    d0 = tl.load(offsets_ptr + row).to(tl.int32)
+    n = tl.load(offsets_ptr + row + 1).to(tl.int32) - d0
+    temp = tl.load(temp_ptr + row)
+    lo = chunk * chunk_size
+    hi = tl.minimum(lo + chunk_size, V)
+    cols = tl.arange(0, BLOCK_V)
+    for k in range(first_k, n + 1, tl.num_programs(2)):
+        vrow = ver_ptr + (d0 + row + k).to(tl.int64) * ver_stride
+        run_max = -float("inf")
+        run_sum = 0.0
+        best = -float("inf")
+        best_idx = 0
+        for start in range(lo, hi, BLOCK_V):
+            idx = start + cols
+            x = tl.load(vrow + idx, mask=idx < hi, other=-float("inf")).to(tl.float32) / temp
+            blk_max = tl.max(x, axis=0)
+            blk_shift = _finite(blk_max)
+            blk_sum = tl.sum(tl.exp(x - blk_shift), axis=0)
+            run_max, run_sum = _add_exp(run_max, run_sum, blk_max, blk_sum, blk_shift)
+            if GREEDY:  # first maximal index, as torch.argmax
+                blk_best, blk_idx = _first_argmax(x, idx, V, 0)
+                best, best_idx = _keep_first(best, best_idx, blk_best, blk_idx)
+        out = (d0 + row + k) * num_chunks + chunk
+        tl.store(max_ptr + out, run_max)
+        tl.store(sum_ptr + out, run_sum)
+        if GREEDY:
+            tl.store(arg_ptr + out, best_idx)
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _accept_kernel(
+    ver_ptr, ver_stride, draft_ptr, draft_stride, draft_lse_ptr, draft_tok_ptr, offsets_ptr,
+    temp_ptr, seeds_ptr, positions_ptr, max_ptr, sum_ptr, arg_ptr, num_acc_ptr, next_tok_ptr, lse_ptr,
+    level, num_chunks,
+    GREEDY: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """All positions of a row side by side ([BLOCK_K, BLOCK_C] tiles of partials): a row's tests
+    cost a few dependent memory round trips, not one chain per draft."""
     row = tl.program_id(0)
     d0 = tl.load(offsets_ptr + row).to(tl.int32)
     n = tl.load(offsets_ptr + row + 1).to(tl.int32) - d0
     temp = tl.load(temp_ptr + row)
     seed = tl.load(seeds_ptr + row)
     pos0 = tl.load(positions_ptr + row)
-    cols = tl.arange(0, BLOCK_V)
-
-    # Pass 1, per verifier position k: the log-sum-exp (an output for every position, so the next
-    # level up can use p as its q) and, while no draft was rejected, the accept test of draft k.
+    chunks = tl.arange(0, BLOCK_C)[None, :]
     num_acc = n
-    lse_sel = 0.0
-    arg_sel = 0
-    for k in range(0, n + 1):
-        vrow = ver_ptr + (d0 + row + k).to(tl.int64) * ver_stride
-        run_max = -float("inf")
-        run_sum = 0.0
-        best_val = -float("inf")
-        best_idx = 0
-        for start in range(0, V, BLOCK_V):
-            idx = start + cols
-            x = tl.load(vrow + idx, mask=idx < V, other=-float("inf")).to(tl.float32) / temp
-            new_max = tl.maximum(run_max, tl.max(x, axis=0))
-            run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(x - new_max), axis=0)
-            run_max = new_max
-            if GREEDY:  # first maximal index, as torch.argmax
-                block_best = tl.max(x, axis=0)
-                block_idx = tl.min(tl.where(x == block_best, idx, V), axis=0)
-                take = block_best > best_val
-                best_idx = tl.where(take, block_idx, best_idx)
-                best_val = tl.where(take, block_best, best_val)
-        lse = run_max + tl.log(run_sum)
-        tl.store(lse_ptr + d0 + row + k, lse)
-        if k < n and num_acc == n:
-            tok = tl.load(draft_tok_ptr + d0 + k)
+    for k0 in range(0, n + 1, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)  # [K] positions; k == n is the bonus position
+        vpos = d0 + row + k
+        base = vpos[:, None] * num_chunks
+        lse_max = tl.full((BLOCK_K,), -float("inf"), tl.float32)
+        lse_sum = tl.zeros((BLOCK_K,), tl.float32)
+        best = tl.full((BLOCK_K,), -float("inf"), tl.float32)
+        best_chunk = tl.zeros((BLOCK_K,), tl.int32)
+        for c0 in range(0, num_chunks, BLOCK_C):
+            c = c0 + chunks
+            valid = (k <= n)[:, None] & (c < num_chunks)
+            part_max = tl.load(max_ptr + base + c, mask=valid, other=-float("inf"))  # [K, C]
+            part_sum = tl.load(sum_ptr + base + c, mask=valid, other=0.0)
+            blk_max = tl.max(part_max, axis=1)
+            blk_shift = _finite(blk_max)
+            blk_sum = tl.sum(part_sum * tl.exp(part_max - blk_shift[:, None]), axis=1)
+            lse_max, lse_sum = _add_exp(lse_max, lse_sum, blk_max, blk_sum, blk_shift)
             if GREEDY:
-                accepted = tok == best_idx
-            else:
-                logp = tl.load(vrow + tok).to(tl.float32) / temp - lse
-                drow = draft_ptr + (d0 + k).to(tl.int64) * draft_stride
-                logq = tl.load(drow + tok).to(tl.float32) / temp - tl.load(draft_lse_ptr + d0 + k)
-                state = key_state(seed, level, pos0 + k, _ACCEPT)
-                u = uniform_from_state(state, tl.full((), 0, tl.int32))
-                accepted = tl.log(u) <= logp - logq
-            if not accepted:
-                num_acc = k
-        if k == num_acc:  # the position that draws the correction (k < n) or the bonus (k == n)
-            lse_sel = lse
-            arg_sel = best_idx
+                blk_best, blk_chunk = _first_argmax(part_max, c, num_chunks, 1)
+                best, best_chunk = _keep_first(best, best_chunk, blk_best, blk_chunk)
+        lse = lse_max + tl.log(tl.where(k <= n, lse_sum, 1.0))  # lanes past the row: no log(0)
+        tl.store(lse_ptr + vpos, lse, mask=k <= n)
+
+        is_draft = k < n
+        tok = tl.load(draft_tok_ptr + d0 + k, mask=is_draft, other=0)
+        if GREEDY:
+            argmax = tl.load(arg_ptr + vpos * num_chunks + best_chunk, mask=k <= n, other=0)
+            accepted = tok == argmax
+        else:
+            vrow = ver_ptr + vpos.to(tl.int64) * ver_stride
+            drow = draft_ptr + (d0 + k).to(tl.int64) * draft_stride
+            logp = tl.load(vrow + tok, mask=is_draft, other=0.0).to(tl.float32) / temp - lse
+            logq = tl.load(drow + tok, mask=is_draft, other=0.0).to(tl.float32) / temp
+            logq -= tl.load(draft_lse_ptr + d0 + k, mask=is_draft, other=0.0)
+            u = uniform_from_state(key_state(seed, level, pos0 + k, _ACCEPT), tl.full((), 0, tl.int32))
+            accepted = tl.log(u) <= logp - logq
+        # Blocks come in order, so an earlier block's rejection is never overridden.
+        num_acc = tl.minimum(num_acc, tl.min(tl.where(is_draft & ~accepted, k, n), axis=0))
+        if GREEDY:  # the correction (num_acc < n) or the bonus: in exactly one block
+            tl.store(next_tok_ptr + row + 0 * k, argmax.to(tl.int64), mask=k == num_acc)
     tl.store(num_acc_ptr + row, num_acc)
 
-    if GREEDY:
-        tl.store(next_tok_ptr + row, arg_sel.to(tl.int64))
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _chunk_race_kernel(
+    ver_ptr, ver_stride, draft_ptr, draft_stride, draft_lse_ptr, offsets_ptr, temp_ptr, seeds_ptr,
+    positions_ptr, num_acc_ptr, lse_ptr, key_p_ptr, idx_p_ptr, key_r_ptr, idx_r_ptr, mass_r_ptr,
+    V, level, chunk_size, num_chunks,
+    BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """Races at the selected position over one chunk. The race over p and the race over the
+    residual share their uniforms (one key: the purpose says correction or bonus); which one wins
+    is decided by the residual mass, known only once all chunks are in."""
+    row, chunk = tl.program_id(0), tl.program_id(1)
+    d0 = tl.load(offsets_ptr + row).to(tl.int32)
+    n = tl.load(offsets_ptr + row + 1).to(tl.int32) - d0
+    num_acc = tl.load(num_acc_ptr + row).to(tl.int32)
+    temp = tl.load(temp_ptr + row)
+    rejected = num_acc < n
+    state = key_state(
+        tl.load(seeds_ptr + row),
+        level,
+        tl.load(positions_ptr + row) + num_acc,
+        tl.where(rejected, _RESIDUAL, _BONUS),
+    )
+    lse_p = tl.load(lse_ptr + d0 + row + num_acc)
+    vrow = ver_ptr + (d0 + row + num_acc).to(tl.int64) * ver_stride
+    d_sel = d0 + tl.minimum(num_acc, n - 1)  # the rejected draft's q (unused when none was)
+    drow = draft_ptr + d_sel.to(tl.int64) * draft_stride
+    lse_q = tl.load(draft_lse_ptr + d_sel, mask=rejected, other=0.0)
+    lo = chunk * chunk_size
+    hi = tl.minimum(lo + chunk_size, V)
+    cols = tl.arange(0, BLOCK_V)
+    best_p = -float("inf")
+    idx_p = 0
+    best_r = -float("inf")
+    idx_r = 0
+    mass_r = 0.0
+    for start in range(lo, hi, BLOCK_V):
+        idx = start + cols
+        in_chunk = idx < hi
+        logp = tl.load(vrow + idx, mask=in_chunk, other=-float("inf")).to(tl.float32) / temp - lse_p
+        gumbel = -tl.log(-tl.log(uniform_from_state(state, idx)))
+        blk_best, blk_idx = _first_argmax(tl.where(in_chunk, logp + gumbel, -float("inf")), idx, V, 0)
+        best_p, idx_p = _keep_first(best_p, idx_p, blk_best, blk_idx)
+        if rejected:
+            logq = tl.load(drow + idx, mask=in_chunk, other=-float("inf")).to(tl.float32) / temp - lse_q
+            r = tl.maximum(tl.exp(logp) - tl.exp(logq), 0.0)
+            mass_r += tl.sum(r, axis=0)
+            key_r = tl.where(r > 0, tl.log(tl.where(r > 0, r, 1.0)) + gumbel, -float("inf"))
+            blk_best, blk_idx = _first_argmax(key_r, idx, V, 0)
+            best_r, idx_r = _keep_first(best_r, idx_r, blk_best, blk_idx)
+    out = row * num_chunks + chunk
+    tl.store(key_p_ptr + out, best_p)
+    tl.store(idx_p_ptr + out, idx_p)
+    tl.store(key_r_ptr + out, best_r)
+    tl.store(idx_r_ptr + out, idx_r)
+    tl.store(mass_r_ptr + out, mass_r)
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _race_pick_kernel(
+    offsets_ptr, num_acc_ptr, key_p_ptr, idx_p_ptr, key_r_ptr, idx_r_ptr, mass_r_ptr, next_tok_ptr,
+    eps, num_chunks,
+    BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    n = tl.load(offsets_ptr + row + 1) - tl.load(offsets_ptr + row)
+    rejected = tl.load(num_acc_ptr + row) < n
+    chunks = tl.arange(0, BLOCK_C)
+    base = row * num_chunks
+    best_p = -float("inf")
+    chunk_p = 0
+    best_r = -float("inf")
+    chunk_r = 0
+    mass_r = 0.0
+    for c0 in range(0, num_chunks, BLOCK_C):
+        c = c0 + chunks
+        valid = c < num_chunks
+        key_p = tl.load(key_p_ptr + base + c, mask=valid, other=-float("inf"))
+        blk_best, blk_chunk = _first_argmax(key_p, c, num_chunks, 0)
+        best_p, chunk_p = _keep_first(best_p, chunk_p, blk_best, blk_chunk)
+        key_r = tl.load(key_r_ptr + base + c, mask=valid, other=-float("inf"))
+        blk_best, blk_chunk = _first_argmax(key_r, c, num_chunks, 0)
+        best_r, chunk_r = _keep_first(best_r, chunk_r, blk_best, blk_chunk)
+        mass_r += tl.sum(tl.load(mass_r_ptr + base + c, mask=valid, other=0.0), axis=0)
+    # Below eps the residual is rounding noise: p and q agree, and the draw comes from p (§2).
+    if rejected and mass_r >= eps:
+        token = tl.load(idx_r_ptr + base + chunk_r)
     else:
-        # Pass 2: exponential races over p and over the residual max(0, p - q), sharing uniforms.
-        rejected = num_acc < n
-        purpose = tl.where(rejected, _RESIDUAL, _BONUS)
-        state = key_state(seed, level, pos0 + num_acc, purpose)
-        vrow = ver_ptr + (d0 + row + num_acc).to(tl.int64) * ver_stride
-        drow = draft_ptr + (d0 + tl.minimum(num_acc, n - 1)).to(tl.int64) * draft_stride
-        q_lse = tl.load(draft_lse_ptr + d0 + tl.minimum(num_acc, n - 1), mask=rejected, other=0.0)
-        best_p = -float("inf")
-        idx_p = 0
-        best_r = -float("inf")
-        idx_r = 0
-        mass_r = 0.0
-        for start in range(0, V, BLOCK_V):
-            idx = start + cols
-            in_vocab = idx < V
-            logp = tl.load(vrow + idx, mask=in_vocab, other=-float("inf")).to(tl.float32) / temp - lse_sel
-            gumbel = -tl.log(-tl.log(uniform_from_state(state, idx)))
-            key_p = tl.where(in_vocab, logp + gumbel, -float("inf"))
-            m = tl.max(key_p, axis=0)
-            i = tl.min(tl.where(key_p == m, idx, V), axis=0)
-            idx_p = tl.where(m > best_p, i, idx_p)
-            best_p = tl.maximum(best_p, m)
-            if rejected:
-                logq = tl.load(drow + idx, mask=in_vocab, other=-float("inf")).to(tl.float32) / temp - q_lse
-                r = tl.maximum(tl.exp(logp) - tl.exp(logq), 0.0)
-                mass_r += tl.sum(r, axis=0)
-                key_r = tl.where(r > 0, tl.log(tl.where(r > 0, r, 1.0)) + gumbel, -float("inf"))
-                m = tl.max(key_r, axis=0)
-                i = tl.min(tl.where(key_r == m, idx, V), axis=0)
-                idx_r = tl.where(m > best_r, i, idx_r)
-                best_r = tl.maximum(best_r, m)
-        use_r = rejected & (mass_r >= eps)
-        tl.store(next_tok_ptr + row, tl.where(use_r, idx_r, idx_p).to(tl.int64))
+        token = tl.load(idx_p_ptr + base + chunk_p)
+    tl.store(next_tok_ptr + row, token.to(tl.int64))
+
+
+BLOCK_V_MAX = 1024
+"""Vocabulary block per loop step: wide enough to stream at full bandwidth, narrow enough that the
+race kernel's working set stays in registers."""
+BLOCK_K = 16
+"""Verifier positions of a row tested side by side by the accept kernel."""
+BLOCK_C = 64
+"""Partials reduced per loop step; the launcher's splits stay within one step on current GPUs."""
+PROGRAMS_PER_SM = 4
+
+
+def _programs_wanted(device: torch.device) -> int:
+    """Enough programs to fill the GPU a few times over; under the interpreter, a handful."""
+    if device.type != "cuda":
+        return 8
+    return PROGRAMS_PER_SM * _sm_count(
+        device.index if device.index is not None else torch.cuda.current_device()
+    )
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def vocab_chunks(programs: int, vocab: int, block_v: int, device: torch.device) -> tuple[int, int]:
+    """(chunk count, chunk size) for a grid of ``programs`` before the split: split the vocabulary,
+    in whole blocks, until the grid holds ``_programs_wanted``. No split where programs fill it."""
+    max_chunks = triton.cdiv(vocab, block_v)
+    chunks = min(max(triton.cdiv(_programs_wanted(device), max(programs, 1)), 1), max_chunks)
+    return _whole_blocks(chunks, vocab, block_v)
+
+
+def _whole_blocks(chunks: int, vocab: int, block_v: int) -> tuple[int, int]:
+    """Round the chunk size up to whole blocks; the count then shrinks so no chunk is empty."""
+    chunk_size = triton.cdiv(triton.cdiv(vocab, chunks), block_v) * block_v
+    return triton.cdiv(vocab, chunk_size), chunk_size
 
 
 def verify_triton(
@@ -212,24 +383,69 @@ def verify_triton(
     level: int,
     greedy: bool,
     block_v: int | None = None,
+    num_chunks: int | None = None,
 ) -> VerifyResult:
-    """The fused kernel: same signature and results as ``verify_torch``."""
-    num_rows, vocab = draft_offsets.numel() - 1, verifier_logits.shape[-1]
+    """The fused kernels: same signature and results as ``verify_torch``. ``block_v`` and
+    ``num_chunks`` override the vocabulary block and split (tests and benchmarks)."""
+    num_rows, num_vrows, vocab = (
+        draft_offsets.numel() - 1,
+        verifier_logits.shape[0],
+        verifier_logits.shape[-1],
+    )
     device = verifier_logits.device
+    num_accepted = torch.empty(num_rows, dtype=torch.int64, device=device)
+    next_token = torch.empty(num_rows, dtype=torch.int64, device=device)
+    verifier_lse = torch.empty(num_vrows, dtype=torch.float32, device=device)
+    if num_rows == 0:
+        return VerifyResult(num_accepted, next_token, verifier_lse)
+
+    # Stats programs: (row, chunk, position split). A row has (drafts + 1) positions; spreading the
+    # average count over programs keeps each program to about one position when rows are even.
+    block = block_v or min(triton.next_power_of_2(vocab), BLOCK_V_MAX)
+    position_split = triton.cdiv(num_vrows, num_rows)
+    if num_chunks is None:
+        stats_chunks, stats_size = vocab_chunks(num_rows * position_split, vocab, block, device)
+        race_chunks, race_size = vocab_chunks(num_rows, vocab, block, device)
+    else:
+        stats_chunks, stats_size = race_chunks, race_size = _whole_blocks(num_chunks, vocab, block)
+
     verifier_logits = verifier_logits.contiguous()
     if draft_logits.shape[0] == 0:  # keep a valid pointer; no row reads it
         draft_logits = verifier_logits[:1]
     draft_logits = draft_logits.contiguous()
-    num_accepted = torch.empty(num_rows, dtype=torch.int64, device=device)
-    next_token = torch.empty(num_rows, dtype=torch.int64, device=device)
-    verifier_lse = torch.empty(verifier_logits.shape[0], dtype=torch.float32, device=device)
-    block = block_v or min(triton.next_power_of_2(vocab), 4096)
-    _verify_kernel[(num_rows,)](
-        verifier_logits, verifier_logits.stride(0), draft_logits, draft_logits.stride(0),
-        draft_lse.float().contiguous(), draft_tokens.contiguous(), draft_offsets.to(torch.int64),
-        temperature.float().contiguous(), seeds.to(torch.int64), positions.to(torch.int64),
-        num_accepted, next_token, verifier_lse,
-        vocab, level, RESIDUAL_EPS, GREEDY=greedy, BLOCK_V=block,
+    draft_lse = draft_lse.float().contiguous()
+    offsets = draft_offsets.to(torch.int64)
+    temperature = temperature.float().contiguous()
+    seeds, positions = seeds.to(torch.int64), positions.to(torch.int64)
+    # Partials each in their own allocation: Triton specialises on 16-byte pointer alignment, and
+    # views into one buffer would flip it with the sizes (a recompile).
+    part_max = torch.empty(num_vrows * stats_chunks, device=device)
+    part_sum = torch.empty_like(part_max)
+    part_arg = torch.empty(num_vrows * stats_chunks if greedy else 1, dtype=torch.int32, device=device)
+
+    _chunk_stats_kernel[(num_rows, stats_chunks, position_split)](
+        verifier_logits, verifier_logits.stride(0), offsets, temperature, part_max, part_sum, part_arg,
+        vocab, stats_size, stats_chunks, GREEDY=greedy, BLOCK_V=block,
+    )  # fmt: skip
+    _accept_kernel[(num_rows,)](
+        verifier_logits, verifier_logits.stride(0), draft_logits, draft_logits.stride(0), draft_lse,
+        draft_tokens.contiguous(), offsets, temperature, seeds, positions, part_max, part_sum, part_arg,
+        num_accepted, next_token, verifier_lse, level, stats_chunks,
+        GREEDY=greedy, BLOCK_K=BLOCK_K, BLOCK_C=BLOCK_C,
+    )  # fmt: skip
+    if greedy:
+        return VerifyResult(num_accepted, next_token, verifier_lse)
+
+    key_p, key_r, mass_r = (torch.empty(num_rows * race_chunks, device=device) for _ in range(3))
+    idx_p, idx_r = (torch.empty(num_rows * race_chunks, dtype=torch.int32, device=device) for _ in range(2))
+    _chunk_race_kernel[(num_rows, race_chunks)](
+        verifier_logits, verifier_logits.stride(0), draft_logits, draft_logits.stride(0), draft_lse,
+        offsets, temperature, seeds, positions, num_accepted, verifier_lse,
+        key_p, idx_p, key_r, idx_r, mass_r, vocab, level, race_size, race_chunks, BLOCK_V=block,
+    )  # fmt: skip
+    _race_pick_kernel[(num_rows,)](
+        offsets, num_accepted, key_p, idx_p, key_r, idx_r, mass_r, next_token,
+        RESIDUAL_EPS, race_chunks, BLOCK_C=BLOCK_C,
     )  # fmt: skip
     return VerifyResult(num_accepted, next_token, verifier_lse)
 
