@@ -9,6 +9,8 @@ import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hsd_fast.engine import run_hsd
 from hsd_fast.table_model import TableRunner, table_family
@@ -86,6 +88,22 @@ def test_kernel_loops_over_position_and_chunk_blocks(greedy, monkeypatch) -> Non
         _assert_same(verify_triton(*args, level=1, greedy=greedy, block_v=8, num_chunks=9), ref)
         reached_second_block |= bool((ref.num_accepted >= 4).any())
     assert reached_second_block
+
+
+@settings(max_examples=12)
+@given(
+    counts=st.lists(st.integers(0, 6), min_size=1, max_size=4),
+    vocab=st.integers(2, 40),
+    block=st.sampled_from([2, 8, 16]),
+    chunks=st.one_of(st.none(), st.integers(1, 6)),
+    greedy=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_kernel_equals_reference_on_ragged_batches(counts, vocab, block, chunks, greedy, seed) -> None:
+    """Uneven rows leave some (row, chunk, position) programs idle and others with two positions."""
+    args = _case(counts, vocab, torch.float32, seed, masked=["strided", None][seed % 2])
+    ref = verify_torch(*args, level=3, greedy=greedy)
+    _assert_same(verify_triton(*args, level=3, greedy=greedy, block_v=block, num_chunks=chunks), ref)
 
 
 def test_vocab_chunks_fill_the_grid_in_whole_blocks() -> None:
