@@ -2,6 +2,7 @@
 # Staged GPU work, one device call per stage (each < 10 minutes), results written under $OUT:
 #   bash bench/run_gpu.sh build test          # build the extension, run the `gpu` kernel tests
 #   bash bench/run_gpu.sh bench-rejection     # bench/bench_rejection.py -> $OUT/rejection_*.{json,md}
+#   bash bench/run_gpu.sh bench-sampling      # bench/bench_sampling.py -> $OUT/sampling_*.{json,md}
 #   bash bench/run_gpu.sh zoo-train xxs xs    # train zoo sizes on CUDA from the carried token file
 #
 # zoo-train needs the corpus tokens built on the CPU machine, carried as an ignored path:
@@ -10,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
-stage=${1:?stage: build | test | bench-rejection | zoo-train SIZES...}
+stage=${1:?stage: build | test | bench-rejection | bench-sampling | zoo-train SIZES...}
 shift
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/run_gpu.log"; }
 
@@ -24,11 +25,12 @@ for s in "$stage" "$@"; do
         | tee -a "$OUT/run_gpu.log" ;;
     test)
       log "gpu tests"
-      python3 -m pytest -q -m gpu tests/test_rejection_kernel.py 2>&1 | tee "$OUT/gpu_tests.txt" | tail -5 ;;
-    bench-rejection)
-      log "rejection bench"
-      python3 bench/bench_rejection.py 2>&1 | tee "$OUT/bench_rejection.txt" | tail -20
-      cp bench/results/rejection_*.json bench/results/rejection_*.md "$OUT"/ ;;
+      python3 -m pytest -q -m gpu tests/ 2>&1 | tee "$OUT/gpu_tests.txt" | tail -5 ;;
+    bench-rejection | bench-sampling)
+      op=${s#bench-}
+      log "$op bench"
+      python3 "bench/bench_$op.py" 2>&1 | tee "$OUT/bench_$op.txt" | tail -20
+      cp "bench/results/${op}_cuda.json" "bench/results/${op}_cuda.md" "$OUT"/ ;;
     zoo-train)
       log "zoo training: $*"
       mkdir -p "$OUT/zoo"

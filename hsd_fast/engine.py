@@ -26,7 +26,7 @@ from hsd_fast._C import Ledger
 from hsd_fast.stats import HSDStats
 from hsd_fast.triton_kernels.keyed_random import DRAFT, mix32_torch
 from hsd_fast.triton_kernels.rejection import verify
-from hsd_fast.triton_kernels.sampling import sample_torch
+from hsd_fast.triton_kernels.sampling import sample
 
 
 @dataclass(frozen=True)
@@ -113,9 +113,9 @@ def run_hsd(
     ``seeds``: one int (row seeds derived from it) or one int64 per row. ``temperature``: one float
     or one per row, applied to the runners' logits. ``on_commit(row, tokens)`` is called with every
     row's newly committed tokens, in order, as the target commits them (streaming). ``use_kernel``:
-    verify with the fused Triton kernel (default: on CUDA tensors) or the torch reference.
-    ``_residual_as_q`` is a test-only switch that
-    stores the residual as a correction's ``q``: the known bug the distribution tests must catch.
+    draft and verify with the Triton kernels (default: on CUDA tensors) or the torch references.
+    ``_residual_as_q`` is a test-only switch that stores the residual as a correction's ``q``: the
+    known bug the distribution tests must catch.
     """
     num_levels, num_rows = len(runners), len(prompts)
     if num_levels < 1:
@@ -216,7 +216,10 @@ class _DecodeState:
     def draft(self, rows: np.ndarray, ends: np.ndarray, logits: torch.Tensor) -> np.ndarray:
         """Level 0 draws one token per row at position ``ends``; returns the EOS flags [R]."""
         r, new_pos = self._t(rows), self._t(ends)
-        drawn, lse = sample_torch(logits, self.temperature[r], self.seeds[r], new_pos, 0, DRAFT, self.greedy)
+        drawn, lse = sample(
+            logits, self.temperature[r], self.seeds[r], new_pos, 0, DRAFT, self.greedy,
+            use_kernel=self.use_kernel,
+        )  # fmt: skip
         self.tokens[r, new_pos] = drawn
         if self.top > 0:
             self._keep_p(rows, ends, logits, lse)

@@ -3,10 +3,6 @@
 On CPU the kernel runs under the Triton interpreter (conftest.py) on tiny shapes, fp16/fp32 (the
 interpreter mishandles bf16, FACTS.md); `-m gpu` runs real sizes and bf16 natively on CUDA."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -14,7 +10,8 @@ from hypothesis import strategies as st
 
 from hsd_fast.engine import run_hsd
 from hsd_fast.table_model import TableRunner, table_family
-from hsd_fast.triton_kernels import rejection
+from hsd_fast.triton_kernels import rejection, sampling, split
+from hsd_fast.triton_kernels.keyed_random import DRAFT
 from hsd_fast.triton_kernels.rejection import verify_torch, verify_triton
 
 
@@ -74,7 +71,7 @@ def test_kernel_loops_over_position_and_chunk_blocks(greedy, monkeypatch) -> Non
     """Positions tested 4 at a time and 9 chunks reduced 4 at a time: the accept kernel takes
     several steps of both loops, and some rows get past the first block of positions."""
     monkeypatch.setattr(rejection, "BLOCK_K", 4)
-    monkeypatch.setattr(rejection, "BLOCK_C", 4)
+    monkeypatch.setattr(split, "BLOCK_C", 4)
     reached_second_block = False
     counts = [0, 9, 5, 6]
     for seed in range(2):
@@ -108,11 +105,11 @@ def test_kernel_equals_reference_on_ragged_batches(counts, vocab, block, chunks,
 
 def test_vocab_chunks_fill_the_grid_in_whole_blocks() -> None:
     cuda_like = torch.device("cpu")  # the interpreter asks for 8 programs
-    assert rejection.vocab_chunks(1, 64, 16, cuda_like) == (4, 16)  # capped by whole blocks
-    assert rejection.vocab_chunks(2, 1000, 16, cuda_like) == (4, 256)
-    assert rejection.vocab_chunks(64, 1000, 16, cuda_like) == (1, 1008)
+    assert split.vocab_chunks(1, 64, 16, cuda_like) == (4, 16)  # capped by whole blocks
+    assert split.vocab_chunks(2, 1000, 16, cuda_like) == (4, 256)
+    assert split.vocab_chunks(64, 1000, 16, cuda_like) == (1, 1008)
     for rows, vocab, block in [(1, 151936, 1024), (3, 32000, 1024), (8, 7, 8)]:
-        chunks, size = rejection.vocab_chunks(rows, vocab, block, cuda_like)
+        chunks, size = split.vocab_chunks(rows, vocab, block, cuda_like)
         assert size % block == 0 and (chunks - 1) * size < vocab <= chunks * size
 
 
@@ -166,12 +163,14 @@ def test_kernel_equals_reference_on_cuda(vocab, dtype, chunks) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_kernels_do_not_recompile_per_step() -> None:
     """Batch size, draft counts, chunk counts and the level change from step to step; after one
-    warm-up call per mode, none of them may add a compiled variant."""
+    warm-up call per mode, none of them may add a compiled variant (verification or drafting)."""
     kernels = [
         rejection._chunk_stats_kernel,
         rejection._accept_kernel,
         rejection._chunk_race_kernel,
         rejection._race_pick_kernel,
+        sampling._sample_chunk_kernel,
+        sampling._sample_pick_kernel,
     ]
 
     def variants() -> list[int]:  # device_caches[device][0] is the kernel cache (triton 3.6-3.9)
@@ -180,6 +179,8 @@ def test_kernels_do_not_recompile_per_step() -> None:
     def step(counts: list[int], level: int, greedy: bool) -> None:
         args = [a.cuda() for a in _case(counts, 32000, torch.bfloat16, seed=len(counts))]
         verify_triton(*args, level=level, greedy=greedy)
+        logits, temperature, seeds, positions = args[0][: len(counts)], *args[5:]
+        sampling.sample_triton(logits, temperature, seeds, positions, level, DRAFT, greedy)
 
     for greedy in (False, True):
         step([4], 1, greedy)
@@ -188,40 +189,3 @@ def test_kernels_do_not_recompile_per_step() -> None:
         for greedy in (False, True):
             step(counts, level, greedy)
     assert variants() == warm
-
-
-def test_kernels_compile_for_hopper_and_ampere() -> None:
-    """The interpreter skips type checks the compiler makes (loop-carried types, constexprs): compile
-    every kernel to a cubin for sm_90 and sm_80 without a GPU, in a process without the interpreter."""
-    script = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from hsd_fast.triton_kernels import rejection as r
-kernels = [r._chunk_stats_kernel, r._accept_kernel, r._chunk_race_kernel, r._race_pick_kernel]
-def arg_type(name):
-    if name in ("ver_ptr", "draft_ptr"):
-        return "*bf16"
-    if name in ("draft_tok_ptr", "offsets_ptr", "seeds_ptr", "positions_ptr", "num_acc_ptr", "next_tok_ptr"):
-        return "*i64"
-    if name in ("arg_ptr", "idx_p_ptr", "idx_r_ptr"):
-        return "*i32"
-    if name.endswith("_ptr"):
-        return "*fp32"
-    return {"eps": "fp32", "ver_stride": "i64", "draft_stride": "i64"}.get(name, "i32")
-for arch in (90, 80):
-    for kernel in kernels:
-        for greedy in (False, True):
-            sig = {p.name: "constexpr" if p.is_constexpr else arg_type(p.name) for p in kernel.params}
-            constexprs = {"GREEDY": greedy, "BLOCK_V": 1024, "BLOCK_K": 16, "BLOCK_C": 64}
-            constexprs = {k: v for k, v in constexprs.items() if k in sig}
-            src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs)
-            assert "cubin" in triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm
-print("ok")
-"""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -22,14 +22,15 @@ picks the kernels for CUDA tensors.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from . import split
 from .keyed_random import ACCEPT, BONUS, RESIDUAL, key_state, race_torch, uniform_from_state, uniform_torch
+from .split import NO_SPECIALIZE, fold_argmax, fold_lse, plan
 
 RESIDUAL_EPS = 1e-6
 """Below this residual mass p and q are equal up to rounding; the correction is drawn from p."""
@@ -114,39 +115,9 @@ def verify_torch(
 _ACCEPT: tl.constexpr = tl.constexpr(ACCEPT)
 _RESIDUAL: tl.constexpr = tl.constexpr(RESIDUAL)
 _BONUS: tl.constexpr = tl.constexpr(BONUS)
-_NO_SPECIALIZE = ["level", "chunk_size", "num_chunks"]
 
 
-@triton.jit
-def _first_argmax(values, indices, absent, axis: tl.constexpr):
-    """(max, smallest index holding it) along ``axis``; ``absent`` exceeds every index."""
-    best = tl.max(values, axis=axis)
-    hit = values == tl.expand_dims(best, axis)
-    return best, tl.min(tl.where(hit, indices, absent), axis=axis)
-
-
-@triton.jit
-def _keep_first(best, best_idx, cand, cand_idx):
-    """Running argmax over blocks visited in index order: ties keep the earlier block."""
-    take = cand > best
-    return tl.where(take, cand, best), tl.where(take, cand_idx, best_idx)
-
-
-@triton.jit
-def _finite(x):
-    """A usable exponent shift: 0 where x is -inf (whole chunks are, under top-k masking)."""
-    return tl.where(x == -float("inf"), 0.0, x)
-
-
-@triton.jit
-def _add_exp(run_max, run_sum, blk_max, blk_sum, blk_shift):
-    """Online log-sum-exp: fold in a block whose sum of exp was taken relative to ``blk_shift``."""
-    new_max = tl.maximum(run_max, blk_max)
-    shift = _finite(new_max)
-    return new_max, run_sum * tl.exp(run_max - shift) + blk_sum * tl.exp(blk_shift - shift)
-
-
-@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
 def _chunk_stats_kernel(
     ver_ptr, ver_stride, offsets_ptr, temp_ptr, max_ptr, sum_ptr, arg_ptr,
     V, chunk_size, num_chunks,
@@ -168,13 +139,9 @@ def _chunk_stats_kernel(
         for start in range(lo, hi, BLOCK_V):
             idx = start + cols
             x = tl.load(vrow + idx, mask=idx < hi, other=-float("inf")).to(tl.float32) / temp
-            blk_max = tl.max(x, axis=0)
-            blk_shift = _finite(blk_max)
-            blk_sum = tl.sum(tl.exp(x - blk_shift), axis=0)
-            run_max, run_sum = _add_exp(run_max, run_sum, blk_max, blk_sum, blk_shift)
-            if GREEDY:  # first maximal index, as torch.argmax
-                blk_best, blk_idx = _first_argmax(x, idx, V, 0)
-                best, best_idx = _keep_first(best, best_idx, blk_best, blk_idx)
+            run_max, run_sum = fold_lse(run_max, run_sum, x, 1.0, 0)
+            if GREEDY:
+                best, best_idx = fold_argmax(best, best_idx, x, idx, V, 0)
         out = (d0 + row + k) * num_chunks + chunk
         tl.store(max_ptr + out, run_max)
         tl.store(sum_ptr + out, run_sum)
@@ -182,7 +149,7 @@ def _chunk_stats_kernel(
             tl.store(arg_ptr + out, best_idx)
 
 
-@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
 def _accept_kernel(
     ver_ptr, ver_stride, draft_ptr, draft_stride, draft_lse_ptr, draft_tok_ptr, offsets_ptr,
     temp_ptr, seeds_ptr, positions_ptr, max_ptr, sum_ptr, arg_ptr, num_acc_ptr, next_tok_ptr, lse_ptr,
@@ -212,13 +179,9 @@ def _accept_kernel(
             valid = (k <= n)[:, None] & (c < num_chunks)
             part_max = tl.load(max_ptr + base + c, mask=valid, other=-float("inf"))  # [K, C]
             part_sum = tl.load(sum_ptr + base + c, mask=valid, other=0.0)
-            blk_max = tl.max(part_max, axis=1)
-            blk_shift = _finite(blk_max)
-            blk_sum = tl.sum(part_sum * tl.exp(part_max - blk_shift[:, None]), axis=1)
-            lse_max, lse_sum = _add_exp(lse_max, lse_sum, blk_max, blk_sum, blk_shift)
+            lse_max, lse_sum = fold_lse(lse_max, lse_sum, part_max, part_sum, 1)
             if GREEDY:
-                blk_best, blk_chunk = _first_argmax(part_max, c, num_chunks, 1)
-                best, best_chunk = _keep_first(best, best_chunk, blk_best, blk_chunk)
+                best, best_chunk = fold_argmax(best, best_chunk, part_max, c, num_chunks, 1)
         lse = lse_max + tl.log(tl.where(k <= n, lse_sum, 1.0))  # lanes past the row: no log(0)
         tl.store(lse_ptr + vpos, lse, mask=k <= n)
 
@@ -242,7 +205,7 @@ def _accept_kernel(
     tl.store(num_acc_ptr + row, num_acc)
 
 
-@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
 def _chunk_race_kernel(
     ver_ptr, ver_stride, draft_ptr, draft_stride, draft_lse_ptr, offsets_ptr, temp_ptr, seeds_ptr,
     positions_ptr, num_acc_ptr, lse_ptr, key_p_ptr, idx_p_ptr, key_r_ptr, idx_r_ptr, mass_r_ptr,
@@ -282,15 +245,14 @@ def _chunk_race_kernel(
         in_chunk = idx < hi
         logp = tl.load(vrow + idx, mask=in_chunk, other=-float("inf")).to(tl.float32) / temp - lse_p
         gumbel = -tl.log(-tl.log(uniform_from_state(state, idx)))
-        blk_best, blk_idx = _first_argmax(tl.where(in_chunk, logp + gumbel, -float("inf")), idx, V, 0)
-        best_p, idx_p = _keep_first(best_p, idx_p, blk_best, blk_idx)
+        key_p = tl.where(in_chunk, logp + gumbel, -float("inf"))
+        best_p, idx_p = fold_argmax(best_p, idx_p, key_p, idx, V, 0)
         if rejected:
             logq = tl.load(drow + idx, mask=in_chunk, other=-float("inf")).to(tl.float32) / temp - lse_q
             r = tl.maximum(tl.exp(logp) - tl.exp(logq), 0.0)
             mass_r += tl.sum(r, axis=0)
             key_r = tl.where(r > 0, tl.log(tl.where(r > 0, r, 1.0)) + gumbel, -float("inf"))
-            blk_best, blk_idx = _first_argmax(key_r, idx, V, 0)
-            best_r, idx_r = _keep_first(best_r, idx_r, blk_best, blk_idx)
+            best_r, idx_r = fold_argmax(best_r, idx_r, key_r, idx, V, 0)
     out = row * num_chunks + chunk
     tl.store(key_p_ptr + out, best_p)
     tl.store(idx_p_ptr + out, idx_p)
@@ -299,7 +261,7 @@ def _chunk_race_kernel(
     tl.store(mass_r_ptr + out, mass_r)
 
 
-@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
 def _race_pick_kernel(
     offsets_ptr, num_acc_ptr, key_p_ptr, idx_p_ptr, key_r_ptr, idx_r_ptr, mass_r_ptr, next_tok_ptr,
     eps, num_chunks,
@@ -319,11 +281,9 @@ def _race_pick_kernel(
         c = c0 + chunks
         valid = c < num_chunks
         key_p = tl.load(key_p_ptr + base + c, mask=valid, other=-float("inf"))
-        blk_best, blk_chunk = _first_argmax(key_p, c, num_chunks, 0)
-        best_p, chunk_p = _keep_first(best_p, chunk_p, blk_best, blk_chunk)
+        best_p, chunk_p = fold_argmax(best_p, chunk_p, key_p, c, num_chunks, 0)
         key_r = tl.load(key_r_ptr + base + c, mask=valid, other=-float("inf"))
-        blk_best, blk_chunk = _first_argmax(key_r, c, num_chunks, 0)
-        best_r, chunk_r = _keep_first(best_r, chunk_r, blk_best, blk_chunk)
+        best_r, chunk_r = fold_argmax(best_r, chunk_r, key_r, c, num_chunks, 0)
         mass_r += tl.sum(tl.load(mass_r_ptr + base + c, mask=valid, other=0.0), axis=0)
     # Below eps the residual is rounding noise: p and q agree, and the draw comes from p (§2).
     if rejected and mass_r >= eps:
@@ -333,42 +293,8 @@ def _race_pick_kernel(
     tl.store(next_tok_ptr + row, token.to(tl.int64))
 
 
-BLOCK_V_MAX = 1024
-"""Vocabulary block per loop step: wide enough to stream at full bandwidth, narrow enough that the
-race kernel's working set stays in registers."""
 BLOCK_K = 16
 """Verifier positions of a row tested side by side by the accept kernel."""
-BLOCK_C = 64
-"""Partials reduced per loop step; the launcher's splits stay within one step on current GPUs."""
-PROGRAMS_PER_SM = 4
-
-
-def _programs_wanted(device: torch.device) -> int:
-    """Enough programs to fill the GPU a few times over; under the interpreter, a handful."""
-    if device.type != "cuda":
-        return 8
-    return PROGRAMS_PER_SM * _sm_count(
-        device.index if device.index is not None else torch.cuda.current_device()
-    )
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def vocab_chunks(programs: int, vocab: int, block_v: int, device: torch.device) -> tuple[int, int]:
-    """(chunk count, chunk size) for a grid of ``programs`` before the split: split the vocabulary,
-    in whole blocks, until the grid holds ``_programs_wanted``. No split where programs fill it."""
-    max_chunks = triton.cdiv(vocab, block_v)
-    chunks = min(max(triton.cdiv(_programs_wanted(device), max(programs, 1)), 1), max_chunks)
-    return _whole_blocks(chunks, vocab, block_v)
-
-
-def _whole_blocks(chunks: int, vocab: int, block_v: int) -> tuple[int, int]:
-    """Round the chunk size up to whole blocks; the count then shrinks so no chunk is empty."""
-    chunk_size = triton.cdiv(triton.cdiv(vocab, chunks), block_v) * block_v
-    return triton.cdiv(vocab, chunk_size), chunk_size
 
 
 def verify_triton(
@@ -401,13 +327,9 @@ def verify_triton(
 
     # Stats programs: (row, chunk, position split). A row has (drafts + 1) positions; spreading the
     # average count over programs keeps each program to about one position when rows are even.
-    block = block_v or min(triton.next_power_of_2(vocab), BLOCK_V_MAX)
     position_split = triton.cdiv(num_vrows, num_rows)
-    if num_chunks is None:
-        stats_chunks, stats_size = vocab_chunks(num_rows * position_split, vocab, block, device)
-        race_chunks, race_size = vocab_chunks(num_rows, vocab, block, device)
-    else:
-        stats_chunks, stats_size = race_chunks, race_size = _whole_blocks(num_chunks, vocab, block)
+    block, stats_chunks, stats_size = plan(num_rows * position_split, vocab, device, block_v, num_chunks)
+    _, race_chunks, race_size = plan(num_rows, vocab, device, block_v, num_chunks)
 
     verifier_logits = verifier_logits.contiguous()
     if draft_logits.shape[0] == 0:  # keep a valid pointer; no row reads it
@@ -431,7 +353,7 @@ def verify_triton(
         verifier_logits, verifier_logits.stride(0), draft_logits, draft_logits.stride(0), draft_lse,
         draft_tokens.contiguous(), offsets, temperature, seeds, positions, part_max, part_sum, part_arg,
         num_accepted, next_token, verifier_lse, level, stats_chunks,
-        GREEDY=greedy, BLOCK_K=BLOCK_K, BLOCK_C=BLOCK_C,
+        GREEDY=greedy, BLOCK_K=BLOCK_K, BLOCK_C=split.BLOCK_C,
     )  # fmt: skip
     if greedy:
         return VerifyResult(num_accepted, next_token, verifier_lse)
@@ -445,7 +367,7 @@ def verify_triton(
     )  # fmt: skip
     _race_pick_kernel[(num_rows,)](
         offsets, num_accepted, key_p, idx_p, key_r, idx_r, mass_r, next_token,
-        RESIDUAL_EPS, race_chunks, BLOCK_C=BLOCK_C,
+        RESIDUAL_EPS, race_chunks, BLOCK_C=split.BLOCK_C,
     )  # fmt: skip
     return VerifyResult(num_accepted, next_token, verifier_lse)
 

@@ -1,14 +1,26 @@
 """Drawing one token per row from logits with keyed randomness (the drafting step of level 0).
 
-Only the torch reference exists so far; the fused kernel comes with the Triton work, with this
-function as its oracle.
+``sample_torch`` is the reference (and the CPU path); ``sample_triton`` draws the same tokens with
+two launches, the vocabulary split across programs as in verification (split.py):
+
+    1. _sample_chunk_kernel [R, C]  per chunk: max and sum of exp of logits / temperature, and the
+                                    exponential race's best key (greedy: the largest logit)
+    2. _sample_pick_kernel  [R]     chunks -> the token and the fp32 log-sum-exp
+
+The race needs no normaliser (argmax of x + Gumbel is invariant to shifting x), so the token and the
+log-sum-exp come out of the same single read of the logits. ``sample`` picks the kernels for CUDA
+tensors.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
-from .keyed_random import race_torch
+from . import split
+from .keyed_random import key_state, race_torch, uniform_from_state
+from .split import NO_SPECIALIZE, fold_argmax, fold_lse, plan
 
 
 def sample_torch(
@@ -27,3 +39,99 @@ def sample_torch(
     if greedy:
         return torch.argmax(logits, dim=-1), lse
     return race_torch(scaled, seeds, level, positions, purpose), lse
+
+
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
+def _sample_chunk_kernel(
+    logits_ptr, stride, temp_ptr, seeds_ptr, positions_ptr, max_ptr, sum_ptr, key_ptr, idx_ptr,
+    V, level, purpose, chunk_size, num_chunks,
+    GREEDY: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    row, chunk = tl.program_id(0), tl.program_id(1)
+    temp = tl.load(temp_ptr + row)
+    state = key_state(tl.load(seeds_ptr + row), level, tl.load(positions_ptr + row), purpose)
+    lo = chunk * chunk_size
+    hi = tl.minimum(lo + chunk_size, V)
+    cols = tl.arange(0, BLOCK_V)
+    run_max = -float("inf")
+    run_sum = 0.0
+    best = -float("inf")
+    best_idx = 0
+    for start in range(lo, hi, BLOCK_V):
+        idx = start + cols
+        x = tl.load(logits_ptr + row.to(tl.int64) * stride + idx, mask=idx < hi, other=-float("inf"))
+        x = x.to(tl.float32) / temp
+        run_max, run_sum = fold_lse(run_max, run_sum, x, 1.0, 0)
+        key = x
+        if not GREEDY:  # exponential race: x + Gumbel(u), -inf stays -inf
+            key = x - tl.log(-tl.log(uniform_from_state(state, idx)))
+        best, best_idx = fold_argmax(best, best_idx, tl.where(idx < hi, key, -float("inf")), idx, V, 0)
+    out = row * num_chunks + chunk
+    tl.store(max_ptr + out, run_max)
+    tl.store(sum_ptr + out, run_sum)
+    tl.store(key_ptr + out, best)
+    tl.store(idx_ptr + out, best_idx)
+
+
+@triton.jit(do_not_specialize=NO_SPECIALIZE)
+def _sample_pick_kernel(
+    max_ptr, sum_ptr, key_ptr, idx_ptr, token_ptr, lse_ptr, num_chunks, BLOCK_C: tl.constexpr
+):
+    row = tl.program_id(0)
+    base = row * num_chunks
+    chunks = tl.arange(0, BLOCK_C)
+    run_max = -float("inf")
+    run_sum = 0.0
+    best = -float("inf")
+    best_chunk = 0
+    for c0 in range(0, num_chunks, BLOCK_C):
+        c = c0 + chunks
+        valid = c < num_chunks
+        part_max = tl.load(max_ptr + base + c, mask=valid, other=-float("inf"))
+        part_sum = tl.load(sum_ptr + base + c, mask=valid, other=0.0)
+        run_max, run_sum = fold_lse(run_max, run_sum, part_max, part_sum, 0)
+        part_key = tl.load(key_ptr + base + c, mask=valid, other=-float("inf"))
+        best, best_chunk = fold_argmax(best, best_chunk, part_key, c, num_chunks, 0)
+    tl.store(lse_ptr + row, run_max + tl.log(run_sum))
+    tl.store(token_ptr + row, tl.load(idx_ptr + base + best_chunk).to(tl.int64))
+
+
+def sample_triton(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    level: int,
+    purpose: int,
+    greedy: bool,
+    block_v: int | None = None,
+    num_chunks: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels: same signature and results as ``sample_torch``. ``block_v`` and ``num_chunks``
+    override the vocabulary block and split (tests and benchmarks)."""
+    num_rows, vocab = logits.shape
+    device = logits.device
+    tokens = torch.empty(num_rows, dtype=torch.int64, device=device)
+    lse = torch.empty(num_rows, dtype=torch.float32, device=device)
+    if num_rows == 0:
+        return tokens, lse
+    block, chunks, chunk_size = plan(num_rows, vocab, device, block_v, num_chunks)
+    logits = logits.contiguous()
+    part_max, part_sum, part_key = (torch.empty(num_rows * chunks, device=device) for _ in range(3))
+    part_idx = torch.empty(num_rows * chunks, dtype=torch.int32, device=device)
+    _sample_chunk_kernel[(num_rows, chunks)](
+        logits, logits.stride(0), temperature.float().contiguous(), seeds.to(torch.int64),
+        positions.to(torch.int64), part_max, part_sum, part_key, part_idx,
+        vocab, level, purpose, chunk_size, chunks, GREEDY=greedy, BLOCK_V=block,
+    )  # fmt: skip
+    _sample_pick_kernel[(num_rows,)](
+        part_max, part_sum, part_key, part_idx, tokens, lse, chunks, BLOCK_C=split.BLOCK_C
+    )
+    return tokens, lse
+
+
+def sample(*args, use_kernel: bool | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels on CUDA tensors (or when ``use_kernel``), the reference elsewhere."""
+    if use_kernel is None:
+        use_kernel = args[0].is_cuda if args else kwargs["logits"].is_cuda
+    return (sample_triton if use_kernel else sample_torch)(*args, **kwargs)

@@ -1,0 +1,83 @@
+"""Benchmark of one drafting step (`triton_kernels/sampling.py`): the kernels vs the torch reference
+(eager and `torch.compile(dynamic=True)`), side by side in one run.
+
+    python bench/bench_sampling.py            # CUDA if present, else CPU (reference only)
+    python bench/bench_sampling.py --quick    # a small grid
+
+Grid: rows {1, 8, 64} x vocab {32000, 128256, 151936}, bf16 and fp32 logits, sampled and greedy
+(on CPU, where only the reference runs, rows {1, 8}).
+Columns as in bench_rejection.py: kernel (the launcher's vocabulary split), kernel_unsplit
+(num_chunks=1), the references, a roofline (the logits read once / device copy bandwidth) and, at
+one row, CUDA events around one launcher call. Writes bench/results/sampling_<device>.{json,md}.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import torch
+from kernel_bench import compile_notes, event_us, first_call_s, median_us, parse_args, run_meta, write_results
+
+from hsd_fast.triton_kernels.keyed_random import DRAFT
+from hsd_fast.triton_kernels.sampling import sample_torch, sample_triton
+
+KEYS = ["rows", "vocab", "dtype", "mode"]
+
+
+def make_inputs(rows: int, vocab: int, dtype: torch.dtype, device: str) -> tuple:
+    gen = torch.Generator(device=device).manual_seed(0)
+    logits = torch.randn(rows, vocab, generator=gen, device=device).to(dtype)
+    temperature = torch.ones(rows, device=device)
+    seeds = torch.arange(rows, device=device)
+    positions = torch.full((rows,), 100, device=device)
+    return logits, temperature, seeds, positions
+
+
+def main() -> None:
+    args = parse_args(__doc__, "rows {1, 8}, vocab 32000 only")
+    cuda = args.device == "cuda"
+    row_counts = [1, 8] if args.quick or not cuda else [1, 8, 64]
+    vocabs = [32000] if args.quick else [32000, 128256, 151936]
+    meta = run_meta(args.device)
+    compiled = torch.compile(sample_torch, dynamic=True)
+
+    results = []
+    grid = itertools.product(row_counts, vocabs, [torch.bfloat16, torch.float32], [False, True])
+    for rows, vocab, dtype, greedy in grid:
+        inputs = make_inputs(rows, vocab, dtype, args.device)
+        row = {"rows": rows, "vocab": vocab, "dtype": str(dtype).split(".")[-1]}
+        row["mode"] = "greedy" if greedy else "sampled"
+        run = functools.partial(_bound, inputs=inputs, greedy=greedy)
+        if not cuda:
+            results.append(row | {"reference_eager_us": median_us(run(sample_torch), False)})
+            print(results[-1], flush=True)
+            continue
+        if not results:  # compile times, reported apart from the timings
+            meta["kernel_first_call_s"] = first_call_s(run(sample_triton))
+            meta["torch_compile_first_call_s"] = first_call_s(run(compiled))
+        bytes_needed = rows * vocab * (torch.finfo(dtype).bits // 8) + rows * 32
+        row |= {
+            "kernel_us": median_us(run(sample_triton), True),
+            "kernel_unsplit_us": median_us(run(sample_triton, num_chunks=1), True),
+            "reference_eager_us": median_us(run(sample_torch), True),
+            "reference_compiled_us": median_us(run(compiled), True),
+            "roofline_us": bytes_needed / meta["copy_bandwidth_GBps"] / 1e3,
+        }
+        row["kernel_over_roofline"] = row["kernel_us"] / row["roofline_us"]
+        row["compiled_over_kernel"] = row["reference_compiled_us"] / row["kernel_us"]
+        if rows == 1:
+            row["kernel_cuda_event_us"] = event_us(run(sample_triton))
+        results.append(row)
+        print(row, flush=True)
+
+    notes = ["Times in microseconds (medians), level 0, temperature 1, random logits.", *compile_notes(meta)]
+    write_results(f"sampling_{args.device}", "Drafting step", notes, KEYS, results, meta)
+
+
+def _bound(fn, inputs: tuple, greedy: bool, **kwargs):
+    return functools.partial(fn, *inputs, level=0, purpose=DRAFT, greedy=greedy, **kwargs)
+
+
+if __name__ == "__main__":
+    main()

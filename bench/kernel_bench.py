@@ -1,0 +1,127 @@
+"""What the kernel benchmarks share: timers, the device copy bandwidth (the roofline's denominator),
+and writing results as JSON + markdown under bench/results/ with device, versions, commit and date.
+
+Timing on CUDA uses `triton.testing.do_bench` medians (host launch included); on CPU, where only
+the torch references run (the Triton interpreter is not a speed path), `torch.utils.benchmark`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from datetime import date
+from pathlib import Path
+
+import torch
+import triton
+
+RESULTS = Path(__file__).parent / "results"
+EVENT_TIMING = "CUDA events around one launcher call; host launch time included"
+
+
+def median_us(fn: Callable[[], object], cuda: bool) -> float:
+    if cuda:
+        return triton.testing.do_bench(fn) * 1e3
+    from torch.utils import benchmark
+
+    return benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=0.5).median * 1e6
+
+
+def event_us(fn: Callable[[], object], repeats: int = 100) -> float:
+    """Median of CUDA-event timings around one call. The events sit on the stream, so time the GPU
+    spends waiting for the host to launch the kernels is included."""
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def first_call_s(fn: Callable[[], object]) -> float:
+    """Wall time of a first call: compilation (Triton JIT or torch.compile) plus one run."""
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def copy_bandwidth() -> float:
+    """Device copy bandwidth in bytes/s (read + write of a 1 GiB buffer)."""
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src))
+    return 2 * src.numel() / (ms * 1e-3)
+
+
+def parse_args(doc: str, quick_help: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    return parser.parse_args()
+
+
+def run_meta(device: str, **extra: object) -> dict:
+    """Device, versions, commit, date; on CUDA also the copy bandwidth measured now."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    name = torch.cuda.get_device_name() if device == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
+    return {
+        "device": name,
+        "versions": {"torch": torch.__version__, "triton": triton.__version__},
+        "commit": commit,
+        "date": date.today().isoformat(),
+        **extra,
+    } | (
+        {"copy_bandwidth_GBps": copy_bandwidth() / 1e9, "event_timing": EVENT_TIMING}
+        if device == "cuda"
+        else {}
+    )
+
+
+def compile_notes(meta: dict) -> list[str]:
+    """The markdown lines for what was measured once per run (CUDA only)."""
+    if "copy_bandwidth_GBps" not in meta:
+        return []
+    return [
+        "",
+        f"First calls (compile + run): kernels {meta['kernel_first_call_s']:.1f} s, "
+        f"torch.compile {meta['torch_compile_first_call_s']:.1f} s. "
+        f"Copy bandwidth {meta['copy_bandwidth_GBps']:.0f} GB/s. kernel_cuda_event_us: {EVENT_TIMING}.",
+    ]
+
+
+def write_results(
+    stem: str, title: str, notes: list[str], keys: list[str], rows: list[dict], meta: dict
+) -> None:
+    """bench/results/<stem>.json (meta + rows) and .md (a table: the ``keys`` columns first)."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / stem
+    path.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    columns = keys + [c for c in rows[0] if c not in keys]
+    lines = [
+        f"# {title}: {meta['device']}",
+        "",
+        f"torch {torch.__version__}, triton {triton.__version__}; commit {meta['commit']}, {meta['date']}.",
+        *notes,
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
+    for r in rows:
+        cells = [_cell(r.get(c)) for c in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def _cell(value: object) -> str:
+    if not isinstance(value, float):
+        return "" if value is None else str(value)
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
