@@ -30,7 +30,7 @@ import triton.language as tl
 
 from . import split
 from .keyed_random import ACCEPT, BONUS, RESIDUAL, key_state, race_torch, uniform_from_state, uniform_torch
-from .split import NO_SPECIALIZE, fold_argmax, fold_lse, plan
+from .split import NO_SPECIALIZE, fold_argmax, fold_lse, plan, scan_chunk
 
 RESIDUAL_EPS = 1e-6
 """Below this residual mass p and q are equal up to rounding; the correction is drawn from p."""
@@ -127,21 +127,11 @@ def _chunk_stats_kernel(
     d0 = tl.load(offsets_ptr + row).to(tl.int32)
     n = tl.load(offsets_ptr + row + 1).to(tl.int32) - d0
     temp = tl.load(temp_ptr + row)
-    lo = chunk * chunk_size
-    hi = tl.minimum(lo + chunk_size, V)
-    cols = tl.arange(0, BLOCK_V)
     for k in range(first_k, n + 1, tl.num_programs(2)):
         vrow = ver_ptr + (d0 + row + k).to(tl.int64) * ver_stride
-        run_max = -float("inf")
-        run_sum = 0.0
-        best = -float("inf")
-        best_idx = 0
-        for start in range(lo, hi, BLOCK_V):
-            idx = start + cols
-            x = tl.load(vrow + idx, mask=idx < hi, other=-float("inf")).to(tl.float32) / temp
-            run_max, run_sum = fold_lse(run_max, run_sum, x, 1.0, 0)
-            if GREEDY:
-                best, best_idx = fold_argmax(best, best_idx, x, idx, V, 0)
+        run_max, run_sum, _, best_idx = scan_chunk(
+            vrow, chunk, chunk_size, V, temp, 0, ARGMAX=GREEDY, RACE=False, BLOCK_V=BLOCK_V
+        )
         out = (d0 + row + k) * num_chunks + chunk
         tl.store(max_ptr + out, run_max)
         tl.store(sum_ptr + out, run_sum)
@@ -245,8 +235,7 @@ def _chunk_race_kernel(
         in_chunk = idx < hi
         logp = tl.load(vrow + idx, mask=in_chunk, other=-float("inf")).to(tl.float32) / temp - lse_p
         gumbel = -tl.log(-tl.log(uniform_from_state(state, idx)))
-        key_p = tl.where(in_chunk, logp + gumbel, -float("inf"))
-        best_p, idx_p = fold_argmax(best_p, idx_p, key_p, idx, V, 0)
+        best_p, idx_p = fold_argmax(best_p, idx_p, logp + gumbel, idx, V, 0)  # -inf past the chunk
         if rejected:
             logq = tl.load(drow + idx, mask=in_chunk, other=-float("inf")).to(tl.float32) / temp - lse_q
             r = tl.maximum(tl.exp(logp) - tl.exp(logq), 0.0)

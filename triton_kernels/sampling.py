@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 
 from . import split
-from .keyed_random import key_state, race_torch, uniform_from_state
-from .split import NO_SPECIALIZE, fold_argmax, fold_lse, plan
+from .keyed_random import key_state, race_torch
+from .split import NO_SPECIALIZE, fold_argmax, fold_lse, plan, scan_chunk
 
 
 def sample_torch(
@@ -48,24 +48,11 @@ def _sample_chunk_kernel(
     GREEDY: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     row, chunk = tl.program_id(0), tl.program_id(1)
-    temp = tl.load(temp_ptr + row)
     state = key_state(tl.load(seeds_ptr + row), level, tl.load(positions_ptr + row), purpose)
-    lo = chunk * chunk_size
-    hi = tl.minimum(lo + chunk_size, V)
-    cols = tl.arange(0, BLOCK_V)
-    run_max = -float("inf")
-    run_sum = 0.0
-    best = -float("inf")
-    best_idx = 0
-    for start in range(lo, hi, BLOCK_V):
-        idx = start + cols
-        x = tl.load(logits_ptr + row.to(tl.int64) * stride + idx, mask=idx < hi, other=-float("inf"))
-        x = x.to(tl.float32) / temp
-        run_max, run_sum = fold_lse(run_max, run_sum, x, 1.0, 0)
-        key = x
-        if not GREEDY:  # exponential race: x + Gumbel(u), -inf stays -inf
-            key = x - tl.log(-tl.log(uniform_from_state(state, idx)))
-        best, best_idx = fold_argmax(best, best_idx, tl.where(idx < hi, key, -float("inf")), idx, V, 0)
+    run_max, run_sum, best, best_idx = scan_chunk(
+        logits_ptr + row.to(tl.int64) * stride, chunk, chunk_size, V, tl.load(temp_ptr + row), state,
+        ARGMAX=True, RACE=not GREEDY, BLOCK_V=BLOCK_V,
+    )  # fmt: skip
     out = row * num_chunks + chunk
     tl.store(max_ptr + out, run_max)
     tl.store(sum_ptr + out, run_sum)

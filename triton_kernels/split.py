@@ -3,8 +3,9 @@ FlashDecoding splits the sequence): at small batch one program per row would lea
 idle, so each row's vocabulary is cut into chunks, each program writes partials for its chunk, and a
 second launch reduces them in chunk order (results do not depend on scheduling).
 
-Device helpers for the partials (online log-sum-exp, first argmax), and the chunking rule shared by
-the verification and sampling kernels. Chunk c covers [c * chunk_size, min((c + 1) * chunk_size, V)).
+Device helpers for the partials (one chunk's scan, online log-sum-exp, first argmax), and the
+chunking rule shared by the verification and sampling kernels. Chunk c covers
+[c * chunk_size, min((c + 1) * chunk_size, V)).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import functools
 import torch
 import triton
 import triton.language as tl
+
+from .keyed_random import uniform_from_state
 
 NO_SPECIALIZE = ["level", "purpose", "chunk_size", "num_chunks"]
 """Runtime integers that change from step to step. Triton would otherwise specialise on them (== 1,
@@ -49,6 +52,32 @@ def fold_argmax(best, best_idx, values, indices, absent, axis: tl.constexpr):
     blk_idx = tl.min(tl.where(hit, indices, absent), axis=axis)
     take = blk_best > best
     return tl.where(take, blk_best, best), tl.where(take, blk_idx, best_idx)
+
+
+@triton.jit
+def scan_chunk(
+    row_ptr, chunk, chunk_size, V, temp, state,
+    ARGMAX: tl.constexpr, RACE: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """One row's logits / temperature over chunk ``chunk``: (max, sum of exp relative to it) and,
+    with ARGMAX, the max and first index of the logits, or with RACE of the logits plus Gumbel noise
+    keyed by ``state`` (an exponential race: it needs no normaliser, so one read serves both)."""
+    lo = chunk * chunk_size
+    hi = tl.minimum(lo + chunk_size, V)
+    run_max = -float("inf")
+    run_sum = 0.0
+    best = -float("inf")
+    best_idx = 0
+    for start in range(lo, hi, BLOCK_V):
+        idx = start + tl.arange(0, BLOCK_V)
+        x = tl.load(row_ptr + idx, mask=idx < hi, other=-float("inf")).to(tl.float32) / temp
+        run_max, run_sum = fold_lse(run_max, run_sum, x, 1.0, 0)
+        if ARGMAX:
+            key = x  # lanes past the chunk are -inf, with or without noise
+            if RACE:
+                key = x - tl.log(-tl.log(uniform_from_state(state, idx)))
+            best, best_idx = fold_argmax(best, best_idx, key, idx, V, 0)
+    return run_max, run_sum, best, best_idx
 
 
 BLOCK_V_MAX = 1024
