@@ -3,6 +3,7 @@ uniforms look uniform and independent across the parts of the key."""
 
 import pytest
 import torch
+from keyed_hash import hash_bits, position_hashing_to
 from scipy import stats
 
 from hsd_fast.triton_kernels import keyed_random as kr
@@ -19,20 +20,31 @@ def test_triton_equals_torch(level: int, purpose: int) -> None:
 
 
 def test_matches_the_documented_hash_in_plain_python() -> None:
-    def mix(x: int) -> int:
-        x ^= x >> 16
-        x = (x * 0x7FEB352D) & 0xFFFFFFFF
-        x ^= x >> 15
-        x = (x * 0x846CA68B) & 0xFFFFFFFF
-        return x ^ (x >> 16)
-
     seed, level, pos, purpose, index = 2**40 + 7, 3, 100, kr.RESIDUAL, 5
-    h = mix(0x9E3779B9)
-    for part in (seed & 0xFFFFFFFF, seed >> 32, (level << 8) | purpose, pos, index):
-        h = mix(h ^ part)
-    expected = ((h >> 8) + 0.5) * 2**-24
+    expected = ((hash_bits(seed, level, pos, purpose, index) >> 9) + 0.5) * 2**-23
     got = kr.uniform_grid_torch(torch.tensor([seed]), level, torch.tensor([pos]), purpose, 6)
     assert got[0, index].item() == expected
+
+
+@pytest.mark.parametrize(("bits", "expected"), [(0xFFFFFFFF, 1 - 2**-24), (0, 2**-24)], ids=["top", "bottom"])
+def test_extreme_hashes_give_uniforms_strictly_inside_the_interval(bits: int, expected: float) -> None:
+    """u == 1.0 would make the race's Gumbel key +inf: that token would win whatever its weight."""
+    seed, level, purpose, index = 2**40 + 7, 2, kr.DRAFT, 3
+    pos = torch.tensor([position_hashing_to(bits, seed, level, purpose, index)])
+    ref = kr.uniform_grid_torch(torch.tensor([seed]), level, pos, purpose, 8)
+    assert ref[0, index].item() == expected
+    assert torch.isfinite(-torch.log(-torch.log(ref))).all()
+    assert torch.equal(kr.uniform_triton(torch.tensor([seed]), level, pos, purpose, 8), ref)
+
+
+def test_race_never_draws_an_impossible_token_at_the_top_uniform() -> None:
+    seed, level, purpose, index = 11, 1, kr.RESIDUAL, 3
+    pos = torch.tensor([position_hashing_to(0xFFFFFFFF, seed, level, purpose, index)] * 2)
+    log_weights = torch.zeros(2, 8)
+    log_weights[0, index] = -float("inf")
+    log_weights[1, index] = -200.0  # possible, but e**-200 of the others' weight
+    drawn = kr.race_torch(log_weights, torch.tensor([seed] * 2), level, pos, purpose)
+    assert index not in drawn.tolist()
 
 
 def test_uniform_and_in_open_interval() -> None:

@@ -5,6 +5,7 @@ bf16 natively on CUDA."""
 
 import pytest
 import torch
+from keyed_hash import position_hashing_to
 
 from hsd_fast.triton_kernels import split
 from hsd_fast.triton_kernels.keyed_random import DRAFT
@@ -51,6 +52,19 @@ def test_sample_kernel_reduces_in_several_steps(monkeypatch) -> None:
     args = _case(2, 72, torch.float32, seed=3)
     ref = sample_torch(*args, level=1, purpose=DRAFT, greedy=False)
     _assert_same(sample_triton(*args, level=1, purpose=DRAFT, greedy=False, block_v=8, num_chunks=9), ref)
+
+
+def test_an_impossible_token_is_never_drawn_at_the_top_uniform() -> None:
+    """Where a token's uniform is the largest the hash can give, its Gumbel key must stay finite."""
+    seed, index = 2**33 + 1, 5
+    position = position_hashing_to(0xFFFFFFFF, seed, level=0, purpose=DRAFT, index=index)
+    logits = torch.zeros(2, 9)
+    logits[0, index] = -float("inf")
+    logits[1, index] = -200.0
+    args = (logits, torch.ones(2), torch.tensor([seed] * 2), torch.tensor([position] * 2))
+    out = sample_triton(*args, level=0, purpose=DRAFT, greedy=False, block_v=4)
+    assert index not in out[0].tolist()
+    _assert_same(out, sample_torch(*args, level=0, purpose=DRAFT, greedy=False))
 
 
 def test_the_draws_are_not_the_argmax() -> None:

@@ -6,14 +6,17 @@
     h     = mix32(h ^ (level << 8 | purpose))                     # level < 2**24, purpose < 256
     h     = mix32(h ^ position)                                   # position < 2**32
     h     = mix32(h ^ index)                                      # 0 where no index is needed
-    u     = ((h >> 8) + 0.5) * 2**-24                             # in (0, 1), exact in fp32
+    u     = ((h >> 9) + 0.5) * 2**-23                             # in (0, 1), exact in fp32
 
     mix32(x) = "lowbias32" (C. Wellons, hash-prospector):
         x ^= x >> 16; x *= 0x7FEB352D; x ^= x >> 15; x *= 0x846CA68B; x ^= x >> 16   (mod 2**32)
 
 Why a hash and not a generator: a row's tokens then depend neither on the batch it runs in nor on
 the schedule, and the torch reference and the Triton kernels draw identical numbers. Why the level
-is in the key: two levels reusing one uniform on the same token is measurably biased.
+is in the key: two levels reusing one uniform on the same token is measurably biased. Why 23 bits and
+not 24: ``(h >> 8) + 0.5`` needs 25 significant bits, so fp32 rounds it, and the top value to exactly
+1.0; the race's Gumbel key -log(-log u) is then +inf and that token wins whatever its weight (about
+V / 2**24 of all draws: 1 in 110 at V = 152k). With 23 bits, u lies in [2**-24, 1 - 2**-24].
 
 The torch functions here are the reference; ``_mix32``/``uniform`` in Triton below are bit-identical
 (tests/test_keyed_random.py). torch has no uint32 arithmetic, so the torch side works in int64 and
@@ -63,7 +66,7 @@ def key_state_torch(
 def uniform_from_state_torch(state: torch.Tensor, index: torch.Tensor | int) -> torch.Tensor:
     """Uniforms in (0, 1), fp32, for hash states broadcast against indices."""
     h = mix32_torch(state ^ index)
-    return ((h >> 8).to(torch.float32) + 0.5) * (2.0**-24)
+    return ((h >> 9).to(torch.float32) + 0.5) * (2.0**-23)
 
 
 def uniform_torch(
@@ -110,7 +113,7 @@ def key_state(seed, level, position, purpose):
 def uniform_from_state(state, index):
     """Triton twin of ``uniform_from_state_torch``: fp32 uniforms in (0, 1)."""
     h = _mix32(state ^ index.to(tl.uint32))
-    return ((h >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2**-24
+    return ((h >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23
 
 
 @triton.jit
