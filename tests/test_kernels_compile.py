@@ -4,6 +4,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.triton
+
 
 def test_kernels_compile_for_hopper_and_ampere() -> None:
     """The interpreter skips type checks the compiler makes (loop-carried types, constexprs): compile

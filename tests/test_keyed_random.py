@@ -8,6 +8,8 @@ from scipy import stats
 
 from hsd_fast.triton_kernels import keyed_random as kr
 
+pytestmark = pytest.mark.triton
+
 SEEDS = torch.tensor([0, 1, 2**40 + 7, -5, 2**63 - 1], dtype=torch.int64)
 POSITIONS = torch.tensor([0, 5, 100, 2**31 + 3, 7], dtype=torch.int64)
 

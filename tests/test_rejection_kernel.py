@@ -14,6 +14,8 @@ from hsd_fast.triton_kernels import rejection, sampling, split
 from hsd_fast.triton_kernels.keyed_random import DRAFT
 from hsd_fast.triton_kernels.rejection import verify_torch, verify_triton
 
+pytestmark = pytest.mark.triton
+
 
 def _case(counts: list[int], vocab: int, dtype: torch.dtype, seed: int, masked: str | None = None):
     """Random inputs for rows with ``counts`` drafts. ``masked``: "strided" excludes a regular pattern

@@ -11,6 +11,8 @@ from hsd_fast.triton_kernels import split
 from hsd_fast.triton_kernels.keyed_random import DRAFT
 from hsd_fast.triton_kernels.sampling import sample_torch, sample_triton
 
+pytestmark = pytest.mark.triton
+
 
 def _case(rows: int, vocab: int, dtype: torch.dtype, seed: int, topk: int | None = None):
     gen = torch.Generator().manual_seed(seed)
