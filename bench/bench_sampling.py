@@ -8,7 +8,8 @@ Grid: rows {1, 8, 64} x vocab {32000, 128256, 151936}, bf16 and fp32 logits, sam
 (on CPU, where only the reference runs, rows {1, 8}).
 Columns as in bench_rejection.py: kernel (the launcher's vocabulary split), kernel_unsplit
 (num_chunks=1), the references, a roofline (the logits read once / device copy bandwidth) and, at
-one row, CUDA events around one launcher call. Writes bench/results/sampling_<device>.{json,md}.
+one row, CUDA events around one launcher call, the host's enqueue time and CUDA-graph replay time.
+Writes bench/results/sampling_<device>.{json,md}.
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ import functools
 import itertools
 
 import torch
-from kernel_bench import compile_notes, event_us, first_call_s, median_us, parse_args, run_meta, write_results
+from kernel_bench import (
+    compile_notes,
+    first_call_s,
+    median_us,
+    parse_args,
+    run_meta,
+    small_batch_us,
+    write_results,
+)
 
 from hsd_fast.triton_kernels.keyed_random import DRAFT
 from hsd_fast.triton_kernels.sampling import sample_torch, sample_triton
@@ -67,7 +76,7 @@ def main() -> None:
         row["kernel_over_roofline"] = row["kernel_us"] / row["roofline_us"]
         row["compiled_over_kernel"] = row["reference_compiled_us"] / row["kernel_us"]
         if rows == 1:
-            row["kernel_cuda_event_us"] = event_us(run(sample_triton))
+            row |= small_batch_us(run(sample_triton))
         results.append(row)
         print(row, flush=True)
 

@@ -19,7 +19,10 @@ import torch
 import triton
 
 RESULTS = Path(__file__).parent / "results"
-EVENT_TIMING = "CUDA events around one launcher call; host launch time included"
+EVENT_TIMING = (
+    "CUDA events around one launcher call, host launch time included; kernel_host_us is the host's "
+    "enqueue time alone, kernel_graph_us the GPU's alone (the call replayed from a CUDA graph)"
+)
 
 
 def median_us(fn: Callable[[], object], cuda: bool) -> float:
@@ -42,6 +45,46 @@ def event_us(fn: Callable[[], object], repeats: int = 100) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) * 1e3)
     return sorted(times)[len(times) // 2]
+
+
+def host_us(fn: Callable[[], object], repeats: int = 200) -> float:
+    """Median host time to enqueue one call, with no synchronisation in between (a few hundred
+    launches fit in the launch queue). Close to ``event_us``: the call is bound by the host."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e6)
+    torch.cuda.synchronize()
+    return sorted(times)[len(times) // 2]
+
+
+def graph_us(fn: Callable[[], object]) -> float:
+    """``event_us`` of one call captured in a CUDA graph and replayed: the GPU's own time, with no
+    host launch cost (what fewer launches or graph capture in the engine could reach)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up off the capture, as torch.cuda.graph asks
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return event_us(graph.replay)
+
+
+def small_batch_us(fn: Callable[[], object]) -> dict[str, float | str]:
+    """Where the time of a small call goes: events around it (host launch included), the host's
+    enqueue time alone, and the GPU's alone (graph replay). A failed capture is reported, not
+    raised: the other columns are worth keeping."""
+    out: dict[str, float | str] = {"kernel_cuda_event_us": event_us(fn), "kernel_host_us": host_us(fn)}
+    try:
+        out["kernel_graph_us"] = graph_us(fn)
+    except RuntimeError as err:
+        out["kernel_graph_us"] = f"capture failed: {str(err).splitlines()[0][:80]}"
+    return out
 
 
 def first_call_s(fn: Callable[[], object]) -> float:
