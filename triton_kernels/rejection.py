@@ -316,7 +316,7 @@ def verify_triton(
 
     # Stats programs: (row, chunk, position split). A row has (drafts + 1) positions; spreading the
     # average count over programs keeps each program to about one position when rows are even.
-    position_split = triton.cdiv(num_vrows, num_rows)
+    position_split = split.cdiv(num_vrows, num_rows)
     block, stats_chunks, stats_size = plan(num_rows * position_split, vocab, device, block_v, num_chunks)
     _, race_chunks, race_size = plan(num_rows, vocab, device, block_v, num_chunks)
 

@@ -80,6 +80,12 @@ def scan_chunk(
     return run_max, run_sum, best, best_idx
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division on the host. ``triton.cdiv`` is a constexpr function: called from Python it
+    unwraps its arguments first, about 3 us a call, and a launcher makes a dozen calls per step."""
+    return -(-a // b)
+
+
 BLOCK_V_MAX = 1024
 """Vocabulary block per loop step: wide enough to stream at full bandwidth, narrow enough that the
 race kernel's working set stays in registers."""
@@ -105,15 +111,15 @@ def _sm_count(index: int) -> int:
 def vocab_chunks(programs: int, vocab: int, block_v: int, device: torch.device) -> tuple[int, int]:
     """(chunk count, chunk size) for a grid of ``programs`` before the split: split the vocabulary,
     in whole blocks, until the grid holds ``_programs_wanted``. No split where programs fill it."""
-    max_chunks = triton.cdiv(vocab, block_v)
-    chunks = min(max(triton.cdiv(_programs_wanted(device), max(programs, 1)), 1), max_chunks)
+    max_chunks = cdiv(vocab, block_v)
+    chunks = min(max(cdiv(_programs_wanted(device), max(programs, 1)), 1), max_chunks)
     return split_vocab(chunks, vocab, block_v)
 
 
 def split_vocab(chunks: int, vocab: int, block_v: int) -> tuple[int, int]:
     """Round the chunk size up to whole blocks; the count then shrinks so no chunk is empty."""
-    chunk_size = triton.cdiv(triton.cdiv(vocab, chunks), block_v) * block_v
-    return triton.cdiv(vocab, chunk_size), chunk_size
+    chunk_size = cdiv(cdiv(vocab, chunks), block_v) * block_v
+    return cdiv(vocab, chunk_size), chunk_size
 
 
 def plan(
@@ -125,7 +131,7 @@ def plan(
 ) -> tuple[int, int, int]:
     """(block, chunk count, chunk size) for a launch of ``programs`` before the split. ``block_v``
     and ``num_chunks`` override the choice (tests, benchmarks)."""
-    block = block_v or min(triton.next_power_of_2(vocab), BLOCK_V_MAX)
+    block = block_v or min(1 << (vocab - 1).bit_length(), BLOCK_V_MAX)  # next power of 2
     if num_chunks is None:
         return block, *vocab_chunks(programs, vocab, block, device)
     return block, *split_vocab(num_chunks, vocab, block)
