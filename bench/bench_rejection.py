@@ -25,6 +25,7 @@ import itertools
 
 import torch
 from kernel_bench import (
+    add_ratios,
     compile_notes,
     first_call_s,
     median_us,
@@ -90,8 +91,7 @@ def main() -> None:
             "reference_compiled_us": median_us(run(compiled), True),
             "roofline_us": needed_bytes(batch, drafts, vocab, dtype) / meta["copy_bandwidth_GBps"] / 1e3,
         }
-        row["kernel_over_roofline"] = row["kernel_us"] / row["roofline_us"]
-        row["compiled_over_kernel"] = row["reference_compiled_us"] / row["kernel_us"]
+        add_ratios(row)
         if batch == 1:
             row |= small_batch_us(run(verify_triton))
         rows.append(row)

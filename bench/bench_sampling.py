@@ -19,6 +19,7 @@ import itertools
 
 import torch
 from kernel_bench import (
+    add_ratios,
     compile_notes,
     first_call_s,
     median_us,
@@ -73,8 +74,7 @@ def main() -> None:
             "reference_compiled_us": median_us(run(compiled), True),
             "roofline_us": bytes_needed / meta["copy_bandwidth_GBps"] / 1e3,
         }
-        row["kernel_over_roofline"] = row["kernel_us"] / row["roofline_us"]
-        row["compiled_over_kernel"] = row["reference_compiled_us"] / row["kernel_us"]
+        add_ratios(row)
         if rows == 1:
             row |= small_batch_us(run(sample_triton))
         results.append(row)

@@ -47,6 +47,12 @@ def event_us(fn: Callable[[], object], repeats: int = 100) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def add_ratios(row: dict) -> None:
+    """The kernel against the roofline and against the compiled reference, from the row's times."""
+    row["kernel_over_roofline"] = row["kernel_us"] / row["roofline_us"]
+    row["compiled_over_kernel"] = row["reference_compiled_us"] / row["kernel_us"]
+
+
 def host_us(fn: Callable[[], object], repeats: int = 200) -> float:
     """Median host time to enqueue one call, with no synchronisation in between (a few hundred
     launches fit in the launch queue). Close to ``event_us``: the call is bound by the host."""
