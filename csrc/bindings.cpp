@@ -54,9 +54,9 @@ py::array_t<int64_t> to_numpy_2d(const Ints& values, int64_t rows, int64_t cols)
   return out;
 }
 
-Ledger make_ledger(int64_t num_levels, const py::object& batch_sizes, const py::object& prompt_lens,
+Ledger make_ledger(int64_t num_levels, const py::object& block_sizes, const py::object& prompt_lens,
                    const py::object& max_new_tokens, const std::string& policy) {
-  Ints sizes = to_ints(batch_sizes, "batch_sizes");
+  Ints sizes = to_ints(block_sizes, "block_sizes");
   Ints prompts = to_ints(prompt_lens, "prompt_lens");
   const py::array budget = as_array(max_new_tokens, "max_new_tokens");
   if (budget.ndim() == 0)  // one int: the same budget for every row
@@ -82,11 +82,11 @@ Loop: ``level = next_level()``; ``rows = rows_for(level)``; ``spans(level, rows)
 then ``commit_draft`` (level 0) or ``commit_verify`` (level >= 1). Invalid arguments raise ValueError
 before any state changes.
 )doc")
-      .def(py::init(&make_ledger), py::arg("num_levels"), py::arg("batch_sizes"),
+      .def(py::init(&make_ledger), py::arg("num_levels"), py::arg("block_sizes"),
            py::arg("prompt_lens"), py::arg("max_new_tokens"), py::arg("policy") = "most_rows",
            R"doc(
 num_levels: K + 1 (at least 1: the target alone decodes autoregressively).
-batch_sizes: T_0..T_{K-1}, each >= 1: level i+1 verifies once T_i tokens tagged i wait.
+block_sizes: T_0..T_{K-1}, each >= 1: level i+1 verifies once T_i tokens tagged i wait.
 prompt_lens: one length >= 1 per row. max_new_tokens: one int >= 0, or one per row.
 policy: which level runs when rows want different ones: "most_rows" (ties to the higher level) or
 "highest_level".
@@ -94,10 +94,10 @@ policy: which level runs when rows want different ones: "most_rows" (ties to the
       .def_property_readonly("num_levels", &Ledger::num_levels)
       .def_property_readonly("num_rows", &Ledger::num_rows)
       .def_property_readonly(
-          "batch_sizes",
+          "block_sizes",
           [](const Ledger& self) {
             py::list out;
-            for (const int64_t t : self.batch_sizes()) out.append(t);
+            for (const int64_t t : self.block_sizes()) out.append(t);
             return out;
           },
           "T_0..T_{K-1} (a new list).")

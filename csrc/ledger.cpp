@@ -49,15 +49,15 @@ Ledger::Policy parse_policy(const std::string& name) {
 }  // namespace
 
 // ------------------------------------------------------------------------------------ construction
-Ledger::Ledger(int64_t num_levels, const Ints& batch_sizes, const Ints& prompt_lens,
+Ledger::Ledger(int64_t num_levels, const Ints& block_sizes, const Ints& prompt_lens,
                const Ints& max_new_tokens, const std::string& policy)
     : num_levels_(num_levels), num_rows_(static_cast<int64_t>(prompt_lens.size())) {
   if (num_levels < 1) throw error("num_levels must be >= 1, got ", num_levels);
-  if (static_cast<int64_t>(batch_sizes.size()) != num_levels - 1)
-    throw error("batch_sizes needs one entry per draft level (", num_levels - 1, "), got ",
-                batch_sizes.size());
-  if (any_below(batch_sizes, 1))
-    throw error("every batch size T must be >= 1, got ", ListOf{batch_sizes});
+  if (static_cast<int64_t>(block_sizes.size()) != num_levels - 1)
+    throw error("block_sizes needs one entry per draft level (", num_levels - 1, "), got ",
+                block_sizes.size());
+  if (any_below(block_sizes, 1))
+    throw error("every block size T must be >= 1, got ", ListOf{block_sizes});
   if (prompt_lens.empty()) throw error("the batch needs at least one row");
   if (max_new_tokens.size() != prompt_lens.size())
     throw error("max_new_tokens has ", max_new_tokens.size(), " entries for ", prompt_lens.size(),
@@ -68,7 +68,7 @@ Ledger::Ledger(int64_t num_levels, const Ints& batch_sizes, const Ints& prompt_l
     throw error("max_new_tokens must be >= 0, got ", ListOf{max_new_tokens});
   policy_ = parse_policy(policy);
 
-  batch_sizes_ = batch_sizes;
+  block_sizes_ = block_sizes;
   budget_end_.resize(num_rows_);
   for (int64_t r = 0; r < num_rows_; ++r) {
     // Saturate instead of overflowing: a budget beyond INT64_MAX tokens is never reached anyway.
@@ -84,9 +84,9 @@ Ledger::Ledger(int64_t num_levels, const Ints& batch_sizes, const Ints& prompt_l
   eos_pos_.assign(num_rows_, -1);
 }
 
-Ledger::Ledger(int64_t num_levels, const Ints& batch_sizes, const Ints& prompt_lens,
+Ledger::Ledger(int64_t num_levels, const Ints& block_sizes, const Ints& prompt_lens,
                int64_t max_new_tokens, const std::string& policy)
-    : Ledger(num_levels, batch_sizes, prompt_lens, Ints(prompt_lens.size(), max_new_tokens),
+    : Ledger(num_levels, block_sizes, prompt_lens, Ints(prompt_lens.size(), max_new_tokens),
              policy) {}
 
 std::string Ledger::policy() const {
@@ -117,7 +117,7 @@ int64_t Ledger::wanted_at(int64_t row) const {
   if (finished_at(row)) return -1;
   // The highest level with a full batch of tokens waiting below it verifies first.
   for (int64_t level = top(); level >= 1; --level)
-    if (pending_at(row, level - 1) >= batch_sizes_[level - 1]) return level;
+    if (pending_at(row, level - 1) >= block_sizes_[level - 1]) return level;
   // A drawn EOS or a full budget stops drafting: flush the speculative tokens upward. The row is
   // not finished, so its last tag is below K and the flush level exists.
   if (eos_pos_[row] >= 0 || frontier(row, 0) >= budget_end_[row]) return last_tag_at(row) + 1;

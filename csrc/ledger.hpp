@@ -28,17 +28,17 @@ class Ledger {
 
   enum class Policy { MostRows, HighestLevel };
 
-  // num_levels = K + 1 (level K is the target); batch_sizes[i] = T_i for the draft levels 0..K-1.
-  Ledger(int64_t num_levels, const Ints& batch_sizes, const Ints& prompt_lens,
+  // num_levels = K + 1 (level K is the target); block_sizes[i] = T_i for the draft levels 0..K-1.
+  Ledger(int64_t num_levels, const Ints& block_sizes, const Ints& prompt_lens,
          const Ints& max_new_tokens, const std::string& policy = "most_rows");
   // The same max_new_tokens for every row.
-  Ledger(int64_t num_levels, const Ints& batch_sizes, const Ints& prompt_lens,
+  Ledger(int64_t num_levels, const Ints& block_sizes, const Ints& prompt_lens,
          int64_t max_new_tokens, const std::string& policy = "most_rows");
 
   // --- configuration
   int64_t num_levels() const { return num_levels_; }
   int64_t num_rows() const { return num_rows_; }
-  const Ints& batch_sizes() const { return batch_sizes_; }
+  const Ints& block_sizes() const { return block_sizes_; }
   std::string policy() const;
 
   // --- per-row queries (row and level are range-checked)
@@ -100,7 +100,7 @@ class Ledger {
 
   int64_t num_levels_;
   int64_t num_rows_;
-  Ints batch_sizes_;  // [num_levels - 1]
+  Ints block_sizes_;  // [num_levels - 1]
   Policy policy_;
   Ints budget_end_;  // [num_rows]: prompt_len + max_new_tokens (saturated at INT64_MAX)
   Ints frontier_;    // [num_rows * num_levels]

@@ -23,7 +23,7 @@ class TableCheck:
 
 def table_check(
     *,
-    batch_sizes: Sequence[int],
+    block_sizes: Sequence[int],
     num_samples: int = 40_000,
     steps: int = 4,
     vocab_size: int = 4,
@@ -37,13 +37,13 @@ def table_check(
     _residual_as_q: bool = False,
 ) -> TableCheck:
     """Sample ``num_samples`` continuations of ``steps`` tokens, as rows of one batch, with a
-    hierarchy of ``len(batch_sizes) + 1`` table models; test them against the exact distribution."""
-    family = table_family(vocab_size, order, len(batch_sizes) + 1, spread=spread, seed=family_seed)
+    hierarchy of ``len(block_sizes) + 1`` table models; test them against the exact distribution."""
+    family = table_family(vocab_size, order, len(block_sizes) + 1, spread=spread, seed=family_seed)
     prompt = torch.arange(order) % vocab_size
     result = run_hsd(
         [TableRunner(m) for m in family],
         [prompt] * num_samples,
-        batch_sizes=batch_sizes,
+        block_sizes=block_sizes,
         max_new_tokens=steps,
         eos_token_id=eos_token_id,
         seeds=seed,
@@ -71,12 +71,12 @@ def format_check(check: TableCheck, top: int = 8) -> str:
 
 
 def main(
-    num_samples: int = 40_000, batch_sizes: Sequence[int] = (2, 3), steps: int = 4, seed: int = 0
+    num_samples: int = 40_000, block_sizes: Sequence[int] = (2, 3), steps: int = 4, seed: int = 0
 ) -> int:
-    k = len(batch_sizes)
-    print(f"HSD on table models: {k} draft level(s) + target, T = {list(batch_sizes)}, vocabulary 4,")
+    k = len(block_sizes)
+    print(f"HSD on table models: {k} draft level(s) + target, T = {list(block_sizes)}, vocabulary 4,")
     print(f"{num_samples} sampled {steps}-token continuations as rows of one batch.\n")
-    check = table_check(batch_sizes=batch_sizes, num_samples=num_samples, steps=steps, seed=seed)
+    check = table_check(block_sizes=block_sizes, num_samples=num_samples, steps=steps, seed=seed)
     print(format_check(check))
     print()
     print(check.result.stats.summary())

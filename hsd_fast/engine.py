@@ -76,11 +76,11 @@ def ragged_arange(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.
     return owner, starts[owner] + np.arange(int(lens.sum())) - first[owner]
 
 
-def speculative_window(batch_sizes: Sequence[int]) -> int:
+def speculative_window(block_sizes: Sequence[int]) -> int:
     """Ring size for per-position draft distributions. Level 0 holds at most T_0 pending tokens;
     a verification by level i adds at most (pending of level i-1) + 1 to a level that held fewer
     than T_i, so level i holds at most T_0 + ... + T_i. +2 covers the bonus slot and one beyond."""
-    prefix = np.cumsum(batch_sizes)
+    prefix = np.cumsum(block_sizes)
     return int(prefix.sum()) + 2
 
 
@@ -96,7 +96,7 @@ def run_hsd(
     runners: Sequence[Runner],
     prompts: Sequence[torch.Tensor],
     *,
-    batch_sizes: Sequence[int],
+    block_sizes: Sequence[int],
     max_new_tokens: int | Sequence[int],
     eos_token_id: int | Sequence[int] | None = None,
     seeds: torch.Tensor | int = 0,
@@ -109,7 +109,7 @@ def run_hsd(
 ) -> HSDResult:
     """Generate with the hierarchy ``runners`` (level 0 drafts, the last is the target).
 
-    ``batch_sizes[i]`` is T_i: level i+1 verifies once level i has emitted at least T_i tokens.
+    ``block_sizes[i]`` is T_i: level i+1 verifies once level i has emitted at least T_i tokens.
     ``seeds``: one int (row seeds derived from it) or one int64 per row. ``temperature``: one float
     or one per row, applied to the runners' logits. ``on_commit(row, tokens)`` is called with every
     row's newly committed tokens, in order, as the target commits them (streaming). ``use_kernel``:
@@ -125,11 +125,11 @@ def run_hsd(
         raise ValueError(f"runners disagree on vocab_size: {[r.vocab_size for r in runners]}")
     budget = np.broadcast_to(np.asarray(max_new_tokens, dtype=np.int64), (num_rows,))
     prompt_lens = np.array([p.numel() for p in prompts], dtype=np.int64)
-    ledger = Ledger(num_levels, list(batch_sizes), prompt_lens.tolist(), budget.tolist(), policy)
+    ledger = Ledger(num_levels, list(block_sizes), prompt_lens.tolist(), budget.tolist(), policy)
     # +1: a bonus drawn past the length budget is written before the ledger drops it
     capacity = int((prompt_lens + budget).max()) + 1
     state = _DecodeState(
-        prompts, capacity, speculative_window(batch_sizes), num_levels, vocab,
+        prompts, capacity, speculative_window(block_sizes), num_levels, vocab,
         seeds, temperature, eos_token_id, greedy, use_kernel, _residual_as_q,
     )  # fmt: skip
     stats = HSDStats(num_levels)

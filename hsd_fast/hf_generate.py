@@ -6,7 +6,7 @@
 transformers prepares the generation config, the logits processors and the stopping criteria, then
 calls this function. Extra arguments (``drafts``, ``T``, ``seed``) must be named parameters here or HF
 rejects them (FACTS.md). ``drafts`` are ordered smallest first; level 0 drafts, the target verifies
-last. ``T[i]`` is the batch size level i must emit before level i+1 verifies; the default is
+last. ``T[i]`` is the block size: the tokens level i must emit before level i+1 verifies; the default is
 ``DEFAULT_T`` at every level.
 """
 
@@ -62,7 +62,7 @@ def generate(
     (HF drops ``streamer=`` before calling a custom generate).
     """
     config = generation_config if generation_config is not None else model.generation_config
-    if hierarchy is not None:  # from hsd_fast.select_hierarchy: its drafts and batch sizes
+    if hierarchy is not None:  # from hsd_fast.select_hierarchy: its drafts and block sizes
         if drafts or T is not None:
             raise ValueError("pass either hierarchy= or drafts=/T=, not both")
         drafts, T = hierarchy.drafts, hierarchy.T
@@ -89,7 +89,7 @@ def generate(
     result = run_hsd(
         runners,
         prompts,
-        batch_sizes=T,
+        block_sizes=T,
         max_new_tokens=config.max_length - input_ids.shape[1],
         eos_token_id=eos_ids,
         seeds=seed,
@@ -118,9 +118,9 @@ def _check_request(model, drafts, T, input_ids, config, stopping_criteria) -> No
         check_model(d, f"draft {i}")
     check_devices(model, drafts, input_ids)
     if len(T) != len(drafts):
-        raise ValueError(f"T needs one batch size per draft ({len(drafts)}), got {len(T)}: {T}")
+        raise ValueError(f"T needs one block size per draft ({len(drafts)}), got {len(T)}: {T}")
     if any(int(t) < 1 for t in T):
-        raise ValueError(f"every batch size in T must be >= 1, got {T}")
+        raise ValueError(f"every block size in T must be >= 1, got {T}")
     if getattr(config, "num_beams", 1) > 1:
         raise ValueError("hsd_fast does not support beam search (num_beams > 1)")
     for flag in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):

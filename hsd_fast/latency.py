@@ -3,17 +3,17 @@
 Inputs, for levels 0..K (K the target): ``costs[i](n)``, the seconds of one forward of level i over
 n fed tokens, and ``alphas[i]`` = alpha(i, i+1), the probability that level i+1 accepts a token of
 level i (acceptance i.i.d. across positions and levels, the paper's assumption). Convention: a
-verification of a batch of b tokens feeds n = b + 1 tokens (the batch and the token before it);
+verification of a block of b tokens feeds n = b + 1 tokens (the block and the token before it);
 catch-up tokens are ignored here and modelled only by ``simulate(..., engine=True)``.
 
 The loop of DESIGN.md §2 as a recursion: level 0 returns exactly T_0 tokens for T_0 * c_0(1); level
-i (0 < i < K) calls level i-1 and verifies its batch b (gain G = min(A, b) + 1, P(A >= k) = a^k) until
-its running gain reaches T_i, and returns that gain. The target verifies one batch per round:
+i (0 < i < K) calls level i-1 and verifies its block b (gain G = min(A, b) + 1, P(A >= k) = a^k) until
+its running gain reaches T_i, and returns that gain. The target verifies one block per round:
 
     L = (E[C_{K-1}] + E_b[c_K(b + 1)]) / E_b[E[G | b]],      E[G | b] = (1 - a^(b+1)) / (1 - a)
 
 E[C_i] = E[J_i] (E[C_{i-1}] + E_b[c_i(b + 1)]) by Wald; E[J_i] and the distribution of the returned
-batch follow from a DP over the running sum. Our derivation, checked by Monte Carlo in the tests.
+block follow from a DP over the running sum. Our derivation, checked by Monte Carlo in the tests.
 """
 
 from __future__ import annotations
@@ -49,12 +49,12 @@ def expected_gain(a: float, b: int) -> float:
 
 @dataclass(frozen=True)
 class LevelOutcome:
-    batch: dict[int, float]  # distribution of the batch size the level returns
+    block: dict[int, float]  # distribution of the block size the level returns
     cost: float  # expected seconds to return it
     calls: float  # expected verifications (1 at level 0)
 
     def mean(self, f: Callable[[int], float]) -> float:
-        return sum(p * f(b) for b, p in self.batch.items())
+        return sum(p * f(b) for b, p in self.block.items())
 
 
 def level_outcomes(costs: Sequence[Cost], alphas: Sequence[float], T: Sequence[int]) -> list[LevelOutcome]:
@@ -70,7 +70,7 @@ def level_outcomes(costs: Sequence[Cost], alphas: Sequence[float], T: Sequence[i
         for s in range(target):
             if reach[s] == 0.0:
                 continue
-            for b, pb in below.batch.items():
+            for b, pb in below.block.items():
                 for g, pg in enumerate(gain_probs(a, b), start=1):
                     p = reach[s] * pb * pg
                     if s + g >= target:
@@ -91,7 +91,7 @@ def expected_latency(costs: Sequence[Cost], alphas: Sequence[float], T: Sequence
     return (below.cost + below.mean(lambda b: top(b + 1))) / below.mean(lambda b: expected_gain(a, b))
 
 
-def fixed_batch_latency(costs: Sequence[Cost], alphas: Sequence[float], T: Sequence[int]) -> float:
+def fixed_block_latency(costs: Sequence[Cost], alphas: Sequence[float], T: Sequence[int]) -> float:
     """The decomposable form: as if every level returned exactly T_i tokens,
     L = (1/g_K) [c_K + r_{K-1} (c_{K-1} + ... + r_1 (c_1 + T_0 c_0))], r_i = T_i / g_i."""
     _check(costs, alphas, T)
@@ -118,7 +118,7 @@ def simulate(
     _check(costs, alphas, T)
     rng = random.Random(seed)
     top = len(costs) - 1
-    behind = [0] * len(costs)  # per level: tokens it has not fed yet besides its batch
+    behind = [0] * len(costs)  # per level: tokens it has not fed yet besides its block
 
     def produce(i: int) -> tuple[int, float]:
         if i == 0:
@@ -174,9 +174,9 @@ def _check(costs: Sequence[Cost], alphas: Sequence[float], T: Sequence[int]) -> 
         raise ValueError("need at least the target's cost")
     if len(alphas) != k or len(T) != k:
         raise ValueError(
-            f"{k} draft level(s) need {k} alphas and {k} batch sizes, got {len(alphas)} and {len(T)}"
+            f"{k} draft level(s) need {k} alphas and {k} block sizes, got {len(alphas)} and {len(T)}"
         )
     if any(not 0.0 <= a <= 1.0 for a in alphas):
         raise ValueError(f"acceptance rates must lie in [0, 1], got {list(alphas)}")
     if any(t < 1 for t in T):
-        raise ValueError(f"batch sizes must be >= 1, got {list(T)}")
+        raise ValueError(f"block sizes must be >= 1, got {list(T)}")

@@ -1,6 +1,6 @@
-"""The latency-optimal hierarchy: which drafts to stack and each level's batch size T (DESIGN.md §3).
+"""The latency-optimal hierarchy: which drafts to stack and each level's block size T (DESIGN.md §3).
 
-Under the fixed-batch (decomposable) form, producing T tokens at model m on top of (m', T') costs
+Under the fixed-block (decomposable) form, producing T tokens at model m on top of (m', T') costs
 
     V(m, T) = T / g(alpha(m', m), T') * (c_m(T' + 1) + V(m', T')),      V(m, T) = T c_m(1) at level 0
 
@@ -22,7 +22,7 @@ from hsd_fast.latency import Cost, expected_gain, expected_latency
 
 @dataclass(frozen=True)
 class Hierarchy:
-    """A chain of candidate indices (drafts smallest first, the target last) with batch sizes T."""
+    """A chain of candidate indices (drafts smallest first, the target last) with block sizes T."""
 
     chain: tuple[int, ...]
     T: tuple[int, ...]
@@ -48,7 +48,7 @@ def select(
         raise ValueError(f"need n >= 1 costs and an n x n alpha matrix, got {n} costs")
     target = n - 1
     drafts = _drafts_in_cost_order(costs)
-    finals = fixed_batch_candidates(costs, alpha, max_T, keep)
+    finals = fixed_block_candidates(costs, alpha, max_T, keep)
     shortlisted = {chain for _, chain in finals[:rescore]}
     shortlisted |= {((m, t),) for m in drafts for t in range(1, max_T + 1)} | {()}  # every single draft, AR
 
@@ -82,7 +82,7 @@ def select(
     )
 
 
-def fixed_batch_candidates(
+def fixed_block_candidates(
     costs: Sequence[Cost], alpha: Sequence[Sequence[float]], max_T: int = 8, keep: int = 4
 ) -> list[tuple[float, tuple[tuple[int, int], ...]]]:
     """The k-best DP: (decomposable latency, chain of (draft, T) smallest first), best first, one

@@ -24,7 +24,8 @@ class HSDStats:
     forwards: list[int] = field(default_factory=list)  # lockstep forward passes
     row_forwards: list[int] = field(default_factory=list)  # rows taking part, summed over passes
     fed_tokens: list[int] = field(default_factory=list)  # tokens fed (catch-up + new)
-    drafted: list[int] = field(default_factory=list)  # level 0: tokens drawn; i >= 1: verified
+    drafted: list[int] = field(default_factory=list)  # tokens drawn (level 0 only: it alone drafts)
+    verified: list[int] = field(default_factory=list)  # drafts verified (levels >= 1)
     accepted: list[int] = field(default_factory=list)
     bonus: list[int] = field(default_factory=list)  # all accepted, extra token kept
     corrections: list[int] = field(default_factory=list)  # = rollbacks of that level
@@ -36,7 +37,7 @@ class HSDStats:
 
     def __post_init__(self) -> None:
         n = self.num_levels
-        for name in ("forwards", "row_forwards", "fed_tokens", "drafted", "accepted", "bonus"):
+        for name in ("forwards", "row_forwards", "fed_tokens", "drafted", "verified", "accepted", "bonus"):
             setattr(self, name, getattr(self, name) or _zeros(n))
         self.corrections = self.corrections or _zeros(n)
         for name in ("verified_at", "accepted_at", "rejected_at"):
@@ -62,7 +63,7 @@ class HSDStats:
         cascaded: np.ndarray,  # [R] levels below `level` whose caches the rollback cut
     ) -> None:
         rejected = num_accepted < num_drafts
-        self.drafted[level] += int(num_drafts.sum())
+        self.verified[level] += int(num_drafts.sum())
         self.accepted[level] += int(num_accepted.sum())
         self.bonus[level] += int((~rejected & (kept_extra == 1)).sum())
         self.corrections[level] += int(rejected.sum())
@@ -91,7 +92,7 @@ class HSDStats:
     # ------------------------------------------------------------------ views
     def acceptance_rate(self, level: int) -> float:
         """Fraction of the drafts verified by ``level`` (>= 1) that it accepted."""
-        return self.accepted[level] / self.drafted[level] if self.drafted[level] else float("nan")
+        return self.accepted[level] / self.verified[level] if self.verified[level] else float("nan")
 
     def mean_tokens_per_pass(self, level: int) -> float:
         """Tokens emitted per row-forward of ``level``: accepted + corrections + bonuses."""
@@ -111,7 +112,7 @@ class HSDStats:
         for lvl in range(self.num_levels):
             lines.append(
                 f"{lvl:>5}  {self.forwards[lvl]:>8}  {self.row_forwards[lvl]:>8}  "
-                f"{self.fed_tokens[lvl]:>7}  {self.drafted[lvl] if lvl else '-':>8}  "
+                f"{self.fed_tokens[lvl]:>7}  {self.verified[lvl] if lvl else '-':>8}  "
                 f"{self.accepted[lvl] if lvl else '-':>8}  {self.bonus[lvl]:>5}  "
                 f"{self.corrections[lvl]:>11}  {self.wall_time[lvl]:>6.3f}"
             )

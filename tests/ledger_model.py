@@ -39,13 +39,13 @@ class LedgerModel:
     def __init__(
         self,
         num_levels: int,
-        batch_sizes: Sequence[int],
+        block_sizes: Sequence[int],
         prompt_lens: Sequence[int],
         max_new_tokens: Sequence[int] | int,
         policy: str = "most_rows",
     ) -> None:
         num_levels = operator.index(num_levels)
-        batch_sizes = _as_ints("batch_sizes", batch_sizes)
+        block_sizes = _as_ints("block_sizes", block_sizes)
         prompt_lens = _as_ints("prompt_lens", prompt_lens)
         budget = np.asarray(max_new_tokens)
         if budget.ndim == 0:  # one int: the same budget for every row
@@ -54,12 +54,12 @@ class LedgerModel:
             max_new_tokens = _as_ints("max_new_tokens", budget)
         if num_levels < 1:
             raise ValueError(f"num_levels must be >= 1, got {num_levels}")
-        if len(batch_sizes) != num_levels - 1:
+        if len(block_sizes) != num_levels - 1:
             raise ValueError(
-                f"batch_sizes needs one entry per draft level ({num_levels - 1}), got {len(batch_sizes)}"
+                f"block_sizes needs one entry per draft level ({num_levels - 1}), got {len(block_sizes)}"
             )
-        if any(t < 1 for t in batch_sizes):
-            raise ValueError(f"every batch size T must be >= 1, got {list(batch_sizes)}")
+        if any(t < 1 for t in block_sizes):
+            raise ValueError(f"every block size T must be >= 1, got {list(block_sizes)}")
         if len(prompt_lens) < 1:
             raise ValueError("the batch needs at least one row")
         if len(max_new_tokens) != len(prompt_lens):
@@ -72,7 +72,7 @@ class LedgerModel:
             raise ValueError(f"unknown policy {policy!r}; choose one of {POLICIES}")
         self._num_levels = num_levels
         self._num_rows = len(prompt_lens)
-        self._batch_sizes = list(batch_sizes)
+        self._block_sizes = list(block_sizes)
         self._policy = policy
         self.prompt_lens = list(prompt_lens)
         self.budget_end = [p + m for p, m in zip(prompt_lens, max_new_tokens, strict=True)]
@@ -90,8 +90,8 @@ class LedgerModel:
         return self._num_rows
 
     @property
-    def batch_sizes(self) -> list[int]:
-        return list(self._batch_sizes)
+    def block_sizes(self) -> list[int]:
+        return list(self._block_sizes)
 
     @property
     def policy(self) -> str:
@@ -146,7 +146,7 @@ class LedgerModel:
         if self.finished(row):
             return -1
         for level in range(self.top, 0, -1):
-            if self.pending(row, level - 1) >= self.batch_sizes[level - 1]:
+            if self.pending(row, level - 1) >= self.block_sizes[level - 1]:
                 return level
         if self.eos_pos[row] >= 0 or self.seq_len(row) >= self.budget_end[row]:
             return self.last_tag(row) + 1  # flush upward

@@ -50,7 +50,7 @@ def test_models_on_different_devices(target) -> None:
         _run(target, drafts=[on_meta], T=[2])
 
 
-@pytest.mark.parametrize(("T", "match"), [([2, 2], "one batch size per draft"), ([0], ">= 1")])
+@pytest.mark.parametrize(("T", "match"), [([2, 2], "one block size per draft"), ([0], ">= 1")])
 def test_bad_T(target, draft, T, match) -> None:
     with pytest.raises(ValueError, match=match):
         _run(target, drafts=[draft], T=T)

@@ -62,7 +62,7 @@ def test_residual_as_q_fails_the_same_test(models, exact) -> None:
     result = run_hsd(
         runners,
         [PROMPT] * SAMPLES,
-        batch_sizes=[2, 2],
+        block_sizes=[2, 2],
         max_new_tokens=STEPS,
         seeds=0,
         _residual_as_q=True,

@@ -13,70 +13,70 @@ SAMPLES = 40_000
 
 
 @pytest.mark.parametrize(
-    "batch_sizes", [[1], [3], [1, 1], [3, 2], [1, 1, 1], [2, 3, 2]], ids=lambda t: f"T={t}"
+    "block_sizes", [[1], [3], [1, 1], [3, 2], [1, 1, 1], [2, 3, 2]], ids=lambda t: f"T={t}"
 )
-def test_sampled_continuations_match_the_target(batch_sizes: list[int]) -> None:
-    check = table_check(batch_sizes=batch_sizes, num_samples=SAMPLES)
+def test_sampled_continuations_match_the_target(block_sizes: list[int]) -> None:
+    check = table_check(block_sizes=block_sizes, num_samples=SAMPLES)
     assert check.chi_square.p_value > ALPHA, check.chi_square
     stats = check.result.stats
-    for level in range(1, len(batch_sizes) + 1):  # every path of the op was taken at every level
+    for level in range(1, len(block_sizes) + 1):  # every path of the op was taken at every level
         assert stats.bonus[level] > 0 and stats.corrections[level] > 0
         assert 0 < stats.acceptance_rate(level) < 1
-        if level >= 2 or batch_sizes[0] > 1:  # blocks of more than one draft reach this level
+        if level >= 2 or block_sizes[0] > 1:  # blocks of more than one draft reach this level
             assert sum(stats.rejected_at[level][1:]) > 0, "no mid-batch rejection"
-    if batch_sizes != [1]:
+    if block_sizes != [1]:
         assert sum(stats.cascade_depth[1:]) > 0, "no rollback cascaded into a lower cache"
 
 
 def test_residual_as_q_is_caught() -> None:
     """Storing the residual as a correction's q is the known bug: the same test must fail it."""
-    good = table_check(batch_sizes=[3, 2], num_samples=SAMPLES)
-    bad = table_check(batch_sizes=[3, 2], num_samples=SAMPLES, _residual_as_q=True)
+    good = table_check(block_sizes=[3, 2], num_samples=SAMPLES)
+    bad = table_check(block_sizes=[3, 2], num_samples=SAMPLES, _residual_as_q=True)
     assert good.chi_square.p_value > ALPHA
     assert bad.chi_square.p_value < 1e-6, bad.chi_square
 
 
 def test_eos_flushes_and_stays_exact() -> None:
-    check = table_check(batch_sizes=[2, 2], num_samples=SAMPLES, steps=4, eos_token_id=0)
+    check = table_check(block_sizes=[2, 2], num_samples=SAMPLES, steps=4, eos_token_id=0)
     assert check.chi_square.p_value > ALPHA, check.chi_square
     lengths = {len(s) for s in check.samples}
     assert min(lengths) == 1 and max(lengths) == 4  # EOS ended some rows at once, others ran on
 
 
 def test_temperature_is_exact() -> None:
-    check = table_check(batch_sizes=[2, 1, 2], num_samples=SAMPLES, temperature=0.6)
+    check = table_check(block_sizes=[2, 1, 2], num_samples=SAMPLES, temperature=0.6)
     assert check.chi_square.p_value > ALPHA, check.chi_square
 
 
 def test_schedule_changes_only_timing() -> None:
-    common = {"batch_sizes": [2, 3], "num_samples": 300, "eos_token_id": 1, "steps": 6}
+    common = {"block_sizes": [2, 3], "num_samples": 300, "eos_token_id": 1, "steps": 6}
     most = table_check(**common, policy="most_rows")
     highest = table_check(**common, policy="highest_level")
     assert most.samples == highest.samples
     assert most.result.stats.forwards != highest.result.stats.forwards  # the schedules did differ
 
 
-def _runners(batch_sizes: list[int]) -> list[TableRunner]:
-    return [TableRunner(m) for m in table_family(5, 2, len(batch_sizes) + 1, spread=2.0, seed=4)]
+def _runners(block_sizes: list[int]) -> list[TableRunner]:
+    return [TableRunner(m) for m in table_family(5, 2, len(block_sizes) + 1, spread=2.0, seed=4)]
 
 
-@pytest.mark.parametrize("batch_sizes", [[], [2], [3, 2], [1, 2, 3]], ids=lambda t: f"T={t}")
-def test_a_row_alone_equals_the_row_in_a_batch(batch_sizes: list[int]) -> None:
+@pytest.mark.parametrize("block_sizes", [[], [2], [3, 2], [1, 2, 3]], ids=lambda t: f"T={t}")
+def test_a_row_alone_equals_the_row_in_a_batch(block_sizes: list[int]) -> None:
     prompts = [torch.tensor([0, 1, 2]), torch.tensor([4, 4]), torch.tensor([3, 1, 0, 2])]
     seeds = torch.tensor([101, 202, 303])
-    kwargs = {"batch_sizes": batch_sizes, "max_new_tokens": 12, "eos_token_id": 4}
-    batch = run_hsd(_runners(batch_sizes), prompts, seeds=seeds, **kwargs)
+    kwargs = {"block_sizes": block_sizes, "max_new_tokens": 12, "eos_token_id": 4}
+    batch = run_hsd(_runners(block_sizes), prompts, seeds=seeds, **kwargs)
     for r in range(3):
-        alone = run_hsd(_runners(batch_sizes), prompts[r : r + 1], seeds=seeds[r : r + 1], **kwargs)
+        alone = run_hsd(_runners(block_sizes), prompts[r : r + 1], seeds=seeds[r : r + 1], **kwargs)
         assert torch.equal(alone.sequences[0], batch.sequences[r])
 
 
-@pytest.mark.parametrize("batch_sizes", [[], [1], [4], [2, 2], [1, 3, 2]], ids=lambda t: f"T={t}")
-def test_greedy_equals_the_target_argmax(batch_sizes: list[int]) -> None:
-    runners = _runners(batch_sizes)
+@pytest.mark.parametrize("block_sizes", [[], [1], [4], [2, 2], [1, 3, 2]], ids=lambda t: f"T={t}")
+def test_greedy_equals_the_target_argmax(block_sizes: list[int]) -> None:
+    runners = _runners(block_sizes)
     target = runners[-1].model
     prompts = [torch.tensor([0, 1]), torch.tensor([2, 3, 4])]
-    result = run_hsd(runners, prompts, batch_sizes=batch_sizes, max_new_tokens=20, greedy=True)
+    result = run_hsd(runners, prompts, block_sizes=block_sizes, max_new_tokens=20, greedy=True)
     for prompt, got in zip(prompts, result.sequences, strict=True):
         seq = prompt.tolist()
         for _ in range(20):
@@ -86,7 +86,7 @@ def test_greedy_equals_the_target_argmax(batch_sizes: list[int]) -> None:
 
 def test_output_stops_after_eos_and_at_the_budget() -> None:
     prompts = [torch.tensor([0, 1])] * 50
-    result = run_hsd(_runners([2, 2]), prompts, batch_sizes=[2, 2], max_new_tokens=7, eos_token_id=3)
+    result = run_hsd(_runners([2, 2]), prompts, block_sizes=[2, 2], max_new_tokens=7, eos_token_id=3)
     for seq, n in zip(result.sequences, result.num_new_tokens, strict=True):
         new = seq[2:].tolist()
         assert len(new) == n <= 7
@@ -95,7 +95,7 @@ def test_output_stops_after_eos_and_at_the_budget() -> None:
 
 
 def test_zero_new_tokens_returns_the_prompt() -> None:
-    result = run_hsd(_runners([2]), [torch.tensor([1, 2])], batch_sizes=[2], max_new_tokens=0)
+    result = run_hsd(_runners([2]), [torch.tensor([1, 2])], block_sizes=[2], max_new_tokens=0)
     assert result.sequences[0].tolist() == [1, 2] and result.num_new_tokens == [0]
 
 
@@ -103,12 +103,12 @@ def test_errors_are_clear() -> None:
     runners = _runners([2])
     with pytest.raises(ValueError, match="vocab_size"):
         small = TableRunner(TableModel(torch.zeros(9, 3), order=2))
-        run_hsd([small, runners[1]], [torch.tensor([0, 1])], batch_sizes=[2], max_new_tokens=3)
-    with pytest.raises(ValueError, match="batch size"):
-        run_hsd(runners, [torch.tensor([0, 1])], batch_sizes=[0], max_new_tokens=3)
-    with pytest.raises(ValueError, match="batch_sizes"):
-        run_hsd(runners, [torch.tensor([0, 1])], batch_sizes=[2, 2], max_new_tokens=3)
+        run_hsd([small, runners[1]], [torch.tensor([0, 1])], block_sizes=[2], max_new_tokens=3)
+    with pytest.raises(ValueError, match="block size"):
+        run_hsd(runners, [torch.tensor([0, 1])], block_sizes=[0], max_new_tokens=3)
+    with pytest.raises(ValueError, match="block_sizes"):
+        run_hsd(runners, [torch.tensor([0, 1])], block_sizes=[2, 2], max_new_tokens=3)
     with pytest.raises(ValueError, match="order 2"):
-        run_hsd(runners, [torch.tensor([0])], batch_sizes=[2], max_new_tokens=3)
+        run_hsd(runners, [torch.tensor([0])], block_sizes=[2], max_new_tokens=3)
     with pytest.raises(ValueError, match="at least one runner"):
-        run_hsd([], [torch.tensor([0])], batch_sizes=[], max_new_tokens=3)
+        run_hsd([], [torch.tensor([0])], block_sizes=[], max_new_tokens=3)

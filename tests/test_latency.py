@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from hsd_fast.latency import AffineCost, expected_gain, expected_latency, fixed_batch_latency, simulate
+from hsd_fast.latency import AffineCost, expected_gain, expected_latency, fixed_block_latency, simulate
 
 
 @pytest.mark.parametrize("a", [0.0, 0.3, 0.8, 0.99])
@@ -15,7 +15,7 @@ def test_k1_is_leviathans_formula(a: float, gamma: int) -> None:
     costs = [AffineCost(c), AffineCost(1.0)]
     speedup = 1.0 / expected_latency(costs, [a], [gamma])
     assert speedup == pytest.approx((1 - a ** (gamma + 1)) / ((1 - a) * (gamma * c + 1)), rel=1e-12)
-    assert fixed_batch_latency(costs, [a], [gamma]) == pytest.approx(1.0 / speedup, rel=1e-12)
+    assert fixed_block_latency(costs, [a], [gamma]) == pytest.approx(1.0 / speedup, rel=1e-12)
 
 
 def _random_instance(rng: random.Random, k: int):
@@ -36,10 +36,10 @@ def test_exact_latency_matches_monte_carlo(k: int) -> None:
         assert abs(exact - mc) < 4 * stderr, (costs, alphas, T, exact, mc, stderr)
 
 
-def test_fixed_batch_form_differs_from_exact_beyond_k1() -> None:
-    """The decomposable form is an approximation once a level returns a random batch."""
+def test_fixed_block_form_differs_from_exact_beyond_k1() -> None:
+    """The decomposable form is an approximation once a level returns a random block."""
     costs, alphas, T = _random_instance(random.Random(7), 2)
-    assert fixed_batch_latency(costs, alphas, T) != pytest.approx(
+    assert fixed_block_latency(costs, alphas, T) != pytest.approx(
         expected_latency(costs, alphas, T), rel=1e-6
     )
 
@@ -60,7 +60,7 @@ def test_autoregressive_is_one_forward_per_token() -> None:
 
 
 @pytest.mark.parametrize(
-    ("alphas", "T", "match"), [([0.5], [], "batch sizes"), ([1.5], [2], r"\[0, 1\]"), ([0.5], [0], ">= 1")]
+    ("alphas", "T", "match"), [([0.5], [], "block sizes"), ([1.5], [2], r"\[0, 1\]"), ([0.5], [0], ">= 1")]
 )
 def test_bad_inputs(alphas, T, match) -> None:
     with pytest.raises(ValueError, match=match):

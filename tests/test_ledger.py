@@ -47,7 +47,7 @@ METHODS = (
     "commit_draft",
     "commit_verify",
 )
-PROPERTIES = ("num_levels", "num_rows", "batch_sizes", "policy")
+PROPERTIES = ("num_levels", "num_rows", "block_sizes", "policy")
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -101,7 +101,7 @@ def assert_same_spans(model: LedgerModel, ext: Ledger, level: int, rows) -> None
 
 def check_invariants(model: LedgerModel) -> None:
     """DESIGN.md §2, stated on the model's observables."""
-    top, sizes = model.num_levels - 1, model.batch_sizes
+    top, sizes = model.num_levels - 1, model.block_sizes
     frontier, cached, eos_pos = model.frontiers(), model.cached_lens(), model.eos_positions()
     for r in range(model.num_rows):
         f, c, eos = frontier[r], cached[r], int(eos_pos[r])
@@ -128,7 +128,7 @@ def check_invariants(model: LedgerModel) -> None:
             assert wanted == -1
             continue
         assert eos in (-1, n - 1) and 0 <= wanted <= top
-        if wanted == 0:  # drafting: below every batch size, before any EOS and the budget
+        if wanted == 0:  # drafting: below every block size, before any EOS and the budget
             assert eos == -1 and n < budget_end
             assert all(model.pending(r, lvl) < sizes[lvl] for lvl in range(top))
         else:  # verifying: nothing pending below, a non-empty block, logits inside the feed
@@ -162,7 +162,7 @@ def max_ops(model: LedgerModel, row: int) -> int:
     and every top-level operation commits at least one token. So with N_K top-level operations so
     far (N_K <= committed - prompt), N_0 + 1 <= (N_K + 1) * prod(T_i + 1)."""
     progress = model.committed_len(row) - model.prompt_lens[row]
-    return (progress + 1) * math.prod(t + 1 for t in model.batch_sizes) - 1
+    return (progress + 1) * math.prod(t + 1 for t in model.block_sizes) - 1
 
 
 def snapshot(model: LedgerModel) -> dict[str, np.ndarray]:
@@ -196,7 +196,7 @@ def configs(draw) -> dict:
     per_row_budget = st.lists(st.integers(0, 12), min_size=rows, max_size=rows)
     return {
         "num_levels": num_levels,
-        "batch_sizes": draw(st.lists(st.integers(1, 4), min_size=num_levels - 1, max_size=num_levels - 1)),
+        "block_sizes": draw(st.lists(st.integers(1, 4), min_size=num_levels - 1, max_size=num_levels - 1)),
         "prompt_lens": draw(st.lists(st.integers(1, 6), min_size=rows, max_size=rows)),
         "max_new_tokens": draw(st.one_of(per_row_budget, st.integers(0, 12))),
         "policy": draw(st.sampled_from(POLICIES)),
@@ -362,7 +362,7 @@ def test_default_schedule_runs_to_completion(cfg: dict, seed: int) -> None:
     rng = np.random.default_rng(seed)
     model, ext = LedgerModel(**cfg), Ledger(**cfg)
     # max_ops with the whole budget committed, summed over rows (a step runs >= 1 row).
-    per_batch = math.prod(t + 1 for t in cfg["batch_sizes"])
+    per_batch = math.prod(t + 1 for t in cfg["block_sizes"])
     budgets = np.array(model.budget_end) - np.array(model.prompt_lens)
     total_bound = int(np.sum((budgets + 1) * per_batch - 1))
     steps = 0
@@ -398,10 +398,10 @@ def test_default_schedule_runs_to_completion(cfg: dict, seed: int) -> None:
     ("args", "kwargs", "match"),
     [
         ((0, [], [3], [4]), {}, "num_levels"),
-        ((3, [2], [3], [4]), {}, "batch_sizes"),
-        ((1, [2], [3], [4]), {}, "batch_sizes"),
-        ((2, [0], [3], [4]), {}, "batch size"),
-        ((3, [2, -1], [3], [4]), {}, "batch size"),
+        ((3, [2], [3], [4]), {}, "block_sizes"),
+        ((1, [2], [3], [4]), {}, "block_sizes"),
+        ((2, [0], [3], [4]), {}, "block size"),
+        ((3, [2, -1], [3], [4]), {}, "block size"),
         ((2, [2], [], []), {}, "at least one row"),
         ((2, [2], [], 4), {}, "at least one row"),
         ((2, [2], [0, 3], [4, 4]), {}, "prompt"),
@@ -412,7 +412,7 @@ def test_default_schedule_runs_to_completion(cfg: dict, seed: int) -> None:
         ((2, [2], [3], [4]), {"policy": "fastest"}, "policy"),
         # Several problems: the first check in the model's order wins.
         ((0, [0, 0], [], [-1]), {"policy": "x"}, "num_levels"),
-        ((2, [0], [], [-1]), {"policy": "x"}, "batch size"),
+        ((2, [0], [], [-1]), {"policy": "x"}, "block size"),
         ((2, [1], [], [-1, 3]), {"policy": "x"}, "at least one row"),
         ((2, [1], [0], [-1, 3]), {"policy": "x"}, "max_new_tokens has"),
         ((2, [1], [0], [-1]), {"policy": "x"}, "prompt"),
@@ -538,9 +538,9 @@ def test_constructor_bad_argument_types(impl, args) -> None:
 def test_properties_are_read_only(impl) -> None:
     ledger = impl(3, [2, 3], [1, 2], 5, policy="highest_level")
     assert (ledger.num_levels, ledger.num_rows) == (3, 2)
-    assert ledger.batch_sizes == [2, 3] and ledger.policy == "highest_level"
-    ledger.batch_sizes.append(9)  # a copy
-    assert ledger.batch_sizes == [2, 3]
+    assert ledger.block_sizes == [2, 3] and ledger.policy == "highest_level"
+    ledger.block_sizes.append(9)  # a copy
+    assert ledger.block_sizes == [2, 3]
     for name in PROPERTIES:
         with pytest.raises(AttributeError):
             setattr(ledger, name, 1)
@@ -551,7 +551,7 @@ def test_same_interface() -> None:
     for name in (*METHODS, *PROPERTIES):
         assert hasattr(LedgerModel, name) and hasattr(Ledger, name), name
     for impl in (LedgerModel, Ledger):
-        led = impl(num_levels=2, batch_sizes=[1], prompt_lens=[2, 2], max_new_tokens=[3, 3])
+        led = impl(num_levels=2, block_sizes=[1], prompt_lens=[2, 2], max_new_tokens=[3, 3])
         assert led.pending(row=0, level=0) == 0 and led.wanted_level(row=1) == 0
         for name in ROW_QUERIES:
             getattr(led, name)(row=0)

@@ -137,7 +137,7 @@ def test_kernel_rejects_and_accepts_in_these_cases() -> None:
 def test_engine_through_the_interpreted_kernel() -> None:
     family = table_family(5, 2, 3, spread=2.0, seed=4)
     prompts = [torch.tensor([0, 1, 2]), torch.tensor([4, 4])]
-    kwargs = {"batch_sizes": [2, 2], "max_new_tokens": 10, "eos_token_id": 3, "seeds": 9}
+    kwargs = {"block_sizes": [2, 2], "max_new_tokens": 10, "eos_token_id": 3, "seeds": 9}
     ref = run_hsd([TableRunner(m) for m in family], prompts, use_kernel=False, **kwargs)
     out = run_hsd([TableRunner(m) for m in family], prompts, use_kernel=True, **kwargs)
     assert [s.tolist() for s in out.sequences] == [s.tolist() for s in ref.sequences]

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from hsd_fast.latency import AffineCost, expected_latency, fixed_batch_latency
-from hsd_fast.selector import fixed_batch_candidates, select
+from hsd_fast.latency import AffineCost, expected_latency, fixed_block_latency
+from hsd_fast.selector import fixed_block_candidates, select
 
 MAX_T = 4
 
@@ -39,8 +39,8 @@ def _all_chains(costs, alpha, form):
 @pytest.mark.parametrize("seed", range(6))
 def test_dp_equals_brute_force_under_the_decomposable_form(seed: int) -> None:
     costs, alpha = _instance(seed)
-    dp_best = fixed_batch_candidates(costs, alpha, max_T=MAX_T, keep=1)[0][0]
-    brute = min(lat for lat, _, _ in _all_chains(costs, alpha, fixed_batch_latency))
+    dp_best = fixed_block_candidates(costs, alpha, max_T=MAX_T, keep=1)[0][0]
+    brute = min(lat for lat, _, _ in _all_chains(costs, alpha, fixed_block_latency))
     assert dp_best == pytest.approx(brute, rel=1e-12)
 
 

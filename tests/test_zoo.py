@@ -85,7 +85,7 @@ def test_greedy_hsd_over_the_zoo_equals_the_targets_greedy(models, tokenizer) ->
         )
         assert out.sequences.tolist() == expected.tolist()
         stats = out.hsd_stats
-        assert 0 < stats.accepted[-1] < stats.drafted[-1]  # the target accepted and rejected drafts
+        assert 0 < stats.accepted[-1] < stats.verified[-1]  # the target accepted and rejected drafts
 
 
 def test_int8_storage_round_trip(tmp_path: Path) -> None:
