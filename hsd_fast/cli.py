@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
         "--tables", action="store_true", help="instead: sampled HSD on table models vs the exact distribution"
     )
     demo.add_argument("--samples", type=int, default=40_000, help="--tables: rows sampled in one batch")
-    demo.add_argument("--T", type=int, nargs="+", default=[2, 3], help="--tables: block size T per draft level")
+    demo.add_argument("--T", type=int, nargs="+", default=[2, 3], help="--tables: T per draft level")
     demo.add_argument("--steps", type=int, default=4, help="--tables: tokens generated per row")
     demo.add_argument("--seed", type=int, default=0)
     from hsd_fast.select_command import add_parser as add_select_parser
