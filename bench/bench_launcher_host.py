@@ -27,7 +27,7 @@ from bench_rejection import make_inputs as verify_inputs
 from kernel_bench import median_us, run_meta, write_results
 
 from hsd_fast.triton_kernels import rejection, sampling, split
-from hsd_fast.triton_kernels.keyed_random import DRAFT
+from hsd_fast.triton_kernels.keyed_random_torch import DRAFT
 
 KERNELS = {
     rejection: ["_chunk_stats_kernel", "_accept_kernel", "_chunk_race_kernel", "_race_pick_kernel"],

@@ -29,7 +29,7 @@ from kernel_bench import (
     write_results,
 )
 
-from hsd_fast.triton_kernels.keyed_random import DRAFT
+from hsd_fast.triton_kernels.keyed_random_torch import DRAFT
 from hsd_fast.triton_kernels.sampling import sample_torch, sample_triton
 
 KEYS = ["rows", "vocab", "dtype", "mode"]

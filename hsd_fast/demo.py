@@ -1,59 +1,11 @@
-"""`hsd-fast demo`: HSD on table models, sampled continuations vs the exact target distribution."""
+"""`hsd-fast demo --tables`: HSD over table models, sampled continuations vs the exact distribution."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-import torch
-
-from hsd_fast.engine import HSDResult, run_hsd
-from hsd_fast.exactness import ChiSquare, pooled_chi_square
-from hsd_fast.table_model import TableRunner, table_family
-
-
-@dataclass
-class TableCheck:
-    samples: list[tuple[int, ...]]  # continuation of every row
-    exact: dict[tuple[int, ...], float]
-    chi_square: ChiSquare
-    result: HSDResult
-
-
-def table_check(
-    *,
-    block_sizes: Sequence[int],
-    num_samples: int = 40_000,
-    steps: int = 4,
-    vocab_size: int = 4,
-    order: int = 2,
-    spread: float = 2.0,
-    temperature: float = 1.0,
-    eos_token_id: int | None = None,
-    family_seed: int = 1,
-    seed: int = 0,
-    policy: str = "most_rows",
-    _residual_as_q: bool = False,
-) -> TableCheck:
-    """Sample ``num_samples`` continuations of ``steps`` tokens, as rows of one batch, with a
-    hierarchy of ``len(block_sizes) + 1`` table models; test them against the exact distribution."""
-    family = table_family(vocab_size, order, len(block_sizes) + 1, spread=spread, seed=family_seed)
-    prompt = torch.arange(order) % vocab_size
-    result = run_hsd(
-        [TableRunner(m) for m in family],
-        [prompt] * num_samples,
-        block_sizes=block_sizes,
-        max_new_tokens=steps,
-        eos_token_id=eos_token_id,
-        seeds=seed,
-        temperature=temperature,
-        policy=policy,
-        _residual_as_q=_residual_as_q,
-    )
-    samples = [tuple(s[order:].tolist()) for s in result.sequences]
-    exact = family[-1].continuation_probs(prompt.tolist(), steps, temperature, eos_token_id)
-    return TableCheck(samples, exact, pooled_chi_square(samples, exact), result)
+from hsd_fast.testing.exactness import TableCheck, table_check
 
 
 def format_check(check: TableCheck, top: int = 8) -> str:

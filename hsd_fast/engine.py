@@ -23,10 +23,11 @@ import numpy as np
 import torch
 
 from hsd_fast._C import Ledger
+from hsd_fast.sampling_metadata import SamplingMetadata
 from hsd_fast.stats import HSDStats
-from hsd_fast.triton_kernels.keyed_random import DRAFT, mix32_torch
-from hsd_fast.triton_kernels.rejection import verify
-from hsd_fast.triton_kernels.sampling import sample
+from hsd_fast.triton_kernels.keyed_random_torch import DRAFT
+from hsd_fast.triton_kernels.ops import sample, verify
+from hsd_fast.triton_kernels.rejection_torch import VerifyResult
 
 
 @dataclass(frozen=True)
@@ -84,14 +85,6 @@ def speculative_window(block_sizes: Sequence[int]) -> int:
     return int(prefix.sum()) + 2
 
 
-def row_seeds(seed: int, num_rows: int) -> torch.Tensor:
-    """Seeds of rows 0..num_rows-1 derived from one integer (row r gets the same seed alone or in a
-    batch, as long as it is row r)."""
-    rows = torch.arange(num_rows, dtype=torch.int64)
-    hi = mix32_torch(rows ^ ((seed >> 32) & 0xFFFFFFFF))
-    return (hi << 32) | mix32_torch(hi ^ (seed & 0xFFFFFFFF))
-
-
 def run_hsd(
     runners: Sequence[Runner],
     prompts: Sequence[torch.Tensor],
@@ -105,7 +98,6 @@ def run_hsd(
     policy: str = "most_rows",
     on_commit: Callable[[int, torch.Tensor], None] | None = None,
     use_kernel: bool | None = None,
-    _residual_as_q: bool = False,
 ) -> HSDResult:
     """Generate with the hierarchy ``runners`` (level 0 drafts, the last is the target).
 
@@ -114,8 +106,6 @@ def run_hsd(
     or one per row, applied to the runners' logits. ``on_commit(row, tokens)`` is called with every
     row's newly committed tokens, in order, as the target commits them (streaming). ``use_kernel``:
     draft and verify with the Triton kernels (default: on CUDA tensors) or the torch references.
-    ``_residual_as_q`` is a test-only switch that stores the residual as a correction's ``q``: the
-    known bug the distribution tests must catch.
     """
     num_levels, num_rows = len(runners), len(prompts)
     if num_levels < 1:
@@ -128,10 +118,10 @@ def run_hsd(
     ledger = Ledger(num_levels, list(block_sizes), prompt_lens.tolist(), budget.tolist(), policy)
     # +1: a bonus drawn past the length budget is written before the ledger drops it
     capacity = int((prompt_lens + budget).max()) + 1
-    state = _DecodeState(
-        prompts, capacity, speculative_window(block_sizes), num_levels, vocab,
-        seeds, temperature, eos_token_id, greedy, use_kernel, _residual_as_q,
-    )  # fmt: skip
+    sampling = SamplingMetadata.build(
+        num_rows, prompts[0].device, seeds, temperature, eos_token_id, greedy, use_kernel
+    )
+    state = DecodeState(prompts, capacity, speculative_window(block_sizes), num_levels, vocab, sampling)
     stats = HSDStats(num_levels)
     for runner in runners:
         runner.prepare(num_rows, capacity)
@@ -162,7 +152,7 @@ def run_hsd(
     return HSDResult(sequences, (lens - prompt_lens).tolist(), stats)
 
 
-class _DecodeState:
+class DecodeState:
     """The tensors of one run: the tokens, and for every speculative position the distribution of
     the level that tagged it (processed logits + fp32 log-sum-exp), in a ring over the window."""
 
@@ -173,26 +163,14 @@ class _DecodeState:
         window: int,
         num_levels: int,
         vocab: int,
-        seeds: torch.Tensor | int,
-        temperature: float | torch.Tensor,
-        eos_token_id: int | Sequence[int] | None,
-        greedy: bool,
-        use_kernel: bool | None,
-        residual_as_q: bool,
+        sampling: SamplingMetadata,
     ) -> None:
         num_rows, device = len(prompts), prompts[0].device
-        self.device, self.window, self.top = device, window, num_levels - 1
-        self.greedy, self.use_kernel, self.residual_as_q = greedy, use_kernel, residual_as_q
+        self.device, self.window, self.top, self.vocab = device, window, num_levels - 1, vocab
+        self.sampling = sampling
         self.tokens = torch.zeros(num_rows, capacity, dtype=torch.int64, device=device)  # [B, S]
         for r, p in enumerate(prompts):
             self.tokens[r, : p.numel()] = p
-        seeds = row_seeds(seeds, num_rows) if isinstance(seeds, int) else seeds
-        self.seeds = seeds.to(device=device, dtype=torch.int64)  # [B]
-        temperature = torch.as_tensor(temperature, dtype=torch.float32, device=device)
-        self.temperature = temperature.expand(num_rows).contiguous()  # [B]
-        eos_ids = [] if eos_token_id is None else np.atleast_1d(eos_token_id).tolist()
-        self.eos = torch.tensor(eos_ids, dtype=torch.int64, device=device)  # [E]
-        self.vocab = vocab
         self.q_logits: torch.Tensor | None = None  # [B, W, V], allocated at the first forward
         self.q_lse = torch.zeros(num_rows, window, dtype=torch.float32, device=device)  # [B, W]
 
@@ -203,7 +181,7 @@ class _DecodeState:
         owner, pos = ragged_arange(starts, ends)
         return Feed(rows, starts, ends, outs, self.tokens[rows[owner], pos])
 
-    def _keep_p(self, rows: np.ndarray, pos: np.ndarray, logits: torch.Tensor, lse: torch.Tensor):
+    def keep_p(self, rows: np.ndarray, pos: np.ndarray, logits: torch.Tensor, lse: torch.Tensor) -> None:
         """Store the distribution of the tokens at (rows, pos): the q of the next level up."""
         if self.q_logits is None:
             shape = (self.tokens.shape[0], self.window, self.vocab)
@@ -215,15 +193,29 @@ class _DecodeState:
 
     def draft(self, rows: np.ndarray, ends: np.ndarray, logits: torch.Tensor) -> np.ndarray:
         """Level 0 draws one token per row at position ``ends``; returns the EOS flags [R]."""
-        r, new_pos = self._t(rows), self._t(ends)
+        r, new_pos, meta = self._t(rows), self._t(ends), self.sampling
         drawn, lse = sample(
-            logits, self.temperature[r], self.seeds[r], new_pos, 0, DRAFT, self.greedy,
-            use_kernel=self.use_kernel,
+            logits, meta.temperature[r], meta.seeds[r], new_pos, 0, DRAFT, meta.greedy,
+            use_kernel=meta.use_kernel,
         )  # fmt: skip
         self.tokens[r, new_pos] = drawn
         if self.top > 0:
-            self._keep_p(rows, ends, logits, lse)
-        return torch.isin(drawn, self.eos).cpu().numpy()  # host sync: the ledger needs EOS flags
+            self.keep_p(rows, ends, logits, lse)
+        return torch.isin(drawn, meta.eos_ids).cpu().numpy()  # host sync: the ledger needs EOS flags
+
+    def keep_emitted(
+        self,
+        rows: np.ndarray,  # [R]
+        outs: np.ndarray,  # [R]
+        ends: np.ndarray,  # [R]
+        logits: torch.Tensor,  # [R + D, V] the verifier's, at positions [outs[j], ends[j]) per row
+        result: VerifyResult,
+    ) -> None:
+        """Keep the verifier's own p for every token it just emitted (accepted, correction or
+        bonus): the q the next level up verifies them against. Never the residual a correction was
+        drawn from: that token is still marginally a sample of p (docs/design.md, "The algorithm")."""
+        p_owner, p_pos = ragged_arange(outs + 1, ends + 1)
+        self.keep_p(rows[p_owner], p_pos, logits, result.verifier_lse)
 
     def verify(
         self, level: int, rows: np.ndarray, outs: np.ndarray, ends: np.ndarray, logits: torch.Tensor
@@ -237,43 +229,15 @@ class _DecodeState:
         d_owner, d_pos = ragged_arange(outs + 1, ends)
         d_rows, d_slot = rows[d_owner], d_pos % self.window
         draft_logits = self.q_logits[d_rows, d_slot]  # [D, V] (a copy: p is stored below)
+        meta = self.sampling
         result = verify(
             logits, draft_logits, self.q_lse[d_rows, d_slot], self.tokens[d_rows, d_pos],
-            offsets, self.temperature[r], self.seeds[r], first_pos, level, self.greedy,
-            use_kernel=self.use_kernel,
+            offsets, meta.temperature[r], meta.seeds[r], first_pos, level, meta.greedy,
+            use_kernel=meta.use_kernel,
         )  # fmt: skip
         self.tokens[r, first_pos + result.num_accepted] = result.next_token
-        if level < self.top:  # keep p_level for the tokens it just tagged
-            p_owner, p_pos = ragged_arange(outs + 1, ends + 1)
-            self._keep_p(rows[p_owner], p_pos, logits, result.verifier_lse)
-            if self.residual_as_q:
-                _store_residual_as_q(
-                    self.q_logits, self.q_lse, logits, draft_logits, offsets, r, first_pos,
-                    result.num_accepted,
-                )  # fmt: skip
-        is_eos = torch.isin(result.next_token, self.eos)
+        if level < self.top:
+            self.keep_emitted(rows, outs, ends, logits, result)
+        is_eos = torch.isin(result.next_token, meta.eos_ids)
         host = torch.stack([result.num_accepted, is_eos]).cpu().numpy()  # the round's one sync
         return host[0], host[1]
-
-
-def _store_residual_as_q(
-    q_logits: torch.Tensor,  # [B, W, V]
-    q_lse: torch.Tensor,  # [B, W]
-    verifier_logits: torch.Tensor,  # [R + D, V]
-    draft_logits: torch.Tensor,  # [D, V]
-    offsets: torch.Tensor,  # [R + 1]
-    rows: torch.Tensor,  # [R]
-    first_pos: torch.Tensor,  # [R]
-    num_accepted: torch.Tensor,  # [R]
-) -> None:
-    """TEST ONLY: store normalize(max(0, p - q)) as a correction's q. This is the known bug the
-    distribution tests must catch: a residual draw is still marginally a sample of p, so p must be
-    stored. Assumes temperature 1."""
-    rejected = num_accepted < offsets[1:] - offsets[:-1]  # [R]
-    at = offsets[:-1] + num_accepted
-    p = torch.softmax(verifier_logits[at + torch.arange(len(at), device=at.device)].float(), -1)
-    q = torch.softmax(draft_logits[at.clamp(max=max(len(draft_logits) - 1, 0))].float(), -1)
-    log_residual = (p - q).clamp_min(0).log()[rejected]  # [R', V]
-    slot = ((first_pos + num_accepted) % q_logits.shape[1])[rejected]
-    q_logits[rows[rejected], slot] = log_residual.to(q_logits.dtype)
-    q_lse[rows[rejected], slot] = torch.logsumexp(log_residual, -1)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from scipy import stats
 
-from hsd_fast.exactness import pooled_chi_square
+from hsd_fast.testing.exactness import pooled_chi_square
 
 
 def test_agrees_with_scipy_without_pooling() -> None:

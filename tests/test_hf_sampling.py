@@ -6,12 +6,10 @@ import itertools
 import pytest
 import torch
 from hf_models import noisy_copy, tiny_model
+from planted_bugs import residual_stored_as_q
 
 import hsd_fast
-from hsd_fast.engine import run_hsd
-from hsd_fast.exactness import pooled_chi_square
-from hsd_fast.hf_runner import HFRunner
-from hsd_fast.processors import LogitsTransform
+from hsd_fast.testing.exactness import pooled_chi_square
 
 pytestmark = pytest.mark.hf
 
@@ -58,14 +56,11 @@ def test_generate_samples_the_target_distribution(models, exact) -> None:
 
 
 def test_residual_as_q_fails_the_same_test(models, exact) -> None:
-    runners = [HFRunner(m, LogitsTransform(), V) for m in models]
-    result = run_hsd(
-        runners,
-        [PROMPT] * SAMPLES,
-        block_sizes=[2, 2],
-        max_new_tokens=STEPS,
-        seeds=0,
-        _residual_as_q=True,
-    )
-    samples = [tuple(s[len(PROMPT) :].tolist()) for s in result.sequences]
+    *drafts, target = models
+    with residual_stored_as_q():
+        out = target.generate(
+            PROMPT.expand(SAMPLES, -1), custom_generate=hsd_fast.generate, drafts=drafts, T=[2, 2],
+            do_sample=True, top_k=None, max_new_tokens=STEPS, eos_token_id=None, seed=0,
+        )  # fmt: skip
+    samples = [tuple(row) for row in out[:, len(PROMPT) :].tolist()]
     assert pooled_chi_square(samples, exact).p_value < 1e-6

@@ -3,10 +3,11 @@ keyed randomness (DESIGN.md §2). Significance level of every distribution test:
 
 import pytest
 import torch
+from planted_bugs import residual_stored_as_q
 
-from hsd_fast.demo import table_check
 from hsd_fast.engine import run_hsd
-from hsd_fast.table_model import TableModel, TableRunner, table_family
+from hsd_fast.testing.exactness import table_check
+from hsd_fast.testing.tables import TableModel, TableRunner, table_family
 
 ALPHA = 1e-3
 SAMPLES = 40_000
@@ -31,7 +32,8 @@ def test_sampled_continuations_match_the_target(block_sizes: list[int]) -> None:
 def test_residual_as_q_is_caught() -> None:
     """Storing the residual as a correction's q is the known bug: the same test must fail it."""
     good = table_check(block_sizes=[3, 2], num_samples=SAMPLES)
-    bad = table_check(block_sizes=[3, 2], num_samples=SAMPLES, _residual_as_q=True)
+    with residual_stored_as_q():
+        bad = table_check(block_sizes=[3, 2], num_samples=SAMPLES)
     assert good.chi_square.p_value > ALPHA
     assert bad.chi_square.p_value < 1e-6, bad.chi_square
 

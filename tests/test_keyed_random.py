@@ -6,7 +6,8 @@ import torch
 from keyed_hash import hash_bits, position_hashing_to
 from scipy import stats
 
-from hsd_fast.triton_kernels import keyed_random as kr
+from hsd_fast.triton_kernels import keyed_random_torch as kr
+from hsd_fast.triton_kernels.keyed_random import uniform_triton
 
 pytestmark = pytest.mark.triton
 
@@ -17,7 +18,7 @@ POSITIONS = torch.tensor([0, 5, 100, 2**31 + 3, 7], dtype=torch.int64)
 @pytest.mark.parametrize(("level", "purpose"), [(0, kr.DRAFT), (3, kr.RESIDUAL), (2**20, kr.TREE)])
 def test_triton_equals_torch(level: int, purpose: int) -> None:
     ref = kr.uniform_grid_torch(SEEDS, level, POSITIONS, purpose, 37)
-    tri = kr.uniform_triton(SEEDS, level, POSITIONS, purpose, 37)
+    tri = uniform_triton(SEEDS, level, POSITIONS, purpose, 37)
     assert torch.equal(ref, tri)
 
 
@@ -36,7 +37,7 @@ def test_extreme_hashes_give_uniforms_strictly_inside_the_interval(bits: int, ex
     ref = kr.uniform_grid_torch(torch.tensor([seed]), level, pos, purpose, 8)
     assert ref[0, index].item() == expected
     assert torch.isfinite(-torch.log(-torch.log(ref))).all()
-    assert torch.equal(kr.uniform_triton(torch.tensor([seed]), level, pos, purpose, 8), ref)
+    assert torch.equal(uniform_triton(torch.tensor([seed]), level, pos, purpose, 8), ref)
 
 
 def test_race_never_draws_an_impossible_token_at_the_top_uniform() -> None:

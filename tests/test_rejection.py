@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from hsd_fast.exactness import pooled_chi_square
-from hsd_fast.triton_kernels.keyed_random import DRAFT
-from hsd_fast.triton_kernels.rejection import verify_torch
-from hsd_fast.triton_kernels.sampling import sample_torch
+from hsd_fast.testing.exactness import pooled_chi_square
+from hsd_fast.triton_kernels.keyed_random_torch import DRAFT
+from hsd_fast.triton_kernels.rejection_torch import verify_torch
+from hsd_fast.triton_kernels.sampling_torch import sample_torch
 
 V = 6
 

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hsd_fast.engine import run_hsd
-from hsd_fast.table_model import TableRunner, table_family
+from hsd_fast.testing.tables import TableRunner, table_family
 from hsd_fast.triton_kernels import rejection, sampling, split
-from hsd_fast.triton_kernels.keyed_random import DRAFT
+from hsd_fast.triton_kernels.keyed_random_torch import DRAFT
 from hsd_fast.triton_kernels.rejection import verify_torch, verify_triton
 
 pytestmark = pytest.mark.triton

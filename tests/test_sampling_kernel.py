@@ -8,7 +8,7 @@ import torch
 from keyed_hash import position_hashing_to
 
 from hsd_fast.triton_kernels import split
-from hsd_fast.triton_kernels.keyed_random import DRAFT
+from hsd_fast.triton_kernels.keyed_random_torch import DRAFT
 from hsd_fast.triton_kernels.sampling import sample_torch, sample_triton
 
 pytestmark = pytest.mark.triton

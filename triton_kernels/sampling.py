@@ -1,15 +1,15 @@
 """Drawing one token per row from logits with keyed randomness (the drafting step of level 0).
 
-``sample_torch`` is the reference (and the CPU path); ``sample_triton`` draws the same tokens with
-two launches, the vocabulary split across programs as in verification (split.py):
+``sample_torch`` (``sampling_torch.py``) is the reference; ``sample_triton`` here draws the same
+tokens with two launches, the vocabulary split across programs as in verification (split.py):
 
     1. _sample_chunk_kernel [R, C]  per chunk: max and sum of exp of logits / temperature, and the
                                     exponential race's best key (greedy: the largest logit)
     2. _sample_pick_kernel  [R]     chunks -> the token and the fp32 log-sum-exp
 
 The race needs no normaliser (argmax of x + Gumbel is invariant to shifting x), so the token and the
-log-sum-exp come out of the same single read of the logits. ``sample`` picks the kernels for CUDA
-tensors.
+log-sum-exp come out of the same single read of the logits. ``sample`` (from ``ops.py``) picks the
+kernels for CUDA tensors.
 """
 
 from __future__ import annotations
@@ -19,26 +19,12 @@ import triton
 import triton.language as tl
 
 from . import split
-from .keyed_random import key_state, race_torch
+from .keyed_random import key_state
+from .ops import sample
+from .sampling_torch import sample_torch
 from .split import NO_SPECIALIZE, fold_argmax, fold_lse, plan, scan_chunk
 
-
-def sample_torch(
-    logits: torch.Tensor,  # [R, V] processed logits, any float dtype; -inf marks excluded tokens
-    temperature: torch.Tensor,  # [R] fp32; 1 when the logits are already processed
-    seeds: torch.Tensor,  # [R] int64 row seeds
-    positions: torch.Tensor,  # [R] int64 absolute position of the token being drawn
-    level: int,
-    purpose: int,
-    greedy: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [R] int64, log-sum-exp [R] fp32
-    """Sample from softmax(logits / temperature); return the tokens and the fp32 log-sum-exp that
-    the next level up needs to evaluate this distribution as its draft distribution ``q``."""
-    scaled = logits.float() / temperature[:, None]  # [R, V]
-    lse = torch.logsumexp(scaled, dim=-1)  # [R]
-    if greedy:
-        return torch.argmax(logits, dim=-1), lse
-    return race_torch(scaled, seeds, level, positions, purpose), lse
+__all__ = ["sample", "sample_torch", "sample_triton"]
 
 
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
@@ -115,10 +101,3 @@ def sample_triton(
         part_max, part_sum, part_key, part_idx, tokens, lse, chunks, BLOCK_C=split.BLOCK_C
     )
     return tokens, lse
-
-
-def sample(*args, use_kernel: bool | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernels on CUDA tensors (or when ``use_kernel``), the reference elsewhere."""
-    if use_kernel is None:
-        use_kernel = args[0].is_cuda if args else kwargs["logits"].is_cuda
-    return (sample_triton if use_kernel else sample_torch)(*args, **kwargs)
