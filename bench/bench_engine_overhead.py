@@ -10,20 +10,16 @@ Writes bench/results/engine_overhead_<device>.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
-import subprocess
 import time
-from datetime import date
 from pathlib import Path
 
 import torch
-import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hsd_fast
 from hsd_fast.hf_runner import HFRunner
+from hsd_fast.report import markdown_table, run_metadata, write_report
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -111,21 +107,15 @@ def main() -> None:
     rounds = timer.calls
     overhead_us = (hsd_median - timer.seconds) / rounds * 1e6
 
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    meta = run_metadata(
+        args.device,
+        dtype="float32",
+        batch=1,
+        model="Llama 4 layers, hidden 256, vocab 8192 (random init), SDPA",
+        prompt_len=args.prompt_len,
+        new_tokens=args.new_tokens,
+    )
     result = {
-        "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(),
-        "cpu": platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
-        "dtype": "float32",
-        "batch": 1,
-        "model": "Llama 4 layers, hidden 256, vocab 8192 (random init), SDPA",
-        "prompt_len": args.prompt_len,
-        "new_tokens": args.new_tokens,
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-        "commit": commit,
-        "date": date.today().isoformat(),
         "hf_generate_tok_s": args.new_tokens / statistics.median(hf_times),
         "hsd_k0_tok_s": args.new_tokens / hsd_median,
         "ratio_hsd_over_hf": statistics.median(hf_times) / hsd_median,
@@ -134,22 +124,21 @@ def main() -> None:
         "engine_overhead_us_per_round": overhead_us,
         "raw_times_s": {"hf": hf_times, "hsd_k0": hsd_times},
     }
-    RESULTS.mkdir(exist_ok=True)
-    stem = RESULTS / f"engine_overhead_{args.device}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    md = (
-        f"# Engine overhead ({result['device']}, {result['dtype']}, batch 1)\n\n"
-        f"{result['model']}; prompt {args.prompt_len}, {args.new_tokens} new tokens, greedy; "
-        f"torch {torch.__version__}, transformers {transformers.__version__}, "
-        f"{result['threads']} threads; commit {commit}, {result['date']}.\n\n"
-        "| path | tokens/s |\n|---|---|\n"
-        f"| HF `generate` (greedy) | {result['hf_generate_tok_s']:.1f} |\n"
-        f"| hsd_fast, K = 0 | {result['hsd_k0_tok_s']:.1f} |\n\n"
-        f"Ratio hsd_fast / HF: {result['ratio_hsd_over_hf']:.2f}. Engine overhead per round "
-        f"(wall time minus model forward): {overhead_us:.0f} us over {rounds} rounds.\n"
+    table = markdown_table(
+        ["path", "tokens/s"],
+        [
+            ["HF `generate` (greedy)", result["hf_generate_tok_s"]],
+            ["hsd_fast, K = 0", result["hsd_k0_tok_s"]],
+        ],
     )
-    stem.with_suffix(".md").write_text(md)
-    print(md)
+    notes = [
+        f"Ratio hsd_fast / HF: {result['ratio_hsd_over_hf']:.2f}. Engine overhead per round (wall time minus "
+        f"model forward): {overhead_us:.0f} us over {rounds} rounds.",
+    ]
+    write_report(
+        RESULTS / f"engine_overhead_{args.device}", "Engine overhead", meta, [*table, "", *notes], result
+    )
+    print("\n".join([*table, *notes]))
 
 
 if __name__ == "__main__":

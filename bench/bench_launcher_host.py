@@ -5,14 +5,9 @@ do on the host except Triton's own launches (the kernels are replaced by no-ops)
 
 At batch 1 the GPU work of a step is a few microseconds, so the host's time decides whether a
 launcher meets the 20 us target. This part of it needs no GPU: it runs on CPU tensors (no CUDA
-caching allocator, so a CUDA host spends somewhat more per allocation). Columns, side by side in one
-run:
-  host_us                   the launcher body as it is
-  host_us_with_triton_cdiv  the same with `triton.cdiv` for the host's ceiling divisions, as before
-                            commit 'launchers: plain host arithmetic' (a constexpr function: ~3 us
-                            per host call)
-each the least of 5 medians, the two measured in turn; plus one `torch.empty` and one `triton.cdiv`
-call for scale. Writes bench/results/launcher_host_cpu.{json,md}.
+caching allocator, so a CUDA host spends somewhat more per allocation). Column ``host_us``: the
+launcher body, the least of 5 medians; plus one ``torch.empty`` for scale. Writes
+bench/results/launcher_host_cpu.{json,md}.
 """
 
 from __future__ import annotations
@@ -22,11 +17,10 @@ from collections.abc import Callable
 from unittest import mock
 
 import torch
-import triton
 from bench_rejection import make_inputs as verify_inputs
 from kernel_bench import median_us, run_meta, write_results
 
-from hsd_fast.triton_kernels import rejection, sampling, split
+from hsd_fast.triton_kernels import rejection, sampling
 from hsd_fast.triton_kernels.keyed_random_torch import DRAFT
 
 KERNELS = {
@@ -42,15 +36,9 @@ class _NoLaunch:
         return lambda *args, **kwargs: None
 
 
-def _interleaved(fn: Callable[[], object], rounds: int = 5) -> dict[str, float]:
-    """Both variants measured in turn, ``rounds`` times; the least median of each. This machine's
-    speed drifts by 2x between minutes, which would swamp one measurement after the other."""
-    times: dict[str, list[float]] = {"host_us": [], "host_us_with_triton_cdiv": []}
-    for _ in range(rounds):
-        times["host_us"].append(median_us(fn, cuda=False))
-        with mock.patch.object(split, "cdiv", triton.cdiv):
-            times["host_us_with_triton_cdiv"].append(median_us(fn, cuda=False))
-    return {column: min(values) for column, values in times.items()}
+def _least_median_us(fn: Callable[[], object], rounds: int = 5) -> float:
+    """The least of ``rounds`` medians: this machine's speed drifts by 2x between minutes."""
+    return min(median_us(fn, cuda=False) for _ in range(rounds))
 
 
 def main() -> None:
@@ -69,16 +57,13 @@ def main() -> None:
             for name in names:
                 stack.enter_context(mock.patch.object(module, name, _NoLaunch()))
         for name, fn in launchers.items():
-            rows.append({"launcher": name, **_interleaved(fn)})
+            rows.append({"launcher": name, "host_us": _least_median_us(fn)})
             print(rows[-1], flush=True)
     rows.append({"launcher": "one torch.empty(8)", "host_us": median_us(lambda: torch.empty(8), cuda=False)})
-    rows.append(
-        {"launcher": "one triton.cdiv call", "host_us": median_us(lambda: triton.cdiv(7, 2), cuda=False)}
-    )
     notes = [
         "Batch 1, 4 drafts, vocabulary 32000, bf16, CPU tensors; kernels replaced by no-ops, so "
         "Triton's own launch cost is not included. Microseconds: the least of 5 medians "
-        "(torch.utils.benchmark), the two variants measured in turn.",
+        "(torch.utils.benchmark).",
     ]
     write_results("launcher_host_cpu", "Launcher host time", notes, ["launcher"], rows, run_meta("cpu"))
 

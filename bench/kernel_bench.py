@@ -8,15 +8,14 @@ the torch references run (the Triton interpreter is not a speed path), `torch.ut
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import time
 from collections.abc import Callable
-from datetime import date
 from pathlib import Path
 
 import torch
 import triton
+
+from hsd_fast.report import markdown_table, run_metadata, write_report
 
 RESULTS = Path(__file__).parent / "results"
 EVENT_TIMING = (
@@ -117,22 +116,11 @@ def parse_args(doc: str, quick_help: str) -> argparse.Namespace:
 
 
 def run_meta(device: str, **extra: object) -> dict:
-    """Device, versions, commit, date; on CUDA also the copy bandwidth measured now."""
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    name = torch.cuda.get_device_name() if device == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
-    return {
-        "device": name,
-        "versions": {"torch": torch.__version__, "triton": triton.__version__},
-        "commit": commit,
-        "date": date.today().isoformat(),
-        **extra,
-    } | (
-        {"copy_bandwidth_GBps": copy_bandwidth() / 1e9, "event_timing": EVENT_TIMING}
-        if device == "cuda"
-        else {}
-    )
+    """Date, commit, device and versions; on CUDA also the copy bandwidth measured now."""
+    meta = run_metadata(device, **extra)
+    if device == "cuda":
+        meta |= {"copy_bandwidth_GBps": copy_bandwidth() / 1e9, "event_timing": EVENT_TIMING}
+    return meta
 
 
 def compile_notes(meta: dict) -> list[str]:
@@ -150,27 +138,8 @@ def compile_notes(meta: dict) -> list[str]:
 def write_results(
     stem: str, title: str, notes: list[str], keys: list[str], rows: list[dict], meta: dict
 ) -> None:
-    """bench/results/<stem>.json (meta + rows) and .md (a table: the ``keys`` columns first)."""
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / stem
-    path.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    """bench/results/<stem>.json (meta + rows) and .md (notes, then a table: the ``keys`` columns
+    first)."""
     columns = keys + [c for c in rows[0] if c not in keys]
-    lines = [
-        f"# {title}: {meta['device']}",
-        "",
-        f"torch {torch.__version__}, triton {triton.__version__}; commit {meta['commit']}, {meta['date']}.",
-        *notes,
-        "",
-        "| " + " | ".join(columns) + " |",
-        "|" + "---|" * len(columns),
-    ]
-    for r in rows:
-        cells = [_cell(r.get(c)) for c in columns]
-        lines.append("| " + " | ".join(cells) + " |")
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
-
-
-def _cell(value: object) -> str:
-    if not isinstance(value, float):
-        return "" if value is None else str(value)
-    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
+    table = markdown_table(columns, [[r.get(c) for c in columns] for r in rows])
+    write_report(RESULTS / stem, f"{title}: {meta['device']}", meta, [*notes, "", *table], {"rows": rows})

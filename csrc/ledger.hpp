@@ -1,4 +1,4 @@
-// The nested KV-cache ledger of Hierarchical Speculative Decoding (DESIGN.md §2).
+// The nested KV-cache ledger of Hierarchical Speculative Decoding (docs/design.md, "The ledger").
 //
 // Integers only: per row and level it tracks how many tokens carry each tag, how much of each
 // level's KV cache is valid, where an EOS was drawn and the row's length budget. It decides what

@@ -1,5 +1,5 @@
 """hsd_fast: Hierarchical Speculative Decoding (arXiv 2510.19705) with the target's exact output
-distribution. See DESIGN.md (algorithm contract) and README.md (set-up, layout)."""
+distribution. See docs/design.md (the design) and README.md (set-up, layout)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ __all__ = [
     "HSDModel",
     "HSDResult",
     "HSDStats",
+    "Hierarchy",
     "Runner",
     "__version__",
     "generate",
@@ -34,15 +35,16 @@ __all__ = [
 
 def __getattr__(name: str):
     # transformers is imported only by the HF glue: `hsd_fast.generate` loads it on first use.
-    if name in ("generate", "HSDGenerateOutput", "wrap", "HSDModel", "select_hierarchy"):
-        from hsd_fast import hf_generate, profile, wrapper
+    if name in ("generate", "HSDGenerateOutput", "wrap", "HSDModel", "select_hierarchy", "Hierarchy"):
+        from hsd_fast import hf_generate, hierarchy, wrapper
 
         globals().update(
             generate=hf_generate.generate,
             HSDGenerateOutput=hf_generate.HSDGenerateOutput,
             wrap=wrapper.wrap,
             HSDModel=wrapper.HSDModel,
-            select_hierarchy=profile.select_hierarchy,
+            select_hierarchy=hierarchy.select_hierarchy,
+            Hierarchy=hierarchy.Hierarchy,
         )
         return globals()[name]
     raise AttributeError(f"module 'hsd_fast' has no attribute {name!r}")

@@ -3,7 +3,7 @@
 Every check raises ``ValueError`` naming the model and what to change. The engine's custom 4D mask
 bypasses HF's per-layer sliding-window and hybrid masks and its slot cache holds plain K/V, so
 sliding-window, hybrid, linear-attention and state-space models are refused, not approximated
-(FACTS.md).
+(docs/design.md, "A custom mask bypasses sliding-window and hybrid masks").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The HSD loop (DESIGN.md §2) over a stack of per-level runners, driven by the C++ ledger.
+"""The HSD loop (docs/design.md, "The algorithm") over a stack of per-level runners, driven by the C++ ledger.
 
     while some row is unfinished:
         level = ledger.next_level()                  # lockstep: one level's forward at a time

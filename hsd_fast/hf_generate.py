@@ -3,12 +3,11 @@
     out = target.generate(ids, custom_generate=hsd_fast.generate, drafts=[d0, d1], T=[4, 2],
                           do_sample=True, max_new_tokens=64)
 
-transformers prepares the generation config, the logits processors and the stopping criteria, then
-calls this function. Extra arguments (``drafts``, ``T``, ``seed``) must be named parameters here or HF
-rejects them (FACTS.md). ``drafts`` are ordered smallest first; level 0 drafts, the target verifies
-last. ``T[i]`` is the block size: the tokens level i must emit before level i+1 verifies; the default is
-``DEFAULT_T`` at every level.
-"""
+transformers prepares the generation config, the logits processors and the stopping criteria, then calls
+this function. Extra arguments (``drafts``, ``T``, ``seed``) must be named parameters here or HF rejects
+them (docs/design.md, "Named extra kwargs"). ``drafts`` are ordered smallest first; level 0 drafts, the
+target verifies last. ``T[i]`` is the block size: the tokens level i must emit before level i+1
+verifies; the default is ``DEFAULT_T`` at every level. """
 
 from __future__ import annotations
 
@@ -22,8 +21,8 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from hsd_fast.compat import check_devices, check_model, common_vocab_size
 from hsd_fast.engine import run_hsd
 from hsd_fast.hf_runner import HFRunner
+from hsd_fast.hierarchy import Hierarchy
 from hsd_fast.processors import LogitsTransform
-from hsd_fast.selector import Hierarchy
 from hsd_fast.stats import HSDStats
 
 DEFAULT_T = 4
@@ -78,9 +77,7 @@ def generate(
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item())  # host value by design: keys the hash
     elif not isinstance(seed, int):
-        seed = torch.as_tensor(seed, dtype=torch.int64)
-        if seed.shape != (len(prompts),):
-            raise ValueError(f"seed: one int, or one per row ({len(prompts)}), got shape {tuple(seed.shape)}")
+        seed = torch.as_tensor(seed, dtype=torch.int64)  # one per row: checked with the other settings
 
     if hsd_streamer is not None:
         if input_ids.shape[0] > 1:

@@ -2,12 +2,12 @@
 
 One forward feeds, for every row of the batch, the span of tokens the ledger says the level has not
 cached yet. Spans are right-aligned in a ``[B, L]`` block (so ``logits_to_keep`` covers every row's
-outputs); padding, and rows that sit this forward out, write their K/V to a scratch slot and attend
-only to it (DESIGN.md §2), so they change no state. Slots equal positions: row r's token at position
-t lives in cache slot t. The 4D mask is built here for the model's attention implementation (additive,
-which SDPA and eager both read correctly; FACTS.md: eager misreads a bool mask), and explicit
-``position_ids`` keep RoPE and learned positions right.
-"""
+outputs); padding, and rows that sit this forward out, write their K/V to a scratch slot and attend only
+to it (docs/design.md, "Padding and rows that sit out"), so they change no state. Slots equal positions:
+row r's token at position t lives in cache slot t. The 4D mask is built here for the model's attention
+implementation (additive, which SDPA and eager both read correctly; eager misreads a bool mask:
+docs/design.md, "4D masks are used as is; the eager + bool trap"), and explicit ``position_ids`` keep
+RoPE and learned positions right. """
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class SlotCache(Cache):
     """K/V buffers ``[B, H_kv, S, D]`` per layer; ``update`` scatters at ``self.slots`` ([B, L]).
 
     Overrides the ``Cache`` level only (``update``, ``get_seq_length``, ``__len__``): the layer
-    internals differ between transformers releases (FACTS.md)."""
+    internals differ between transformers releases (docs/design.md, "A Cache subclass at the Cache level")."""
 
     def __init__(
         self,

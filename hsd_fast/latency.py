@@ -1,4 +1,5 @@
-"""Expected latency per committed token of an HSD hierarchy (DESIGN.md §3). Pure Python math.
+"""Expected latency per committed token of an HSD hierarchy (docs/design.md, "The latency model and the
+selector"). Pure Python math.
 
 Inputs, for levels 0..K (K the target): ``costs[i](n)``, the seconds of one forward of level i over
 n fed tokens, and ``alphas[i]`` = alpha(i, i+1), the probability that level i+1 accepts a token of
@@ -6,9 +7,10 @@ level i (acceptance i.i.d. across positions and levels, the paper's assumption).
 verification of a block of b tokens feeds n = b + 1 tokens (the block and the token before it);
 catch-up tokens are ignored here and modelled only by ``simulate(..., engine=True)``.
 
-The loop of DESIGN.md §2 as a recursion: level 0 returns exactly T_0 tokens for T_0 * c_0(1); level
-i (0 < i < K) calls level i-1 and verifies its block b (gain G = min(A, b) + 1, P(A >= k) = a^k) until
-its running gain reaches T_i, and returns that gain. The target verifies one block per round:
+The loop of docs/design.md, "The one loop", as a recursion: level 0 returns exactly T_0 tokens for
+T_0 * c_0(1); level i (0 < i < K) calls level i-1 and verifies its block b (gain G = min(A, b) + 1,
+P(A >= k) = a^k) until its running gain reaches T_i, and returns that gain. The target verifies one
+block per round:
 
     L = (E[C_{K-1}] + E_b[c_K(b + 1)]) / E_b[E[G | b]],      E[G | b] = (1 - a^(b+1)) / (1 - a)
 

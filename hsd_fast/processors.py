@@ -1,14 +1,17 @@
-"""HF logits processors applied exactly at every level (DESIGN.md §2: one sampling transform for all).
+"""HF logits processors applied exactly at every level (docs/design.md, "Sampling transforms").
 
 HSD is exact when every level applies the *same* transform to its logits. HF's prepared processors
-are applied as they are (FACTS.md: rebuilding them from kwargs misses the default top-k of 50), batched
-over ``[rows * positions, V]``, which is only right for processors that ignore the token history and
-the length. Those are allow-listed; anything else is refused with an error naming the supported ones.
+are applied as they are (rebuilding them from kwargs would miss HF's default top-k of 50 under
+``do_sample=True``), batched over ``[rows * positions, V]``, which is only right for processors that
+ignore the token history and the length. Those are allow-listed; anything else is refused with an
+error naming the supported ones. ``generation_sampling`` asks HF itself for the processors a
+``generate`` call would apply, so that profiling measures under exactly what decoding will use.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from transformers.generation import logits_process as lp
@@ -52,3 +55,38 @@ class LogitsTransform:
         for processor in self.processors:
             scores = processor(dummy_ids, scores)
         return scores
+
+    @property
+    def key(self) -> str:
+        """Names the transform (processor classes and settings): a cache key for profiles measured
+        under it (``"identity"`` for no transform)."""
+        parts = [f"temperature={self.temperature:g}"] if self.temperature != 1.0 else []
+        parts += [_describe(p) for p in self.processors]
+        return " ".join(parts) or "identity"
+
+
+def _describe(processor: lp.LogitsProcessor) -> str:
+    settings = {k: v for k, v in sorted(vars(processor).items()) if isinstance(v, (int, float, str, bool))}
+    return type(processor).__name__ + "(" + ",".join(f"{k}={v}" for k, v in settings.items()) + ")"
+
+
+class _Captured(Exception):
+    def __init__(self, processors: lp.LogitsProcessorList | None, do_sample: bool) -> None:
+        self.processors, self.do_sample = processors, do_sample
+
+
+def _capture(model, input_ids, logits_processor=None, generation_config=None, **kwargs):
+    """A ``custom_generate`` that only looks at what HF prepared, then stops the call."""
+    raise _Captured(logits_processor, bool(getattr(generation_config, "do_sample", False)))
+
+
+def generation_sampling(model: torch.nn.Module, **generation_kwargs: Any) -> tuple[LogitsTransform, bool]:
+    """(the transform, greedy?) that ``model.generate(..., **generation_kwargs)`` would apply at every
+    level, from what HF itself prepares (the model's generation-config defaults included), so that
+    profiles are measured under what decoding will use."""
+    ids = torch.zeros(1, 1, dtype=torch.int64, device=next(model.parameters()).device)
+    try:
+        model.generate(ids, custom_generate=_capture, max_new_tokens=1, **generation_kwargs)
+    except _Captured as captured:
+        return LogitsTransform(list(captured.processors or [])), not captured.do_sample
+    raise RuntimeError("transformers did not call the custom generate function")  # pragma: no cover

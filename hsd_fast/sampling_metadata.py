@@ -40,7 +40,7 @@ class SamplingMetadata:
         float or one per row; ``eos_token_id``: none, one or several ids."""
         seeds = row_seeds(seeds, num_rows) if isinstance(seeds, int) else torch.as_tensor(seeds)
         if seeds.shape != (num_rows,):
-            raise ValueError(f"seeds: one int, or one per row ({num_rows}), got shape {tuple(seeds.shape)}")
+            raise ValueError(f"seed: one int, or one per row ({num_rows}), got shape {tuple(seeds.shape)}")
         temperature = torch.as_tensor(temperature, dtype=torch.float32, device=device)
         eos = [] if eos_token_id is None else np.atleast_1d(eos_token_id).tolist()
         return cls(

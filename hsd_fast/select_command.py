@@ -10,13 +10,11 @@ held-out calibration windows; costs at ``--context`` cached tokens. Measurements
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
-import subprocess
 from pathlib import Path
 
 import torch
+
+from hsd_fast.report import markdown_table, run_metadata, write_report
 
 DEFAULT_CACHE = Path.home() / ".cache" / "hsd_fast" / "profiles.json"
 
@@ -53,7 +51,8 @@ def _load(name: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
 
 def run(args: argparse.Namespace) -> int:
     from hsd_fast import zoo
-    from hsd_fast.profile import ProfileCache, measured_latency, select_hierarchy
+    from hsd_fast.hierarchy import select_hierarchy
+    from hsd_fast.profile import ProfileCache, measured_latency
     from hsd_fast.zoo.build import read_calibration
 
     dtype = getattr(torch, args.dtype)
@@ -71,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
         cache = ProfileCache(args.cache, fallbacks=[zoo.zoo_dir() / "profile_cpu.json"])
     sampling = {"do_sample": args.do_sample}
     if args.do_sample:
-        sampling |= {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+        chosen = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+        sampling |= {k: v for k, v in chosen.items() if v is not None}  # unset: HF's defaults
     pick = select_hierarchy(
         models[target_name],
         [models[n] for n in candidate_names],
@@ -106,58 +106,28 @@ def run(args: argparse.Namespace) -> int:
                 "measured_over_predicted_latency": seconds / h.predicted_latency,
             }
         rows.append(row)
-    print(_table(rows, args.measure))
+    table = _table(rows, args.measure)
+    print("\n".join(table))
     if args.json:
-        report = {
-            "date": datetime.date.today().isoformat(),
-            "device": _device_name(args.device),
-            "batch": 1,
-            "dtype": args.dtype,
-            "sampling": sampling,
-            "context": args.context,
-            "prompts": f"{len(prompts)} rows x {args.prompt_len} tokens (zoo calibration, one per source)",
-            "max_new_tokens": args.max_new_tokens,
-            "commit": _commit(),
-            "torch": torch.__version__,
-            "rows": rows,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
-        header = {k: v for k, v in report.items() if k != "rows"}
-        notes = "\n".join(f"- {k}: {v}" for k, v in header.items())
-        table = _table(rows, args.measure)
-        args.json.with_suffix(".md").write_text(f"# hsd-fast select\n\n{notes}\n\n{table}\n")
+        meta = run_metadata(
+            args.device,
+            batch=1,
+            dtype=args.dtype,
+            sampling=sampling,
+            context=args.context,
+            prompts=f"{len(prompts)} rows x {args.prompt_len} tokens (zoo calibration, one per source)",
+            max_new_tokens=args.max_new_tokens,
+        )
+        write_report(args.json.with_suffix(""), "hsd-fast select", meta, table, {"rows": rows})
     return 0
 
 
-def _table(rows: list[dict], measured: bool) -> str:
-    head = "| # | chain | T | predicted tok/s | pred. x AR | pred. x best single |"
+def _table(rows: list[dict], measured: bool) -> list[str]:
+    columns = ["#", "chain", "T", "predicted tok/s", "pred. x AR", "pred. x best single"]
+    keys = ["rank", "chain", "T", "predicted_tok_s", "predicted_speedup_over_ar"]
+    keys += ["predicted_speedup_over_best_single"]
     if measured:
-        head += " measured tok/s | meas. x AR | measured / predicted latency |"
-    lines = [head, "|---" * (head.count("|") - 1) + "|"]
-    for r in rows:
-        line = (
-            f"| {r['rank']} | {' > '.join(r['chain'])} | {r['T'] or '-'} | {r['predicted_tok_s']:.1f} | "
-            f"{r['predicted_speedup_over_ar']:.2f} | {r['predicted_speedup_over_best_single']:.2f} |"
-        )
-        if measured:
-            line += (
-                f" {r['measured_tok_s']:.1f} | {r['measured_speedup_over_ar']:.2f} | "
-                f"{r['measured_over_predicted_latency']:.2f} |"
-            )
-        lines.append(line)
-    return "\n".join(lines)
-
-
-def _device_name(device: str) -> str:
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name()
-    return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
-
-
-def _commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
+        columns += ["measured tok/s", "meas. x AR", "measured / predicted latency"]
+        keys += ["measured_tok_s", "measured_speedup_over_ar", "measured_over_predicted_latency"]
+    cells = [[" > ".join(r[k]) if k == "chain" else r[k] for k in keys] for r in rows]
+    return markdown_table(columns, cells)

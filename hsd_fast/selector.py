@@ -1,4 +1,6 @@
-"""The latency-optimal hierarchy: which drafts to stack and each level's block size T (DESIGN.md §3).
+"""The latency-optimal hierarchy: which drafts to stack and each level's block size T
+(docs/design.md, "The latency model and the selector"). Pure arithmetic over candidate indices: the models
+themselves are bound to a selection in the API layer (``hsd_fast.hierarchy``).
 
 Under the fixed-block (decomposable) form, producing T tokens at model m on top of (m', T') costs
 
@@ -21,7 +23,7 @@ from hsd_fast.latency import Cost, expected_gain, expected_latency
 
 
 @dataclass(frozen=True)
-class Hierarchy:
+class Selection:
     """A chain of candidate indices (drafts smallest first, the target last) with block sizes T."""
 
     chain: tuple[int, ...]
@@ -29,9 +31,7 @@ class Hierarchy:
     predicted_latency: float  # seconds per committed token (exact recursion)
     speedup_over_ar: float = 1.0
     speedup_over_best_single: float = 1.0
-    runner_ups: tuple[Hierarchy, ...] = field(default=(), compare=False)
-    drafts: tuple = field(default=(), compare=False, repr=False)  # the draft models, when known
-    measured_latency: float | None = None  # seconds per token measured with the engine
+    runner_ups: tuple[Selection, ...] = field(default=(), compare=False)
 
 
 def select(
@@ -40,7 +40,7 @@ def select(
     max_T: int = 8,
     keep: int = 4,
     rescore: int = 16,
-) -> Hierarchy:
+) -> Selection:
     """Best hierarchy over candidates 0..n-1 (the last is the target) given per-model costs and the
     symmetric pairwise acceptance matrix ``alpha``. Candidates are taken in cost order c(1)."""
     n = len(costs)
@@ -59,7 +59,7 @@ def select(
     ar = costs[target](1)
     best_single = min(lat for lat, chain in scored if len(chain) == 1) if drafts else ar
     hierarchies = [
-        Hierarchy(
+        Selection(
             chain=(*(m for m, _ in chain), target),
             T=tuple(t for _, t in chain),
             predicted_latency=lat,
@@ -72,7 +72,7 @@ def select(
     # AR and the best single draft are the baselines every report compares with: always listed.
     baselines = [next((h for h in hierarchies if len(h.chain) == k), None) for k in (1, 2)]
     runner_ups += [h for h in baselines if h is not None and h is not first and h not in runner_ups]
-    return Hierarchy(
+    return Selection(
         first.chain,
         first.T,
         first.predicted_latency,

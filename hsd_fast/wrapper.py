@@ -1,10 +1,9 @@
 """`hsd_fast.wrap(target, drafts)`: a model-like object whose `.generate` runs HSD and can stream.
 
-HF drops the ``streamer`` before it calls a ``custom_generate`` callable (FACTS.md), so streaming is
-offered here: the wrapper takes the streamer out of the kwargs, hands it to ``hsd_fast.generate``
-under its own name, and the engine feeds it the prompt, then each committed token in order, then
-``end()``: HF's streamer contract.
-"""
+HF drops the ``streamer`` before it calls a ``custom_generate`` callable (docs/design.md, "The streamer
+is dropped"), so streaming is offered here: the wrapper takes the streamer out of the kwargs, hands it
+to ``hsd_fast.generate`` under its own name, and the engine feeds it the prompt, then each committed
+token in order, then ``end()``: HF's streamer contract. """
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from typing import Any
 import torch
 
 from hsd_fast.hf_generate import DEFAULT_T, generate
-from hsd_fast.selector import Hierarchy
+from hsd_fast.hierarchy import Hierarchy
 
 
 class HSDModel:

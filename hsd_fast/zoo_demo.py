@@ -12,7 +12,8 @@ import torch
 
 import hsd_fast
 from hsd_fast import zoo
-from hsd_fast.profile import ProfileCache, select_hierarchy
+from hsd_fast.hierarchy import select_hierarchy
+from hsd_fast.profile import ProfileCache
 from hsd_fast.zoo.build import read_calibration
 
 PROMPT = '''def read_config(path):

@@ -1,5 +1,6 @@
 """Test configuration. The Triton interpreter must be chosen before any kernel module is imported
-(FACTS.md: the mode is fixed when `@triton.jit` runs), so it is set here, first."""
+(docs/design.md, "The Triton interpreter": the mode is fixed when `@triton.jit` runs), so it is set
+here, first."""
 
 import os
 

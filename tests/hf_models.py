@@ -1,9 +1,9 @@
 """Tiny randomly initialised HF models for the tests, and drafts derived from them.
 
-FACTS.md: random tiny models have near-uniform logits and independent random drafts almost never
-agree with a random target. So logits are widened (``lm_head`` scaled) and drafts are derived from the
-target: noisy copies and layer-dropped copies, which accept often but not always.
-"""
+docs/design.md, "Tiny random models are near-uniform": random tiny models have near-uniform logits and
+independent random drafts almost never agree with a random target. So logits are widened (``lm_head``
+scaled) and drafts are derived from the target: noisy copies and layer-dropped copies, which accept
+often but not always. """
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """A plain-Python model of the C++ ledger (`hsd_fast._C.Ledger`): the specification it is tested
 against.
 
-Per row and level it keeps integers only (DESIGN.md §2). Levels are 0..K, K the target. Tags never
-increase along a row, so they are stored as *frontiers*: ``frontier[l]`` = number of tokens (prompt
-included) whose tag is >= l. Hence ``frontier[0] == seq_len`` and
-``frontier[K] == committed length``; ``pending(l) = frontier[l] - frontier[l + 1]``. The prompt is
-tagged K. ``cached[l]`` is how many leading positions level l's KV cache holds validly.
+Per row and level it keeps integers only (docs/design.md, "The ledger"). Levels are 0..K, K the target.
+Tags never increase along a row, so they are stored as *frontiers*: ``frontier[l]`` = number of tokens
+(prompt included) whose tag is >= l. Hence ``frontier[0] == seq_len`` and ``frontier[K] == committed
+length``; ``pending(l) = frontier[l] - frontier[l + 1]``. The prompt is tagged K. ``cached[l]`` is how
+many leading positions level l's KV cache holds validly.
 
 Written for clarity, not speed: every method loops over rows. The property tests drive random
 operation sequences through this model and the extension and compare every observable.

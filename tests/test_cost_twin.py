@@ -74,3 +74,23 @@ def test_twin_refuses_what_it_cannot_preserve(source) -> None:
         cost_twin(source, shape="huge")
     with pytest.raises(TypeError, match="LlamaForCausalLM"):
         cost_twin(tiny_model("gpt2"))
+
+
+def test_twin_draws_from_its_own_generator(source) -> None:
+    shape = {"hidden_size": 128, "num_layers": 5, "intermediate_size": 256}
+    state = torch.random.get_rng_state()
+    a = cost_twin(source, **shape, seed=3)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the global generator is left alone
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1234)  # ...and does not matter
+        b = cost_twin(source, **shape, seed=3)
+    c = cost_twin(source, **shape, seed=4)
+    for name, weight in a.state_dict().items():
+        assert torch.equal(weight, b.state_dict()[name]), name
+    # another seed: other random reads (the new layer's, the new heads'), the same function
+    assert not torch.equal(a.model.layers[4].mlp.up_proj.weight, c.model.layers[4].mlp.up_proj.weight)
+    new_heads = a.model.layers[0].self_attn.q_proj.weight[source.config.hidden_size :]
+    assert abs(float(new_heads.detach().std()) - source.config.initializer_range) < 5e-3
+    ids = torch.randint(3, 96, (2, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(a(ids).logits, c(ids).logits, atol=1e-5, rtol=1e-5)

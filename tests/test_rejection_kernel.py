@@ -1,7 +1,8 @@
 """The fused verification kernel equals its torch reference: identical accepted counts and tokens.
 
 On CPU the kernel runs under the Triton interpreter (conftest.py) on tiny shapes, fp16/fp32 (the
-interpreter mishandles bf16, FACTS.md); `-m gpu` runs real sizes and bf16 natively on CUDA."""
+interpreter mishandles bf16, docs/design.md, "The Triton interpreter"); `-m gpu` runs real sizes and
+bf16 natively on CUDA."""
 
 import pytest
 import torch
@@ -53,7 +54,7 @@ def _assert_same(out, ref, atol: float = 1e-5) -> None:
 # second 1 token long); three chunks of two blocks, the last chunk a 1-token block.
 SHAPES = [(7, None, None), (64, 64, 1), (65, 64, None), (65, 16, 3)]
 # Rows of 0, 1 and 5 drafts, alone and as one batch; fp16 on the batch (the interpreter is slow:
-# FACTS.md), fp32 everywhere.
+# docs/design.md, "The Triton interpreter"), fp32 everywhere.
 CASES = [(counts, *shape, torch.float32) for counts in [[0], [1], [5], [0, 1, 5]] for shape in SHAPES]
 CASES += [([0, 1, 5], *shape, torch.float16) for shape in SHAPES]
 

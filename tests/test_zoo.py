@@ -1,22 +1,50 @@
 """The committed zoo loads, round-trips text and generates; greedy HSD over it equals the target's own
-greedy output; the corpus split, the token file and the trainer behave."""
+greedy output; the corpus split, the token file and the trainer behave; the build finds its sources,
+regenerates the calibration windows, and the package ships exactly what loading reads."""
 
+import dataclasses
+import fnmatch
+import glob
+import hashlib
 import itertools
 import json
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import hsd_fast
 from hsd_fast import zoo
-from hsd_fast.zoo import card
-from hsd_fast.zoo.corpus import Document, TokenCorpus, python_code, tokenize, validation_ids
+from hsd_fast.cli import main
+from hsd_fast.zoo import card, corpus
+from hsd_fast.zoo.build import (
+    calibration_record,
+    read_calibration,
+    read_manifest,
+    tokenize_with,
+    write_calibration,
+)
+from hsd_fast.zoo.corpus import (
+    Document,
+    MissingSourcesError,
+    TokenCorpus,
+    documents,
+    locate_sources,
+    python_code,
+    text_hash,
+    validation_ids,
+)
 from hsd_fast.zoo.models import SIZES, load_int8, new_model, save_int8
 from hsd_fast.zoo.train import TrainConfig, train
 
 pytestmark = pytest.mark.hf
+
+REPO = Path(__file__).resolve().parents[1]
+REPO_ZOO = REPO / "zoo"  # the committed files (`zoo.zoo_dir()` may be an installed copy or $HSD_FAST_ZOO)
 
 TEXTS = [
     "def add(a, b):\n    return a + b\n",
@@ -45,7 +73,8 @@ def test_zoo_is_a_family_of_four_or_more_sizes_spanning_10x() -> None:
 
 
 def test_card_matches_manifest() -> None:
-    assert (zoo.zoo_dir() / "README.md").read_text() == card.render(zoo.manifest())
+    # the repository's card: it is not installed (`zoo info` renders it from the manifest)
+    assert (REPO_ZOO / "README.md").read_text() == card.render(read_manifest(REPO_ZOO))
 
 
 def test_tokenizer_round_trips_text(tokenizer) -> None:
@@ -111,8 +140,7 @@ def test_load_refuses_unknown_names() -> None:
 def _slice(tokenizer, count: int = 6) -> TokenCorpus:
     docs = [Document("python-code", rel, text) for rel, text in itertools.islice(python_code(), count)]
     docs += [Document("prose", f"t{i}", TEXTS[1] * 40) for i in range(2)]
-    encode = tokenizer.backend_tokenizer.encode_batch
-    return tokenize(docs, lambda texts: [e.ids for e in encode(texts)], tokenizer.eos_token_id)
+    return tokenize_with(docs, tokenizer)
 
 
 def test_split_is_by_document_and_every_source_has_validation() -> None:
@@ -142,3 +170,161 @@ def test_trainer_loss_falls(tokenizer, tmp_path: Path) -> None:
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0
     assert records[-1]["tokens"] == 40 * 4 * 64 and set(records[-1]["val"]) == {"python-code", "prose"}
     assert len((tmp_path / "log.jsonl").read_text().splitlines()) == len(records)
+
+
+def test_new_model_draws_from_its_own_generator() -> None:
+    state = torch.random.get_rng_state()
+    a = new_model(SIZES["xxs"], vocab_size=300, seed=5)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the global generator is left alone
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1234)  # ...and does not matter
+        b = new_model(SIZES["xxs"], vocab_size=300, seed=5)
+    c = new_model(SIZES["xxs"], vocab_size=300, seed=6)
+    for name, weight in a.state_dict().items():
+        assert torch.equal(weight, b.state_dict()[name]), name
+    assert not torch.equal(a.model.layers[0].mlp.up_proj.weight, c.model.layers[0].mlp.up_proj.weight)
+    # HF's Llama initialisation: normal(0, 0.02) matrices, padding row zeroed, RMSNorm weights 1
+    embed = a.model.embed_tokens.weight.detach()
+    assert a.lm_head.weight is a.model.embed_tokens.weight and embed[a.config.pad_token_id].abs().max() == 0
+    std = a.config.initializer_range
+    assert abs(float(embed[1:].std()) - std) < 1e-3
+    assert abs(float(a.model.layers[1].self_attn.q_proj.weight.detach().std()) - std) < 2e-3
+    assert all(torch.all(p == 1) for n, p in a.named_parameters() if n.endswith("norm.weight"))
+    ids = torch.randint(0, 300, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # the RoPE tables were rebuilt, not left uninitialised
+        assert torch.isfinite(a(ids).logits).all()
+
+
+# -- sources ----------------------------------------------------------------------------------------
+
+
+def _touch(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("=head1 NAME\n")
+
+
+def test_perl_pod_is_found_newest_version_first(tmp_path: Path, monkeypatch) -> None:
+    for version in ("5.4.1", "5.30.0", "5.36.0"):
+        _touch(tmp_path / version / "pod" / "perl.pod")
+    (tmp_path / "5.36").symlink_to("5.36.0")  # Debian's link: the same pages, not another version
+    _touch(tmp_path / "5.40.0" / "pod" / "perldiag.pod")  # perl-modules alone, no perl-doc
+    monkeypatch.setattr(corpus, "PERL_POD", str(tmp_path / "5.*" / "pod" / "perl.pod"))
+    assert locate_sources(("perl-pod",)) == {"perl-pod": tmp_path.resolve() / "5.36.0" / "pod"}
+
+
+def test_python_docs_prefer_the_running_python(tmp_path: Path, monkeypatch) -> None:
+    running = f"python3.{sys.version_info.minor}-doc"
+    for name in ("python3.9-doc", running, "python3.99-doc"):
+        _touch(tmp_path / name / "html" / "_sources" / "contents.rst.txt")
+    monkeypatch.setattr(corpus, "PYTHON_DOCS", str(tmp_path / "python3.*-doc" / "html" / "_sources"))
+    assert locate_sources(("python-docs",))["python-docs"] == tmp_path.resolve() / running / "html/_sources"
+    (tmp_path / running / "html" / "_sources" / "contents.rst.txt").unlink()  # not installed: the newest
+    assert (
+        locate_sources(("python-docs",))["python-docs"] == tmp_path.resolve() / "python3.99-doc/html/_sources"
+    )
+
+
+def test_missing_sources_name_their_debian_packages(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(corpus, "PERL_POD", "/nonexistent/perl/5.*/pod/perl.pod")
+    no_bible = dataclasses.replace(corpus.SOURCES["bible"], locate=lambda: None)
+    monkeypatch.setitem(corpus.SOURCES, "bible", no_bible)
+    with pytest.raises(MissingSourcesError, match="apt-get install perl-doc bible-kjv") as err:
+        next(documents())  # before reading anything
+    assert [s.name for s in err.value.missing] == ["perl-pod", "bible"]
+    assert main(["zoo", "sources"]) == 1
+    out = capsys.readouterr().out
+    assert "perl-pod     perl-doc" in out and out.count("missing") >= 2 and "apt-get install" in out
+
+
+# -- calibration windows ---------------------------------------------------------------------------
+
+
+def _synthetic_corpus(val_lengths: dict[str, int], seed: int) -> TokenCorpus:
+    rng = np.random.default_rng(seed)
+    val = {name: rng.integers(1, 8000, n).astype(np.uint16) for name, n in val_lengths.items()}
+    train = {name: rng.integers(1, 8000, 1000).astype(np.uint16) for name in val_lengths}
+    return TokenCorpus(train, val)
+
+
+def test_calibration_rule_is_deterministic(tmp_path: Path) -> None:
+    lengths = {"prose": 5000, "code": 1500, "short": 100}  # "short": not one 128-token window
+    data = _synthetic_corpus(lengths, seed=0)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    record = write_calibration(tmp_path / "a", data)
+    other_train = TokenCorpus(_synthetic_corpus(lengths, seed=1).train, data.val)  # same held-out text
+    write_calibration(tmp_path / "b", other_train)
+    stored = (tmp_path / "a" / "calibration.safetensors").read_bytes()
+    assert (tmp_path / "b" / "calibration.safetensors").read_bytes() == stored
+    # the format: int32 [8, 128] per source, evenly spaced, first and last window flush with the ends
+    tensors = load_file(str(tmp_path / "a" / "calibration.safetensors"))
+    assert sorted(tensors) == ["code", "prose"] and all(t.dtype == torch.int32 for t in tensors.values())
+    for name, windows in tensors.items():
+        stream = torch.from_numpy(data.val[name].astype(np.int32))
+        assert windows.shape == (8, 128)
+        assert torch.equal(windows[0], stream[:128]) and torch.equal(windows[-1], stream[-128:])
+    assert all(w.dtype == torch.int64 for w in read_calibration(tmp_path / "a").values())
+    # ...recorded in the manifest
+    assert read_manifest(tmp_path / "a")["calibration"] == record
+    assert record["sha256"] == hashlib.sha256(stored).hexdigest()
+    assert record["shapes"] == {"code": [8, 128], "prose": [8, 128]}
+
+
+def test_committed_calibration_matches_the_manifest() -> None:
+    manifest = read_manifest(REPO_ZOO)
+    assert calibration_record(REPO_ZOO / "calibration.safetensors") == manifest["calibration"]
+    assert manifest["calibration"]["shapes"] == {s: [8, 128] for s in sorted(manifest["corpus"]["sources"])}
+    windows = read_calibration(REPO_ZOO)
+    assert all(int(w.max()) < manifest["tokenizer"]["vocab_size"] for w in windows.values())
+
+
+def test_calibration_regenerates_byte_for_byte(tokenizer, tmp_path: Path) -> None:
+    """Where the Debian sources are installed (never in CI) and give the recorded text: the committed
+    file is exactly what the build's rule writes from the validation documents."""
+    if None in locate_sources().values():
+        pytest.skip("the corpus sources are not installed (`hsd-fast zoo sources`)")
+    docs = list(documents())
+    if text_hash(docs) != read_manifest(REPO_ZOO)["corpus"]["text_sha256"]:
+        pytest.skip("this machine's corpus text is not the recorded one (`hsd-fast zoo sources --hash`)")
+    held = validation_ids(docs)
+    # The held-out documents alone give the full corpus's validation streams: the split is per document
+    # and every held-out document stays held out among them (its CRC-32 rule, or its source's minimum).
+    held_out = tokenize_with([d for d in docs if (d.source, d.doc_id) in held], tokenizer)
+    recorded = read_manifest(REPO_ZOO)["corpus"]["sources"]
+    assert {s: int(v.size) for s, v in held_out.val.items()} == {s: r["val"] for s, r in recorded.items()}
+    write_calibration(tmp_path, held_out)
+    committed = (REPO_ZOO / "calibration.safetensors").read_bytes()
+    assert (tmp_path / "calibration.safetensors").read_bytes() == committed
+
+
+# -- what the package ships ------------------------------------------------------------------------
+
+
+def _package_data(section: str) -> list[str]:
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    return config["tool"]["setuptools"].get(section, {}).get("hsd_fast.zoo_data", [])
+
+
+def _globbed(patterns: list[str]) -> set[str]:
+    """Files matching package-data ``patterns``, as setuptools' build_py finds them."""
+    found = (glob.glob(os.path.join(REPO_ZOO, p), recursive=True) for p in patterns)
+    return {f for paths in found for f in paths if os.path.isfile(f)}
+
+
+def _excluded(patterns: list[str], files: set[str]) -> set[str]:
+    """Those of ``files`` that exclude-package-data ``patterns`` drop, as build_py matches them."""
+    return {f for f in files if any(fnmatch.fnmatch(f, os.path.join(REPO_ZOO, p)) for p in patterns)}
+
+
+def test_package_data_is_exactly_what_loading_reads() -> None:
+    shipped = _globbed(_package_data("package-data"))
+    shipped -= _excluded(_package_data("exclude-package-data"), shipped)
+    names = read_manifest(REPO_ZOO)["models"]
+    needed = ["manifest.json", "calibration.safetensors", "profile_cpu.json"]
+    needed += [f"tokenizer/{p.name}" for p in (REPO_ZOO / "tokenizer").iterdir()]
+    needed += [f"{name}/{file}" for name in names for file in ("config.json", "model.safetensors")]
+    assert sorted(Path(f).relative_to(REPO_ZOO).as_posix() for f in shipped) == sorted(needed)
+    # and the stale-SOURCES.txt route (include-package-data) is closed for what stays in the repository
+    repository_only = {str(p) for p in [REPO_ZOO / "README.md", *REPO_ZOO.glob("*/train_log.jsonl")]}
+    assert _excluded(_package_data("exclude-package-data"), repository_only) == repository_only

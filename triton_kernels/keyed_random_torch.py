@@ -1,4 +1,4 @@
-"""Keyed randomness: every random number is a pure function of its key (DESIGN.md §2).
+"""Keyed randomness: every random number is a pure function of its key (docs/design.md, "Keyed randomness").
 
     key   = (row seed, level, absolute position, purpose, vocabulary index)
     h     = mix32(C)

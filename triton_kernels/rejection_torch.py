@@ -1,4 +1,4 @@
-"""One verification step of speculative sampling for a ragged batch (DESIGN.md §2).
+"""One verification step of speculative sampling for a ragged batch (docs/design.md, "verify").
 
 Row r verifies its ``n_r >= 0`` draft tokens ``x_0 .. x_{n_r-1}`` (absolute positions
 ``positions[r] + k``) against the verifier's distribution ``p``; the drafts came from ``q``:

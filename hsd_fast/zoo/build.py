@@ -1,12 +1,16 @@
-"""``hsd-fast zoo build``: corpus -> tokenizer -> one trained model per size -> int8 files + manifest.
+"""``hsd-fast zoo build``: corpus -> tokenizer -> calibration windows -> one trained model per size ->
+int8 files + manifest.
 
 The committed tokenizer is reused unless ``retrain_tokenizer`` is set. The token corpus is cached in
-``work_dir`` under its hash. Each model is trained, stored as int8 rows, re-loaded, and its int8
-fidelity measured (validation loss and argmax agreement against the fp32 weights it came from).
+``work_dir`` under its hash. The calibration windows (``calibration.safetensors``) are cut from the
+corpus's validation tokens by a fixed rule, so the same corpus gives the same file, byte for byte.
+Each model is trained, stored as int8 rows, re-loaded, and its int8 fidelity measured (validation
+loss and argmax agreement against the fp32 weights it came from).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 import sys
@@ -17,15 +21,25 @@ from pathlib import Path
 import torch
 import transformers
 
-from hsd_fast.zoo.corpus import TokenCorpus, documents, text_hash, tokenize, validation_ids
+from hsd_fast.report import device_name
+from hsd_fast.zoo.corpus import (
+    Document,
+    TokenCorpus,
+    documents,
+    locate_sources,
+    text_hash,
+    tokenize,
+    validation_ids,
+)
 from hsd_fast.zoo.models import load_int8, num_params, save_int8
 from hsd_fast.zoo.tokenizer import load_tokenizer, train_tokenizer
-from hsd_fast.zoo.train import TrainConfig, train, validation_loss, validation_windows
+from hsd_fast.zoo.train import TrainConfig, held_out_windows, train, validation_loss, validation_windows
 from hsd_fast.zoo.twin import cost_twin
 
-# A CPU budget cannot train each size from scratch to beat the smaller ones (ZOO_NOTES.md: minutes per
-# model), so each size after the first starts from the previous one, expanded by `cost_twin` (same
-# function, larger shape), and trains on: every size has seen its parent's tokens plus its own.
+# A CPU budget cannot train each size from scratch to beat the smaller ones (docs/design.md, 'The zoo':
+# minutes per model; a 4.0 M model trained from scratch for as long as xxs ended worse than xxs), so
+# each size after the first starts from the previous one, expanded by `cost_twin` (same function, larger
+# shape), and trains on: every size has seen its parent's tokens plus its own.
 GROWN_FROM = {"xs": "xxs", "sm": "xs", "s": "sm", "m": "s", "l": "m"}
 # Steps of 16 x 256 tokens per size, sized for the 2-core CPU machine (~8 minutes for xxs from scratch).
 CPU_STEPS = {"xxs": 1000, "xs": 250, "sm": 250, "s": 250, "m": 250, "l": 250}
@@ -41,9 +55,17 @@ def write_manifest(zoo_dir: Path, manifest: dict) -> None:
     (zoo_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
+def tokenize_with(docs: list[Document], tokenizer) -> TokenCorpus:
+    """``docs`` encoded by the zoo tokenizer (a ``PreTrainedTokenizerFast``), in batches."""
+    encode = tokenizer.backend_tokenizer.encode_batch
+    return tokenize(docs, lambda texts: [e.ids for e in encode(texts)], tokenizer.eos_token_id)
+
+
 def build_corpus(zoo_dir: Path, work_dir: Path, retrain_tokenizer: bool = False) -> TokenCorpus:
     manifest = read_manifest(zoo_dir)
-    docs = list(documents())
+    for name, path in locate_sources().items():
+        print(f"corpus source {name}: {path or 'missing'}")
+    docs = list(documents())  # raises MissingSourcesError, naming the Debian packages, first
     tokenizer_dir = zoo_dir / "tokenizer"
     if retrain_tokenizer or not (tokenizer_dir / "tokenizer.json").is_file():
         held = validation_ids(docs)
@@ -57,8 +79,7 @@ def build_corpus(zoo_dir: Path, work_dir: Path, retrain_tokenizer: bool = False)
         corpus = TokenCorpus.load(cached)
     else:
         work_dir.mkdir(parents=True, exist_ok=True)
-        encode = tokenizer.backend_tokenizer.encode_batch
-        corpus = tokenize(docs, lambda texts: [e.ids for e in encode(texts)], tokenizer.eos_token_id)
+        corpus = tokenize_with(docs, tokenizer)
         corpus.save(cached)
     if recorded.get("text_sha256") not in (None, digest):
         print(f"note: this machine's text differs from the recorded corpus ({recorded['text_sha256'][:12]})")
@@ -126,7 +147,7 @@ def build_model(
         "val_loss": records[-1]["val"],
         **int8_fidelity(model, load_int8(out), windows),
         "train_seconds": round(seconds, 1),
-        "device": _device_name(device),
+        "device": device_name(device),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": sys.version.split()[0],
@@ -135,10 +156,6 @@ def build_model(
     manifest["models"][size] = card
     write_manifest(zoo_dir, manifest)
     return card
-
-
-def _device_name(device: str) -> str:
-    return torch.cuda.get_device_name() if device.startswith("cuda") else f"cpu ({platform.machine()})"
 
 
 def build(
@@ -159,6 +176,7 @@ def build(
         corpus = TokenCorpus.load(tokens, expected_hash=expected)
     else:
         corpus = build_corpus(zoo_dir, work_dir, retrain_tokenizer)
+    write_calibration(zoo_dir, corpus)
     for size in sizes:
         card = build_model(zoo_dir, corpus, size, steps, device)
         print(f"{size}: {card['params'] / 1e6:.2f} M params, val {card['val_loss']}")
@@ -166,16 +184,41 @@ def build(
 
 
 CALIBRATION = "calibration.safetensors"
+CALIBRATION_WINDOWS = 8  # per source
+CALIBRATION_LENGTH = 128  # tokens per window
 
 
-def write_calibration(zoo_dir: Path, corpus: TokenCorpus, windows: int = 8, length: int = 128) -> None:
-    """Commit a few held-out windows per source, so acceptance and the selector can be measured on
-    machines without the corpus: ``calibration.safetensors``, one [windows, length] int tensor each."""
+def calibration_windows(
+    corpus: TokenCorpus, windows: int = CALIBRATION_WINDOWS, length: int = CALIBRATION_LENGTH
+) -> dict[str, torch.Tensor]:
+    """The rule that makes ``calibration.safetensors``: ``windows`` evenly spaced windows of ``length``
+    tokens from each source's validation stream (the one the trainer validates on), int32. It reads
+    only ``corpus.val``, i.e. only the held-out documents."""
+    return {k: v.to(torch.int32).contiguous() for k, v in held_out_windows(corpus, windows, length).items()}
+
+
+def write_calibration(zoo_dir: Path, corpus: TokenCorpus) -> dict:
+    """Write the held-out windows, so acceptance and the selector can be measured on machines
+    without the corpus: ``calibration.safetensors``, one [windows, length] int32 tensor per source.
+    Recorded (shapes, sha256 of the file) in the manifest; returns the record."""
     from safetensors.torch import save_file
 
-    config = TrainConfig("xxs", steps=1, seq_len=length - 1, eval_windows=windows)
-    tensors = {k: v.to(torch.int32).contiguous() for k, v in validation_windows(corpus, config).items()}
-    save_file(tensors, str(zoo_dir / CALIBRATION))
+    path = zoo_dir / CALIBRATION
+    save_file(calibration_windows(corpus), str(path))  # no metadata, keys sorted: same tensors, same bytes
+    record = calibration_record(path)
+    manifest = read_manifest(zoo_dir)
+    manifest["calibration"] = record
+    write_manifest(zoo_dir, manifest)
+    return record
+
+
+def calibration_record(path: Path) -> dict:
+    """What the manifest records of a calibration file: its name, tensor shapes and sha256."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as stored:
+        shapes = {k: list(stored.get_slice(k).get_shape()) for k in sorted(stored.keys())}
+    return {"file": path.name, "shapes": shapes, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
 def read_calibration(zoo_dir: Path) -> dict[str, torch.Tensor]:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from hsd_fast.report import markdown_table
+
+MODEL_COLUMNS = ["name", "hidden", "layers", "heads x dim", "MLP", "params", "grown from", "tokens seen"]
+MODEL_COLUMNS += ["train time", "device"]
+
 
 def matrix_table(names: list[str], matrix: list[list[float]]) -> list[str]:
-    lines = ["| draft \\ verifier | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    lines += [
-        f"| {n} | " + " | ".join(f"{x:.3f}" for x in row) + " |" for n, row in zip(names, matrix, strict=True)
-    ]
-    return lines
+    rows = [[n, *(f"{x:.3f}" for x in row)] for n, row in zip(names, matrix, strict=True)]
+    return markdown_table(["draft \\ verifier", *names], rows)
 
 
 def render(manifest: dict) -> str:
@@ -27,21 +29,11 @@ def render(manifest: dict) -> str:
         "",
         "## Models",
         "",
-        "| name | hidden | layers | heads x dim | MLP | params | grown from | tokens seen | train time "
-        "| device | " + " | ".join(f"val loss {s}" for s in sources) + " | int8 argmax agreement |",
-        "|---" * (11 + len(sources)) + "|",
+        *markdown_table(
+            [*MODEL_COLUMNS, *(f"val loss {s}" for s in sources), "int8 argmax agreement"],
+            [_model_row(name, models[name], sources) for name in names],
+        ),
     ]
-    for name in names:
-        card, shape = models[name], models[name]["shape"]
-        val = " | ".join(f"{card['val_loss'].get(s, float('nan')):.3f}" for s in sources)
-        out.append(
-            f"| {name} | {shape['hidden_size']} | {shape['num_layers']} | "
-            f"{shape['num_heads']} x {shape['head_dim']} | {shape['intermediate_size']} | "
-            f"{card['params'] / 1e6:.2f} M | {card['grown_from'] or '-'} | "
-            f"{card['tokens_seen'] / 1e6:.2f} M | "
-            f"{card['train_seconds'] / 60:.1f} min | {card['device']} | {val} | "
-            f"{card['int8_argmax_agreement']:.4f} |"
-        )
     out += [
         "",
         "Validation loss (nats per token) is measured on held-out documents of each source with the fp32 "
@@ -74,17 +66,11 @@ def render(manifest: dict) -> str:
             "",
             "Per source, adjacent sizes (sum-min at temperature 1 / greedy agreement):",
             "",
-            "| pair | " + " | ".join(accept["sum_min_t1_per_source"]) + " |",
-            "|---" * (1 + len(accept["sum_min_t1_per_source"])) + "|",
+            *markdown_table(["pair", *accept["sum_min_t1_per_source"]], _adjacent_rows(accept)),
+            "",
         ]
-        for i in range(len(accept["models"]) - 1):
-            sum_min, greedy = accept["sum_min_t1_per_source"], accept["greedy_per_source"]
-            cells = [f"{sum_min[s][i][i + 1]:.3f} / {greedy[s][i][i + 1]:.3f}" for s in sum_min]
-            out.append(f"| {accept['models'][i]} -> {accept['models'][i + 1]} | " + " | ".join(cells) + " |")
-        out.append("")
     source_rows = [
-        f"| {s} | {info['documents']} | {info['chars'] / 1e6:.1f} M | {info['train'] / 1e6:.2f} M | "
-        f"{info['val'] / 1e3:.1f} k |"
+        [s, info["documents"], f"{info['chars'] / 1e6:.1f} M", *_train_val(info)]
         for s, info in corpus["sources"].items()
     ]
     out += [
@@ -96,14 +82,15 @@ def render(manifest: dict) -> str:
         "document per chapter). A document is held out when the CRC-32 of its id is 0 mod 50, plus the "
         "smallest CRC-32 of each source.",
         "",
-        "| source | documents | characters | train tokens | validation tokens |",
-        "|---|---|---|---|---|",
-        *source_rows,
+        *markdown_table(
+            ["source", "documents", "characters", "train tokens", "validation tokens"], source_rows
+        ),
         "",
         f"Corpus text sha256 `{corpus['text_sha256']}`; token arrays sha256 `{corpus['tokens_sha256']}` "
         "(`TokenCorpus.hash()`: another machine checks it has the same tokens with "
         "`TokenCorpus.load(path, expected_hash=...)`).",
         "",
+        *_calibration_lines(manifest.get("calibration")),
         "## Training",
         "",
         "The smallest model is trained from scratch. On a CPU budget a larger model trained from scratch "
@@ -117,15 +104,59 @@ def render(manifest: dict) -> str:
         "AdamW (betas 0.9/0.95, weight decay 0.1 on matrices, gradient clip 1.0), batches of 16 random "
         "windows of 256 tokens drawn uniformly over all training tokens, linear warm-up over 50 steps then "
         "cosine to 10% of the peak rate, seed 0; fp32 on the CPU. Per-step logs with the validation loss "
-        "per source every 250 steps: `zoo/<name>/train_log.jsonl`. Training on the GPU (larger sizes, "
+        "per source every 250 steps: `zoo/<name>/train_log.jsonl` (in the repository; the installed package "
+        "ships only what loading needs). Training on the GPU (larger sizes, "
         "more tokens) is still to do: `bench/run_gpu.sh zoo-train`.",
         "",
-        "Rebuild (needs `apt-get install python3.11-doc perl-doc bible-kjv`; reuses the committed "
-        "tokenizer unless `--retrain-tokenizer`):",
+        "Rebuild (needs `apt-get install python3.11-doc perl-doc bible-kjv`: `hsd-fast zoo sources` "
+        "shows what this machine has, `--hash` whether its text is the recorded corpus; reuses the "
+        "committed tokenizer unless `--retrain-tokenizer`):",
         "",
         "```bash",
-        "hsd-fast zoo build --sizes " + " ".join(names) + " --zoo-dir zoo && hsd-fast zoo accept --write",
+        "hsd-fast zoo --zoo-dir zoo build --sizes "
+        + " ".join(names)
+        + " && hsd-fast zoo --zoo-dir zoo accept --write",
         "```",
         "",
     ]
     return "\n".join(out)
+
+
+def _calibration_lines(record: dict | None) -> list[str]:
+    if not record:
+        return []
+    shapes = {tuple(shape) for shape in record["shapes"].values()}
+    size = " or ".join(f"{n} x {length}" for n, length in sorted(shapes))
+    return [
+        f"Calibration windows (`zoo/{record['file']}`, read by `zoo accept`, `hsd-fast select` and the "
+        f"demo): {size} tokens per source, evenly spaced over the validation tokens, rewritten by every "
+        f"build from its corpus; sha256 `{record['sha256']}`.",
+        "",
+    ]
+
+
+def _model_row(name: str, card: dict, sources: list[str]) -> list[object]:
+    shape = card["shape"]
+    return [
+        name, shape["hidden_size"], shape["num_layers"], f"{shape['num_heads']} x {shape['head_dim']}",
+        shape["intermediate_size"], f"{card['params'] / 1e6:.2f} M", card["grown_from"] or "-",
+        f"{card['tokens_seen'] / 1e6:.2f} M", f"{card['train_seconds'] / 60:.1f} min", card["device"],
+        *(f"{card['val_loss'].get(s, float('nan')):.3f}" for s in sources),
+        f"{card['int8_argmax_agreement']:.4f}",
+    ]  # fmt: skip
+
+
+def _adjacent_rows(accept: dict) -> list[list[str]]:
+    """Per source, each pair of adjacent sizes: sum-min at temperature 1 / greedy agreement."""
+    sum_min, greedy, names = accept["sum_min_t1_per_source"], accept["greedy_per_source"], accept["models"]
+    return [
+        [
+            f"{names[i]} -> {names[i + 1]}",
+            *(f"{sum_min[s][i][i + 1]:.3f} / {greedy[s][i][i + 1]:.3f}" for s in sum_min),
+        ]
+        for i in range(len(names) - 1)
+    ]
+
+
+def _train_val(info: dict) -> tuple[str, str]:
+    return f"{info['train'] / 1e6:.2f} M", f"{info['val'] / 1e3:.1f} k"

@@ -1,4 +1,4 @@
-"""``hsd-fast zoo info | build | accept``."""
+"""``hsd-fast zoo info | sources | build | accept``."""
 
 from __future__ import annotations
 
@@ -10,10 +10,16 @@ from hsd_fast.zoo import card
 
 
 def add_parser(sub) -> None:
-    zoo = sub.add_parser("zoo", help="the committed model zoo: info, build, accept")
+    zoo = sub.add_parser("zoo", help="the committed model zoo: info, sources, build, accept")
     zoo.add_argument("--zoo-dir", type=Path, help="default: $HSD_FAST_ZOO or the installed zoo")
     actions = zoo.add_subparsers(dest="action", required=True)
     actions.add_parser("info", help="models, sizes, training and data of the zoo")
+    sources = actions.add_parser(
+        "sources", help="the corpus text `zoo build` needs: Debian package and path found, or missing"
+    )
+    sources.add_argument(
+        "--hash", action="store_true", help="read the text and compare its sha256 with the recorded corpus's"
+    )
     build = actions.add_parser("build", help="corpus -> tokenizer -> train -> int8 files (long)")
     build.add_argument("--sizes", nargs="+", default=["xxs", "xs", "sm", "s"])
     build.add_argument("--steps", type=int, help="training steps per size (default: per-size CPU budget)")
@@ -29,16 +35,29 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hsd_fast import zoo
+    from hsd_fast.zoo.corpus import MissingSourcesError
 
     zoo_dir = args.zoo_dir or zoo.zoo_dir()
+    if args.action == "sources":
+        return _sources(zoo_dir, args.hash)
     if args.action == "build":
         from hsd_fast.zoo.build import build
 
         if args.retrain_tokenizer and (zoo_dir / "tokenizer").exists():
             print("retraining the tokenizer: every existing model of this zoo must be rebuilt")
-        build(
-            zoo_dir, args.work_dir, args.sizes, args.steps, args.device, args.retrain_tokenizer, args.tokens
-        )
+        try:
+            build(
+                zoo_dir,
+                args.work_dir,
+                args.sizes,
+                args.steps,
+                args.device,
+                args.retrain_tokenizer,
+                args.tokens,
+            )
+        except MissingSourcesError as err:
+            print(err)
+            return 1
         _write_card(zoo_dir)
         return 0
     from hsd_fast.zoo.build import measure_acceptance, read_manifest
@@ -60,6 +79,29 @@ def run(args: argparse.Namespace) -> int:
         manifest["acceptance"] = result
         (zoo_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
         _write_card(zoo_dir)
+    return 0
+
+
+def _sources(zoo_dir: Path, check_hash: bool) -> int:
+    """The corpus sources of this machine, one line each; 1 when one is missing."""
+    from hsd_fast.zoo.build import read_manifest
+    from hsd_fast.zoo.corpus import SOURCES, MissingSourcesError, documents, locate_sources, text_hash
+
+    found = locate_sources()
+    rows = [("source", "Debian package", "found")]
+    rows += [(name, SOURCES[name].package or "-", str(path or "missing")) for name, path in found.items()]
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    for name, package, path in rows:
+        print(f"{name:<{widths[0]}}  {package:<{widths[1]}}  {path}")
+    missing = [SOURCES[name] for name, path in found.items() if path is None]
+    if missing:
+        print(f"\n{MissingSourcesError(missing)}")
+        return 1
+    if check_hash:  # reads every document (~40 MB for the committed corpus)
+        recorded = read_manifest(zoo_dir).get("corpus", {}).get("text_sha256")
+        digest = text_hash(list(documents()))
+        verdict = "the recorded corpus" if digest == recorded else f"not the recorded corpus ({recorded})"
+        print(f"\ntext sha256 {digest}: {verdict}")
     return 0
 
 

@@ -1,9 +1,14 @@
 """The zoo's training text: documents from text present offline, in a fixed order, split by hash.
 
-Sources (DESIGN.md §5, ZOO_NOTES.md): the Python standard library's code, the Python docs' reST
-sources, Perl's pod pages and the King James Bible. The last three come from Debian packages
-(``apt-get install python3.11-doc perl-doc bible-kjv``). A document goes to validation when the
-CRC-32 of its id is 0 mod ``VAL_MODULUS``: the split does not depend on what else is present.
+Sources (docs/design.md, 'The zoo'): the running Python's standard library code, the Python docs'
+reST sources, Perl's pod pages and the King James Bible. The last three come from Debian packages
+(``apt-get install python3.11-doc perl-doc bible-kjv`` for the committed zoo, built on Debian 12 with
+Python 3.11). Their paths carry version numbers, so each source is *found*: a glob over versions,
+sorted, the newest match picked (for the docs, the running Python's release when it is there).
+``hsd-fast zoo sources`` shows what was found; a missing source is an error naming its package.
+
+A document goes to validation when the CRC-32 of its id is 0 mod ``VAL_MODULUS`` (plus the smallest
+CRC-32 of each source): the split does not depend on what else is present.
 
 The token file (``tokens.npz``: train/val uint16 arrays per source, documents separated by the EOS
 id) is what training reads; its hash, recorded in ``zoo/manifest.json``, identifies the corpus, so a
@@ -12,9 +17,12 @@ machine with other text (another Python, other packages) can check it holds the 
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import re
+import shutil
 import subprocess
+import sys
 import sysconfig
 import zlib
 from collections.abc import Callable, Iterator
@@ -46,35 +54,82 @@ def validation_ids(docs: list[Document]) -> set[tuple[str, str]]:
     return held
 
 
+# -- finding the sources ---------------------------------------------------------------------------
+
+
+def _glob_versions(pattern: str) -> list[tuple[tuple[int, ...], Path]]:
+    """(version, path) of each match of ``pattern``, oldest version first. The version is the numbers
+    in the path component the ``*`` stands for (``5.36.0`` -> (5, 36, 0)), compared as numbers. Paths
+    are resolved and deduplicated: Debian links ``/usr/share/perl/5.36`` to ``5.36.0``, and the same
+    files must not count as two versions."""
+    depth = next(i for i, part in enumerate(Path(pattern).parts) if "*" in part)
+    found: dict[Path, tuple[int, ...]] = {}
+    for match in glob.glob(pattern):
+        path = Path(match)
+        version = tuple(int(n) for n in re.findall(r"\d+", path.parts[depth]))
+        found[path.resolve()] = max(version, found.get(path.resolve(), ()))
+    return sorted(((v, p) for p, v in found.items()), key=lambda vp: (vp[0], vp[1].as_posix()))
+
+
+def _python_stdlib() -> Path | None:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return stdlib if (stdlib / "os.py").is_file() else None
+
+
+PYTHON_DOCS = "/usr/share/doc/python3.*-doc/html/_sources"
+
+
+def _python_docs() -> Path | None:
+    """The running Python's docs when installed (code and docs of one release), else the newest."""
+    found = [(v, p) for v, p in _glob_versions(PYTHON_DOCS) if (p / "contents.rst.txt").is_file()]
+    running = [p for v, p in found if v == tuple(sys.version_info[:2])]
+    return (running or [p for _, p in found] or [None])[-1]
+
+
+# perl-modules-5.xx also ships one page (perldiag.pod) in the same directory: look for a page only
+# perl-doc installs, so a machine without perl-doc reports it missing instead of reading one page.
+PERL_POD = "/usr/share/perl/5.*/pod/perl.pod"
+
+
+def _perl_pod() -> Path | None:
+    found = _glob_versions(PERL_POD)
+    return found[-1][1].parent if found else None
+
+
+def _bible() -> Path | None:
+    found = shutil.which("bible")
+    return Path(found) if found else None
+
+
+# -- reading them ----------------------------------------------------------------------------------
+
+
 def _files(root: Path, pattern: str, exclude: tuple[str, ...] = ()) -> Iterator[tuple[str, str]]:
-    if not root.is_dir():
-        raise FileNotFoundError(f"{root} is missing")
     for path in sorted(root.rglob(pattern)):
         rel = path.relative_to(root).as_posix()
         if path.is_file() and not rel.startswith(exclude):
             yield rel, path.read_text(encoding="utf-8", errors="replace")
 
 
-def python_code() -> Iterator[tuple[str, str]]:
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
+def _read_python_code(stdlib: Path) -> Iterator[tuple[str, str]]:
     yield from _files(stdlib, "*.py", exclude=("site-packages/", "test/", "idlelib/idle_test/"))
 
 
-def python_docs() -> Iterator[tuple[str, str]]:
-    yield from _files(Path("/usr/share/doc/python3.11-doc/html/_sources"), "*.rst.txt")
+def _read_python_docs(root: Path) -> Iterator[tuple[str, str]]:
+    yield from _files(root, "*.rst.txt")
 
 
-def perl_pod() -> Iterator[tuple[str, str]]:
-    yield from _files(Path("/usr/share/perl/5.36.0/pod"), "*.pod")
+def _read_perl_pod(root: Path) -> Iterator[tuple[str, str]]:
+    yield from _files(root, "*.pod")
 
 
 _VERSE = re.compile(r"^(\S+?)(\d+):(\d+) (.*)$")
 
 
-def bible() -> Iterator[tuple[str, str]]:
+def _read_bible(command: Path) -> Iterator[tuple[str, str]]:
     """One document per chapter, verse references stripped."""
     dump = subprocess.run(
-        ["bible", "-f", "Gen1:1-Rev22:21"], capture_output=True, text=True, check=True
+        [str(command), "-f", "Gen1:1-Rev22:21"], capture_output=True, text=True, check=True
     ).stdout
     chapter, verses = None, []
     for line in dump.splitlines():
@@ -93,18 +148,81 @@ def bible() -> Iterator[tuple[str, str]]:
         yield chapter, "\n".join(verses) + "\n"
 
 
-SOURCES: dict[str, Callable[[], Iterator[tuple[str, str]]]] = {
-    "python-code": python_code,
-    "python-docs": python_docs,
-    "perl-pod": perl_pod,
-    "bible": bible,
+@dataclass(frozen=True)
+class Source:
+    """One kind of training text: what provides it, where it is looked for, how it is read."""
+
+    name: str
+    package: str | None  # the Debian package that installs it; None: the running Python's own files
+    looks_for: str  # shown when it is missing
+    locate: Callable[[], Path | None]
+    read: Callable[[Path], Iterator[tuple[str, str]]]
+
+    def find(self) -> Path:
+        path = self.locate()
+        if path is None:
+            raise MissingSourcesError([self])
+        return path
+
+
+SOURCES: dict[str, Source] = {
+    s.name: s
+    for s in [
+        Source(
+            "python-code",
+            None,
+            "Python standard library (sysconfig 'stdlib')",
+            _python_stdlib,
+            _read_python_code,
+        ),
+        Source(
+            "python-docs",
+            f"python3.{sys.version_info.minor}-doc",
+            PYTHON_DOCS,
+            _python_docs,
+            _read_python_docs,
+        ),
+        Source("perl-pod", "perl-doc", PERL_POD, _perl_pod, _read_perl_pod),
+        Source("bible", "bible-kjv", "`bible` command on PATH", _bible, _read_bible),
+    ]
 }
 
 
+class MissingSourcesError(FileNotFoundError):
+    """Some corpus text is not on this machine; the message names the Debian packages to install."""
+
+    def __init__(self, missing: list[Source]) -> None:
+        self.missing = missing
+        lines = [f"  {s.name}: no {s.looks_for} (Debian package {s.package or '-'})" for s in missing]
+        packages = " ".join(s.package for s in missing if s.package)
+        install = f"\ninstall with: apt-get install {packages}" if packages else ""
+        super().__init__(
+            "the zoo corpus needs text this machine does not have:\n"
+            + "\n".join(lines)
+            + install
+            + "\n(`hsd-fast zoo sources` lists every source and where it was found)"
+        )
+
+
+def locate_sources(names: tuple[str, ...] = tuple(SOURCES)) -> dict[str, Path | None]:
+    """Where each source is on this machine (None: missing); finds, reads nothing."""
+    return {name: SOURCES[name].locate() for name in names}
+
+
+def python_code() -> Iterator[tuple[str, str]]:
+    """(relative path, text) of the running Python's standard library modules, tests excluded."""
+    yield from _read_python_code(SOURCES["python-code"].find())
+
+
 def documents(sources: tuple[str, ...] = tuple(SOURCES)) -> Iterator[Document]:
-    """Every document of ``sources``, in a fixed order; empty documents are skipped."""
-    for name in sources:
-        for doc_id, text in SOURCES[name]():
+    """Every document of ``sources``, in a fixed order; empty documents are skipped. Raises
+    :class:`MissingSourcesError`, naming every missing source at once, before reading any."""
+    found = locate_sources(sources)
+    missing = [SOURCES[name] for name, path in found.items() if path is None]
+    if missing:
+        raise MissingSourcesError(missing)
+    for name, path in found.items():
+        for doc_id, text in SOURCES[name].read(path):
             if text.strip():
                 yield Document(name, doc_id, text)
 
@@ -155,7 +273,9 @@ class TokenCorpus:
         return {k: {"train": int(self.train[k].size), "val": int(self.val[k].size)} for k in self.train}
 
 
-def tokenize(docs: list[Document], encode_batch: Callable[[list[str]], list[list[int]]], eos_id: int):
+def tokenize(
+    docs: list[Document], encode_batch: Callable[[list[str]], list[list[int]]], eos_id: int
+) -> TokenCorpus:
     """Encode ``docs`` into a :class:`TokenCorpus` (each document followed by ``eos_id``)."""
     streams: dict[tuple[str, bool], list[np.ndarray]] = {}
     held = validation_ids(docs)

@@ -58,9 +58,48 @@ def llama_config(shape: Shape, vocab_size: int, eos_id: int = 0) -> LlamaConfig:
     )
 
 
+def empty_model(config: LlamaConfig) -> LlamaForCausalLM:
+    """A ``LlamaForCausalLM`` on the CPU with uninitialised weights. It is built on the meta device, so
+    HF's own initialisation draws nothing from torch's global generator (the caller fills every
+    weight); RoPE's non-persistent inverse frequencies are then rebuilt for real."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model.to_empty(device="cpu")
+    model.tie_weights()
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
+    return model
+
+
+def normal_like(param: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
+    """normal(0, std) values in fp32 on the CPU (so a seed gives the same values whatever the
+    parameter's dtype or device), cast to ``param``'s."""
+    values = torch.empty(param.shape, dtype=torch.float32).normal_(0.0, std, generator=generator)
+    return values.to(dtype=param.dtype, device=param.device)
+
+
+@torch.no_grad()
+def init_weights(model: LlamaForCausalLM, generator: torch.Generator) -> None:
+    """HF's initialisation of a Llama, drawn from ``generator``: every matrix (embeddings and linear
+    layers) normal(0, ``initializer_range``) with the padding token's embedding row zeroed, every
+    RMSNorm weight 1. Tied weights are drawn once."""
+    config = model.config
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        elif param.dim() == 2:
+            param.copy_(normal_like(param, config.initializer_range, generator))
+        else:  # zoo models have no biases: anything else would keep to_empty's garbage
+            raise ValueError(f"init_weights does not know how to initialise {name} {tuple(param.shape)}")
+    if config.pad_token_id is not None:
+        model.get_input_embeddings().weight[config.pad_token_id].zero_()
+
+
 def new_model(shape: Shape, vocab_size: int, seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(llama_config(shape, vocab_size))
+    """A freshly initialised zoo model of ``shape``. The weights depend on ``seed`` only, and torch's
+    global random state is left as it was."""
+    model = empty_model(llama_config(shape, vocab_size))
+    init_weights(model, torch.Generator().manual_seed(seed))
+    return model
 
 
 def num_params(model: torch.nn.Module) -> int:

@@ -54,17 +54,24 @@ def lr_at(config: TrainConfig, step: int) -> float:
     return config.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def validation_windows(corpus: TokenCorpus, config: TrainConfig) -> dict[str, torch.Tensor]:
-    """Fixed, evenly spaced held-out windows per source: [n, seq_len + 1] each."""
+def held_out_windows(corpus: TokenCorpus, count: int, span: int) -> dict[str, torch.Tensor]:
+    """Up to ``count`` evenly spaced windows of ``span`` tokens from each source's validation stream,
+    first and last window flush with the stream's ends: [n, span] int64 each. Sources too short for
+    one window are left out. Used for validation during training and for the committed calibration
+    windows (``hsd_fast.zoo.build.calibration_windows``)."""
     windows = {}
-    span = config.seq_len + 1
     for source, stream in corpus.val.items():
-        count = min(config.eval_windows, len(stream) // span)
-        if count == 0:
+        n = min(count, len(stream) // span)
+        if n == 0:
             continue
-        starts = np.linspace(0, len(stream) - span, count).astype(np.int64)
+        starts = np.linspace(0, len(stream) - span, n).astype(np.int64)
         windows[source] = torch.from_numpy(np.stack([stream[s : s + span] for s in starts]).astype(np.int64))
     return windows
+
+
+def validation_windows(corpus: TokenCorpus, config: TrainConfig) -> dict[str, torch.Tensor]:
+    """Fixed held-out windows per source: [eval_windows, seq_len + 1] each."""
+    return held_out_windows(corpus, config.eval_windows, config.seq_len + 1)
 
 
 def lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
@@ -94,7 +101,6 @@ def train(
 ):
     """Train ``init`` (e.g. a smaller zoo model grown by ``cost_twin``), or a fresh model of
     ``config.size``; returns (model, log records)."""
-    torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
     if init is None:
         init = new_model(SIZES[config.size], vocab_size, seed=config.seed)

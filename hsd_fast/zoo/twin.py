@@ -24,9 +24,10 @@ import math
 import torch
 from transformers import LlamaForCausalLM
 
-from hsd_fast.zoo.models import SIZES
+from hsd_fast.zoo.models import SIZES, empty_model, normal_like
 
 _WRITES = ("o_proj", "down_proj")  # outputs land in the residual stream
+_EMBEDDINGS = ("model.embed_tokens.weight", "lm_head.weight")  # zero-padded: extra coordinates stay 0
 
 
 def cost_twin(
@@ -81,22 +82,34 @@ def cost_twin(
     config.num_attention_heads, config.num_key_value_heads = num_heads, num_heads // group
     config.rms_norm_eps = src.rms_norm_eps * src.hidden_size / hidden_size
     dtype = model.get_input_embeddings().weight.dtype
-    torch.manual_seed(seed)
-    twin = LlamaForCausalLM(config).to(dtype)  # random init: the read weights of everything new
-
-    norm_scale = math.sqrt(src.hidden_size / hidden_size)
-    source = model.state_dict()
-    with torch.no_grad():
-        for name, param in twin.named_parameters():
-            writes = name.endswith(tuple(f"{w}.weight" for w in _WRITES))
-            if name.endswith("norm.weight"):
-                param.fill_(norm_scale)
-            elif writes or name in ("model.embed_tokens.weight", "lm_head.weight"):
-                param.zero_()
-            if name in source:
-                old = source[name]
-                block = tuple(slice(0, n) for n in old.shape)
-                param[block] = old * norm_scale if name.endswith("norm.weight") else old
-    twin.tie_weights()
+    twin = empty_model(config).to(dtype)
+    _fill(
+        twin,
+        model.state_dict(),
+        math.sqrt(src.hidden_size / hidden_size),
+        torch.Generator().manual_seed(seed),
+    )
     twin.generation_config = copy.deepcopy(model.generation_config)
     return twin.eval()
+
+
+@torch.no_grad()
+def _fill(
+    twin: LlamaForCausalLM, source: dict[str, torch.Tensor], norm_scale: float, generator: torch.Generator
+) -> None:
+    """Every weight of ``twin``: its block of the source's values where the source has it, and around
+    it random reads, zero writes and embeddings, norm weights ``norm_scale``. Random values are drawn
+    from ``generator`` (HF's normal(0, initializer_range)), never from torch's global generator."""
+    std = twin.config.initializer_range
+    for name, param in twin.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(norm_scale)
+        elif name.endswith(tuple(f"{w}.weight" for w in _WRITES)) or name in _EMBEDDINGS:
+            param.zero_()
+        else:  # q, k, v, gate, up: the new heads, MLP columns and layers must compute something
+            param.copy_(normal_like(param, std, generator))
+        if name in source:
+            old = source[name]
+            block = tuple(slice(0, n) for n in old.shape)
+            param[block] = old * norm_scale if name.endswith("norm.weight") else old
+    twin.tie_weights()

@@ -1,0 +1,94 @@
+"""``select_hierarchy``: profile the candidates, pick the latency-optimal hierarchy, and bind its
+draft models, so the result goes straight into ``generate(hierarchy=)`` or ``wrap(hierarchy=)``.
+
+The selector (``hsd_fast.selector``) works on candidate indices only; this module is where indices
+meet models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from tqdm.auto import tqdm
+
+from hsd_fast.processors import generation_sampling
+from hsd_fast.profile import ProfileCache, measured_latency
+from hsd_fast.selector import Selection, select
+
+SAMPLING_KWARGS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p")
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """Draft models (smallest first) and their block sizes T, with what the selector predicted.
+
+    ``selection.chain`` indexes the candidate list given to ``select_hierarchy`` (the target last);
+    ``runner_ups`` are the next-best hierarchies, bound the same way."""
+
+    drafts: tuple[torch.nn.Module, ...]
+    T: tuple[int, ...]
+    selection: Selection
+    runner_ups: tuple[Hierarchy, ...] = ()
+    measured_latency: float | None = None  # seconds per token measured with the engine
+
+    @classmethod
+    def bind(cls, selection: Selection, models: Sequence[torch.nn.Module]) -> Hierarchy:
+        """``selection`` with its drafts taken from ``models`` (the candidates, the target last)."""
+        return cls(
+            drafts=tuple(models[i] for i in selection.chain[:-1]),
+            T=selection.T,
+            selection=selection,
+            runner_ups=tuple(cls.bind(s, models) for s in selection.runner_ups),
+        )
+
+    @property
+    def chain(self) -> tuple[int, ...]:
+        return self.selection.chain
+
+    @property
+    def predicted_latency(self) -> float:
+        return self.selection.predicted_latency
+
+    @property
+    def speedup_over_ar(self) -> float:
+        return self.selection.speedup_over_ar
+
+    @property
+    def speedup_over_best_single(self) -> float:
+        return self.selection.speedup_over_best_single
+
+
+def select_hierarchy(
+    target: torch.nn.Module,
+    candidates: Sequence[torch.nn.Module],
+    prompts: torch.Tensor,  # [N, L] calibration token ids (no padding)
+    measure: bool = False,
+    *,
+    context: int | None = None,
+    cache: ProfileCache | None = None,
+    max_T: int = 8,
+    max_new_tokens: int = 64,
+    progress: bool = True,
+    **generation_kwargs,
+) -> Hierarchy:
+    """Profile ``candidates`` and ``target`` (costs at ``context`` cached tokens, default the prompt
+    length; acceptance teacher-forced on ``prompts`` under exactly the sampling transform that
+    ``target.generate(**generation_kwargs)`` applies: do_sample, temperature, top_k, ...), pick the
+    latency-optimal hierarchy, and with ``measure=True`` time it with the engine on ``prompts[:1]``."""
+    unknown = set(generation_kwargs) - set(SAMPLING_KWARGS)
+    if unknown:
+        raise ValueError(f"select_hierarchy: unsupported {sorted(unknown)}; supported: {SAMPLING_KWARGS}")
+    cache = cache if cache is not None else ProfileCache()
+    models = [*candidates, target]
+    context = context or prompts.shape[1]
+    costs = [cache.costs(m, context) for m in tqdm(models, desc="forward costs", disable=not progress)]
+    transform, greedy = generation_sampling(target, **generation_kwargs)
+    alpha = cache.acceptance(models, prompts, transform, greedy, progress)
+    cache.save()
+    pick = Hierarchy.bind(select(costs, alpha, max_T=max_T), models)
+    if measure:
+        seconds = measured_latency(target, pick, prompts[:1], max_new_tokens, **generation_kwargs)
+        pick = replace(pick, measured_latency=seconds)
+    return pick

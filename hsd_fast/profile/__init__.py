@@ -1,0 +1,25 @@
+"""Profiling what the latency model needs, one concern per module:
+
+- ``costs``: forward costs through the engine's runner, ``c(n)`` fitted per model;
+- ``acceptance_rates``: pairwise acceptance rates, teacher-forced on calibration text;
+- ``cache``: both, cached in JSON keyed by what was measured (``ProfileCache``);
+- ``measure``: seconds per token of a hierarchy, end to end.
+
+``hsd_fast.select_hierarchy`` (``hsd_fast.hierarchy``) puts them together.
+"""
+
+from hsd_fast.profile.acceptance_rates import acceptance
+from hsd_fast.profile.cache import ProfileCache, ids_hash, model_identity, sampling_key
+from hsd_fast.profile.costs import CostProfile, forward_costs
+from hsd_fast.profile.measure import measured_latency
+
+__all__ = [
+    "CostProfile",
+    "ProfileCache",
+    "acceptance",
+    "forward_costs",
+    "ids_hash",
+    "measured_latency",
+    "model_identity",
+    "sampling_key",
+]

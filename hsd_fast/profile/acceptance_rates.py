@@ -1,0 +1,39 @@
+"""Pairwise acceptance rates for the latency model, teacher-forced on calibration token ids:
+alpha(j, m) = E_h[sum_x min(p_j(x|h), p_m(x|h))] after the sampling transform (the probability that
+m accepts a token of j, averaged over contexts), or under greedy decoding how often the two argmaxes
+agree. Symmetric: each unordered pair is measured once."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from hsd_fast.processors import LogitsTransform
+
+
+@torch.inference_mode()
+def acceptance(
+    models: Sequence[torch.nn.Module],
+    calibration_ids: torch.Tensor,  # [N, L] token ids, teacher-forced
+    transform: LogitsTransform | None = None,
+    greedy: bool = False,
+    progress: bool = True,
+) -> list[list[float]]:
+    """The symmetric matrix alpha[j][m] over ``models`` (all sharing one vocabulary) under the
+    sampling ``transform`` (default: none, temperature 1)."""
+    transform = transform or LogitsTransform()
+    vocab = min(m.get_output_embeddings().weight.shape[0] for m in models)
+    dists = []
+    for model in tqdm(models, desc="teacher-forced forwards", disable=not progress):
+        logits = model(calibration_ids.to(next(model.parameters()).device)).logits[..., :vocab]
+        flat = transform(logits.reshape(-1, vocab)).float() / transform.temperature  # [N * L, V]
+        dists.append(flat.argmax(-1) if greedy else torch.softmax(flat, -1))
+    alpha = [[1.0] * len(models) for _ in models]
+    for j, m in itertools.combinations(range(len(models)), 2):
+        a, b = dists[j], dists[m].to(dists[j].device)
+        value = (a == b).float().mean() if greedy else torch.minimum(a, b).sum(-1).mean()
+        alpha[j][m] = alpha[m][j] = float(value)
+    return alpha
