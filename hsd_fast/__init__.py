@@ -13,12 +13,12 @@ except ImportError as err:  # pragma: no cover - exercised only by broken instal
         f"which holds no compiled extension. ({err})"
     ) from err
 
-from hsd_fast.engine import Feed, HSDResult, Runner, run_hsd
+from hsd_fast.engine import HSDResult, run_hsd
 from hsd_fast.stats import HSDStats
+from hsd_fast.steps import Runner
 
 __version__ = "0.1.0"
 __all__ = [
-    "Feed",
     "HSDGenerateOutput",
     "HSDModel",
     "HSDResult",

@@ -7,7 +7,7 @@ transformers prepares the generation config, the logits processors and the stopp
 this function. Extra arguments (``drafts``, ``T``, ``seed``) must be named parameters here or HF rejects
 them (docs/design.md, "Named extra kwargs"). ``drafts`` are ordered smallest first; level 0 drafts, the
 target verifies last. ``T[i]`` is the block size: the tokens level i must emit before level i+1
-verifies; the default is ``DEFAULT_T`` at every level. """
+verifies; the default is ``DEFAULT_T`` at every level."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def generate(
 
     vocab = common_vocab_size(model, drafts)
     transform = LogitsTransform(list(logits_processor or []))
-    runners = [HFRunner(m, transform, vocab) for m in (*drafts, model)]
+    runners = [HFRunner.of(m, vocab) for m in (*drafts, model)]
     prompts = _prompts(input_ids, model_kwargs.get("attention_mask"))
     eos_ids = _eos_ids(config)
     if seed is None:
@@ -91,6 +91,7 @@ def generate(
         eos_token_id=eos_ids,
         seeds=seed,
         temperature=transform.temperature,
+        transform=transform,
         greedy=not config.do_sample,
         on_commit=None if hsd_streamer is None else lambda _row, toks: hsd_streamer.put(toks.cpu()),
     )

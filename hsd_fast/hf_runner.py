@@ -1,22 +1,23 @@
 """A runner for a Hugging Face causal LM: static preallocated KV cache written at explicit slots.
 
-One forward feeds, for every row of the batch, the span of tokens the ledger says the level has not
-cached yet. Spans are right-aligned in a ``[B, L]`` block (so ``logits_to_keep`` covers every row's
-outputs); padding, and rows that sit this forward out, write their K/V to a scratch slot and attend only
-to it (docs/design.md, "Padding and rows that sit out"), so they change no state. Slots equal positions:
-row r's token at position t lives in cache slot t. The 4D mask is built here for the model's attention
-implementation (additive, which SDPA and eager both read correctly; eager misreads a bool mask:
-docs/design.md, "4D masks are used as is; the eager + bool trap"), and explicit ``position_ids`` keep
-RoPE and learned positions right. """
+One forward feeds a fed block (``layout.py``: ``[B, L]`` right-aligned, a validity mask) and returns
+the logits of its last O columns (``logits_to_keep``). Slots equal positions: row r's token at
+position t lives in cache slot t; padding, and rows that sit this forward out, write their K/V to
+a scratch slot and attend only to it (docs/design.md, "Padding and rows that sit out"), so they
+change no state. The 4D mask is built here from the block's positions (additive, which SDPA and
+eager both read correctly; eager misreads a bool mask: docs/design.md, "4D masks are used as is;
+the eager + bool trap"), and explicit ``position_ids`` keep RoPE and learned positions right. All
+of it is tensor code at the block's shapes, so a compiled step traces through it.
+"""
 
 from __future__ import annotations
 
-import numpy as np
+import weakref
+
 import torch
 from transformers.cache_utils import Cache
 
-from hsd_fast.engine import Feed, ragged_arange
-from hsd_fast.processors import LogitsTransform
+from hsd_fast.layout import FedBlock
 
 
 class SlotCache(Cache):
@@ -42,6 +43,11 @@ class SlotCache(Cache):
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.slots = torch.zeros(batch, 0, dtype=torch.int64, device=device)  # [B, L]
 
+    def reset(self) -> None:
+        """Zero every buffer for a new run (see above: masked slots must hold no NaN)."""
+        for buffer in (*self.keys, *self.values):
+            buffer.zero_()
+
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,83 +64,74 @@ class SlotCache(Cache):
         return len(self.keys)
 
 
+_RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {vocab size: runner}
+SLOT_ROUNDING = 128
+"""Cache capacity is rounded up to a multiple of this: a new prompt length or ``max_new_tokens``
+then keeps the shapes of the compiled steps (the capacity is in every one of them)."""
+
+
 class HFRunner:
     """One level of the hierarchy backed by an HF causal LM."""
 
-    def __init__(self, model: torch.nn.Module, transform: LogitsTransform, vocab_size: int) -> None:
+    def __init__(self, model: torch.nn.Module, vocab_size: int) -> None:
         self.model = model
-        self.transform = transform
         self.vocab_size = vocab_size  # the hierarchy's common vocabulary (extra logits are cut)
+        self.dtype = next(model.parameters()).dtype
         self.cache: SlotCache | None = None
         self.scratch = 0
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, vocab_size: int) -> HFRunner:
+        """The runner of ``model``, kept while the model lives: its cache buffers and compiled steps
+        serve every later ``generate`` call (a new runner would compile anew)."""
+        runners = _RUNNERS.setdefault(model, {})
+        if vocab_size not in runners:
+            runners[vocab_size] = cls(model, vocab_size)
+        return runners[vocab_size]
 
     def prepare(self, num_rows: int, capacity: int) -> None:
         config = self.model.config
         max_positions = getattr(config, "max_position_embeddings", None)
         if max_positions is not None and capacity > max_positions:
             raise ValueError(
-                f"{type(self.model).__name__}: prompt + max_new_tokens + speculative overshoot needs "
-                f"{capacity} positions, beyond its max_position_embeddings = {max_positions}"
+                f"{type(self.model).__name__}: prompt + max_new_tokens needs {capacity} positions, beyond "
+                f"its max_position_embeddings = {max_positions}"
             )
+        slots = -(-capacity // SLOT_ROUNDING) * SLOT_ROUNDING
+        if max_positions is not None:
+            slots = max(capacity, min(slots, max_positions))
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         param = next(self.model.parameters())
-        self.scratch = capacity  # slots 0..capacity-1 hold positions; the last one is scratch
-        self.cache = SlotCache(
-            config.num_hidden_layers,
-            num_rows,
-            getattr(config, "num_key_value_heads", None) or heads,
-            capacity + 1,
-            head_dim,
-            param.dtype,
-            param.device,
-        )
+        self.scratch = slots  # slots 0..slots-1 hold positions; the last one is scratch
+        shape = (num_rows, getattr(config, "num_key_value_heads", None) or heads, slots + 1, head_dim)
+        if self.cache is not None and self.cache.keys[0].shape == shape:
+            self.cache.reset()  # same shapes: reuse the buffers (and what was compiled for them)
+        else:
+            self.cache = SlotCache(config.num_hidden_layers, *shape, param.dtype, param.device)
 
-    def _t(self, array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(array).to(self.cache.keys[0].device)
-
-    @torch.inference_mode()
-    def forward(self, feed: Feed) -> torch.Tensor:
+    def forward(self, block: FedBlock, num_outputs: int) -> torch.Tensor:
         cache = self.cache
         assert cache is not None, "prepare() first"
-        device = cache.keys[0].device
-        num_rows, slots = cache.keys[0].shape[0], cache.keys[0].shape[2]
-        # Right-aligned layout: position t of row j sits in column width - (ends[j] - t).
-        width = int((feed.ends - feed.starts).max())
-        owner, pos = ragged_arange(feed.starts, feed.ends)
-        row_t, pos_t = self._t(feed.rows[owner]), self._t(pos)
-        col_t = self._t(width - feed.ends[owner] + pos)
-
-        input_ids = torch.zeros(num_rows, width, dtype=torch.int64, device=device)  # [B, L]
-        position_ids = torch.zeros(num_rows, width, dtype=torch.int64, device=device)  # [B, L]
-        write_slot = torch.full((num_rows, width), self.scratch, device=device)  # [B, L]
-        input_ids[row_t, col_t] = feed.tokens
-        position_ids[row_t, col_t] = pos_t
-        write_slot[row_t, col_t] = pos_t
-        valid = write_slot != self.scratch  # [B, L]
+        slot_ids = torch.arange(cache.keys[0].shape[2], device=block.positions.device)  # [S]
+        write_slot = torch.where(block.valid, block.positions, self.scratch)  # [B, L]
         # A real token at position t sees slots 0..t (slot = position); padding sees the scratch slot.
-        slot_ids = torch.arange(slots, device=device)  # [S]
         sees = torch.where(
-            valid[..., None],
-            slot_ids[None, None, :] <= position_ids[..., None],
-            slot_ids[None, None, :] == self.scratch,
+            block.valid[..., None],
+            slot_ids <= block.positions[..., None],
+            slot_ids == self.scratch,
         )  # [B, L, S]
         dtype = cache.keys[0].dtype
-        mask = torch.zeros(sees.shape, dtype=dtype, device=device)
-        mask.masked_fill_(~sees, torch.finfo(dtype).min)
+        mask = torch.zeros(sees.shape, dtype=dtype, device=sees.device).masked_fill(
+            ~sees, torch.finfo(dtype).min
+        )
         cache.slots = write_slot
-
-        keep = int(feed.num_outputs.max())
         out = self.model(
-            input_ids=input_ids,
+            input_ids=block.input_ids,
             attention_mask=mask[:, None],  # [B, 1, L, S]
-            position_ids=position_ids,
+            position_ids=block.positions,
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=keep,
+            logits_to_keep=num_outputs,
         )
-        logits = out.logits[..., : self.vocab_size]  # [B, keep, V]
-        # The kept window is right-aligned too: position t of row j sits in column keep - (ends[j] - t).
-        o_owner, o_pos = ragged_arange(feed.out_starts, feed.ends)
-        picked = logits[self._t(feed.rows[o_owner]), self._t(keep - feed.ends[o_owner] + o_pos)]
-        return self.transform(picked)  # [N, V]
+        return out.logits[..., : self.vocab_size]  # [B, O, V]

@@ -3,7 +3,7 @@
 HF drops the ``streamer`` before it calls a ``custom_generate`` callable (docs/design.md, "The streamer
 is dropped"), so streaming is offered here: the wrapper takes the streamer out of the kwargs, hands it
 to ``hsd_fast.generate`` under its own name, and the engine feeds it the prompt, then each committed
-token in order, then ``end()``: HF's streamer contract. """
+token in order, then ``end()``: HF's streamer contract."""
 
 from __future__ import annotations
 
@@ -37,7 +37,11 @@ class HSDModel:
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names not found on the wrapper: config, device, generation_config, ...
-        return getattr(self.__dict__["target"], name)
+        # (and, while copy or pickle rebuild the object, before `target` is set: no recursion then)
+        target = self.__dict__.get("target")
+        if target is None:
+            raise AttributeError(name)
+        return getattr(target, name)
 
     def generate(self, inputs: torch.Tensor | None = None, **kwargs: Any) -> Any:
         for name in ("custom_generate", "assistant_model", "drafts", "T", "hierarchy"):

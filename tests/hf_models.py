@@ -3,7 +3,7 @@
 docs/design.md, "Tiny random models are near-uniform": random tiny models have near-uniform logits and
 independent random drafts almost never agree with a random target. So logits are widened (``lm_head``
 scaled) and drafts are derived from the target: noisy copies and layer-dropped copies, which accept
-often but not always. """
+often but not always."""
 
 from __future__ import annotations
 

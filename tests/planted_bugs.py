@@ -1,5 +1,6 @@
 """Known bugs planted from outside the engine, so that the distribution tests can show they catch
-them (a test that cannot fail proves nothing). Each is a context manager that patches one method."""
+them (a test that cannot fail proves nothing). Each is a context manager that patches one function
+of the level steps."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ import contextlib
 from collections.abc import Iterator
 from unittest import mock
 
-import numpy as np
 import torch
 
-from hsd_fast.engine import DecodeState
+from hsd_fast import steps
 
 
 @contextlib.contextmanager
@@ -18,21 +18,23 @@ def residual_stored_as_q() -> Iterator[None]:
     """Store normalize(max(0, p - q)) as a correction's q instead of p. A correction drawn from the
     residual is still marginally a sample of p, so p must be stored: with the residual the next
     level up verifies against the wrong q. Assumes temperature 1 (p = softmax of the logits)."""
-    keep_emitted = DecodeState.keep_emitted
+    keep_emitted = steps.keep_emitted
 
-    def buggy(self, rows, outs, ends, logits, result) -> None:
-        num_accepted = result.num_accepted.cpu().numpy()
-        rejected = num_accepted < ends - outs - 1  # [R]
-        at = outs + 1 + num_accepted  # [R] position of the correction (or bonus)
-        slot = torch.from_numpy(at % self.window)
-        q = torch.softmax(self.q_logits[rows, slot].float(), -1)  # the rejected draft's q
-        first_row = np.cumsum(ends - outs) - (ends - outs)  # where each row's logits begin
-        p = torch.softmax(logits[torch.from_numpy(first_row + num_accepted)].float(), -1)
-        keep_emitted(self, rows, outs, ends, logits, result)
-        log_residual = (p - q).clamp_min(0).log()[rejected]  # [R', V]
-        mask = torch.from_numpy(rejected)
-        self.q_logits[rows[rejected], slot[mask]] = log_residual.to(self.q_logits.dtype)
-        self.q_lse[rows[rejected], slot[mask]] = torch.logsumexp(log_residual, -1)
+    def buggy(state, rows, slots, logits, result) -> None:
+        # slots: [B, D + 1], the trash slot where a column holds no emitted token
+        emitted = slots != state.window
+        num_drafts = emitted.sum(1) - 1  # [B] (-1 for rows that sat out)
+        drafts = slots.shape[1] - 1
+        rejected = (result.num_accepted < num_drafts) & (num_drafts > 0)  # [B]
+        column = (drafts - num_drafts + result.num_accepted).clamp(0, drafts)  # the correction's
+        slot = slots[rows, column]  # [B] holds the rejected draft's q until the original runs
+        q = torch.softmax(state.q_logits[rows, slot].float(), -1)
+        p = torch.softmax(logits[rows, column].float(), -1)
+        keep_emitted(state, rows, slots, logits, result)
+        log_residual = (p - q).clamp_min(0).log()  # [B, V]
+        where = rows[rejected], slot[rejected]
+        state.q_logits[where] = log_residual[rejected].to(state.q_logits.dtype)
+        state.q_lse[where] = torch.logsumexp(log_residual[rejected], -1)
 
-    with mock.patch.object(DecodeState, "keep_emitted", buggy):
+    with mock.patch.object(steps, "keep_emitted", buggy):
         yield

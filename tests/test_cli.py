@@ -6,6 +6,7 @@ import pytest
 
 from hsd_fast import zoo
 from hsd_fast.cli import main
+from hsd_fast.profile import model_identity
 
 pytestmark = pytest.mark.hf
 
@@ -16,17 +17,58 @@ def test_zoo_info_prints_the_card(capsys) -> None:
     assert all(f"| {name} |" in out for name in zoo.names())
 
 
+def _printed_matrices(out: str) -> dict[str, tuple[list[str], list[str], list[list[float]]]]:
+    """`zoo accept`'s tables: per title line ("greedy:"), (column names, row names, values)."""
+    tables, title = {}, None
+    for line in out.splitlines():
+        if line.endswith(":") and not line.startswith("|"):
+            title = line[:-1]
+            tables[title] = ([], [], [])
+        elif title is not None and line.startswith("| "):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            columns, rows, values = tables[title]
+            if cells[0] == "draft \\ verifier":
+                columns += cells[1:]
+            else:
+                rows.append(cells[0])
+                values.append([float(c) for c in cells[1:]])
+    return tables
+
+
 def test_zoo_accept_prints_symmetric_matrices(capsys) -> None:
     assert main(["zoo", "accept"]) == 0
-    out = capsys.readouterr().out
-    assert "greedy:" in out and "sum_min_t1:" in out
-    assert out.count("| 1.000 |") >= 2 * len(zoo.names())  # the diagonal, twice
+    tables = _printed_matrices(capsys.readouterr().out)
+    assert set(tables) == {"greedy", "sum_min_t1"}
+    names = zoo.names()
+    for title, (columns, rows, alpha) in tables.items():
+        assert columns == rows == names, title
+        assert all(len(row) == len(names) for row in alpha), title
+        for i in range(len(names)):
+            assert alpha[i][i] == 1.0, (title, names[i])  # a model always agrees with itself
+            for j in range(len(names)):
+                if i != j:
+                    assert alpha[i][j] == alpha[j][i], (title, names[i], names[j])
+                    assert 0.0 < alpha[i][j] < 1.0, (title, names[i], names[j])
 
 
-def test_select_prints_and_measures_the_best_hierarchies(tmp_path, capsys) -> None:
-    report = tmp_path / "select.json"
-    args = ["select", "--cache", str(tmp_path / "cache.json"), "--json", str(report)]
-    assert main([*args, "--measure", "--max-new-tokens", "8", "--prompt-len", "16", "--max-T", "4"]) == 0
+@pytest.fixture
+def zoo_without_profile(tmp_path, monkeypatch):
+    """The zoo without its committed CPU profile (`select` reads it as a fallback): every cost and
+    acceptance rate must then be measured, and the cache shows what was."""
+    copy = tmp_path / "zoo"
+    copy.mkdir()
+    for entry in zoo.zoo_dir().iterdir():
+        if entry.name != "profile_cpu.json":
+            (copy / entry.name).symlink_to(entry)
+    monkeypatch.setenv("HSD_FAST_ZOO", str(copy))
+    assert zoo.zoo_dir() == copy
+    return copy
+
+
+def test_select_prints_and_measures_the_best_hierarchies(zoo_without_profile, tmp_path, capsys) -> None:
+    report, cache = tmp_path / "select.json", tmp_path / "cache.json"
+    args = ["select", "--cache", str(cache), "--json", str(report), "--max-T", "4"]
+    assert main([*args, "--measure", "--max-new-tokens", "8", "--prompt-len", "16"]) == 0
     rows = json.loads(report.read_text())["rows"]
     target = zoo.names()[-1]
     assert all(r["chain"][-1] == target for r in rows)
@@ -35,9 +77,22 @@ def test_select_prints_and_measures_the_best_hierarchies(tmp_path, capsys) -> No
     assert all(r["measured_tok_s"] > 0 and r["measured_over_predicted_latency"] > 0 for r in rows)
     assert report.with_suffix(".md").read_text().count("\n| ") == len(rows) + 1
     assert "measured tok/s" in capsys.readouterr().out
-    # a second run is answered from the cache it wrote
-    cached = json.loads((tmp_path / "cache.json").read_text())["entries"]
-    assert sum(k.startswith("cost ") for k in cached) == len(zoo.names())
+
+    # with no fallback, the run measured every model's costs and every pair's acceptance rate
+    entries = json.loads(cache.read_text())["entries"]
+    costs = [k for k in entries if k.startswith("cost ")]
+    identities = [model_identity(zoo.load(name)) for name in zoo.names()]
+    assert len(costs) == len(identities) and all(sum(i in k for k in costs) == 1 for i in identities)
+    pairs = len(identities) * (len(identities) - 1) // 2
+    assert sum(k.startswith("alpha ") for k in entries) == pairs
+
+    # a second run is answered from the cache the first one wrote: nothing re-measured (a new
+    # timing would change the file), the same predictions
+    assert main(args) == 0
+    assert json.loads(cache.read_text())["entries"] == entries
+    again = json.loads(report.read_text())["rows"]
+    predicted = ("chain", "T", "predicted_tok_s", "predicted_speedup_over_ar")
+    assert [[r[k] for k in predicted] for r in again] == [[r[k] for k in predicted] for r in rows]
 
 
 def test_select_refuses_unknown_models() -> None:

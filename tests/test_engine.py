@@ -2,7 +2,6 @@
 randomness (docs/design.md, "Why it is exact" and "Keyed randomness"). Significance level of every
 distribution test: 1e-3."""
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -10,7 +9,7 @@ from hypothesis import strategies as st
 from planted_bugs import residual_stored_as_q
 
 from hsd_fast._C import Ledger
-from hsd_fast.engine import ragged_arange, run_hsd, speculative_window
+from hsd_fast.engine import run_hsd, speculative_window
 from hsd_fast.testing.exactness import table_check
 from hsd_fast.testing.tables import TableModel, TableRunner, table_family
 
@@ -119,15 +118,6 @@ def test_errors_are_clear() -> None:
         run_hsd(runners, [torch.tensor([0])], block_sizes=[2], max_new_tokens=3)
     with pytest.raises(ValueError, match="at least one runner"):
         run_hsd([], [torch.tensor([0])], block_sizes=[], max_new_tokens=3)
-
-
-@given(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 4)), max_size=6))
-def test_ragged_arange_lists_every_position_of_every_span(spans: list[tuple[int, int]]) -> None:
-    starts = np.array([s for s, _ in spans], dtype=np.int64)
-    ends = starts + np.array([n for _, n in spans], dtype=np.int64)
-    owner, pos = ragged_arange(starts, ends)
-    expected = [(j, t) for j, (s, n) in enumerate(spans) for t in range(s, s + n)]
-    assert list(zip(owner.tolist(), pos.tolist(), strict=True)) == expected
 
 
 @given(st.lists(st.integers(1, 4), min_size=1, max_size=3), st.data())

@@ -1,15 +1,15 @@
 """Batched HSD through HF's `generate`: left padding, rows finishing at different times, all four
-architectures, batch invariance, the sampled distribution in batch, and streaming via `wrap`."""
+architectures, batch invariance and the sampled distribution in batch. (Streaming via `wrap`:
+tests/test_wrapper.py.)"""
 
 import itertools
 
 import pytest
 import torch
 from hf_models import ARCHS, derived_drafts, noisy_copy, tiny_model
-from transformers.generation.streamers import BaseStreamer
 
 import hsd_fast
-from hsd_fast.exactness import pooled_chi_square
+from hsd_fast.testing.exactness import pooled_chi_square
 
 pytestmark = pytest.mark.hf
 
@@ -71,29 +71,28 @@ def test_sampling_in_batch_matches_the_target_distribution() -> None:
     target = tiny_model("qwen2", vocab_size=vocab, lm_head_scale=4.0)
     drafts = [noisy_copy(target, 0.4, seed=1), noisy_copy(target, 0.2, seed=2)]
     prompt = torch.tensor([3, 4, 5, 1])
-    conts = torch.tensor(list(itertools.product(range(vocab), repeat=steps)))
-    with torch.no_grad():
-        logp = torch.log_softmax(target(torch.cat([prompt.expand(len(conts), -1), conts], 1)).logits, -1)
-    total = sum(logp[torch.arange(len(conts)), len(prompt) - 1 + k, conts[:, k]] for k in range(steps))
-    exact = {tuple(c.tolist()): float(p) for c, p in zip(conts, total.double().exp(), strict=True)}
     torch.manual_seed(1)
     out = target.generate(
         prompt.expand(samples, -1), custom_generate=hsd_fast.generate, drafts=drafts, T=[2, 2],
         do_sample=True, temperature=0.8, top_k=5, max_new_tokens=steps, eos_token_id=None,
     )  # fmt: skip
-    # the exact distribution under the same transform: temperature 0.8, then the top 5 of 6
-    exact = _transformed(exact, prompt, conts, target, temperature=0.8, top_k=5)
+    exact = _exact_distribution(target, prompt, vocab, steps, temperature=0.8, top_k=5)
+    assert sum(exact.values()) == pytest.approx(1.0)
+    assert sum(p == 0 for p in exact.values()) == vocab**steps - 5**steps  # top-5 of 6: one cut per step
     result = pooled_chi_square([tuple(r) for r in out[:, len(prompt) :].tolist()], exact)
     assert result.p_value > 1e-3, result
 
 
-def _transformed(exact, prompt, conts, target, temperature: float, top_k: int) -> dict:
+def _exact_distribution(target, prompt, vocab: int, steps: int, temperature: float, top_k: int) -> dict:
+    """P(continuation) of every continuation of ``steps`` tokens under the sampling transform (the
+    logits divided by ``temperature``, then all but the ``top_k`` largest masked), in float64."""
+    conts = torch.tensor(list(itertools.product(range(vocab), repeat=steps)))
     with torch.no_grad():
         logits = target(torch.cat([prompt.expand(len(conts), -1), conts], 1)).logits.double() / temperature
     kth = logits.topk(top_k, dim=-1).values[..., -1:]
     logp = torch.log_softmax(logits.masked_fill(logits < kth, -float("inf")), -1)
     at = len(prompt) - 1
-    total = sum(logp[torch.arange(len(conts)), at + k, conts[:, k]] for k in range(conts.shape[1]))
+    total = sum(logp[torch.arange(len(conts)), at + k, conts[:, k]] for k in range(steps))
     return {tuple(c.tolist()): float(p) for c, p in zip(conts, total.exp(), strict=True)}
 
 
@@ -105,42 +104,3 @@ def test_num_return_sequences_draws_distinct_rows() -> None:
     )  # fmt: skip
     assert out.shape == (4, 9 + 12)
     assert len({tuple(r) for r in out.tolist()}) == 4
-
-
-class _Recorder(BaseStreamer):
-    def __init__(self) -> None:
-        self.calls: list[tuple] = []
-
-    def put(self, value: torch.Tensor) -> None:
-        self.calls.append(("put", value.tolist()))
-
-    def end(self) -> None:
-        self.calls.append(("end",))
-
-
-def test_wrap_streams_prompt_then_committed_tokens_then_end() -> None:
-    target = tiny_model("llama")
-    model = hsd_fast.wrap(target, derived_drafts(target, 2), T=[2, 2])
-    assert model.config is target.config and model.device == target.device
-    ids = torch.tensor([PROMPTS[0]])
-    streamer = _Recorder()
-    out = model.generate(ids, streamer=streamer, do_sample=False, max_new_tokens=20)
-    assert out.tolist() == target.generate(ids, do_sample=False, max_new_tokens=20).tolist()
-    assert streamer.calls[0] == ("put", [PROMPTS[0]])  # HF's shape: [1, prompt]
-    assert streamer.calls[-1] == ("end",)
-    streamed = [tok for call in streamer.calls[1:-1] for tok in call[1]]
-    assert streamed == out[0, ids.shape[1] :].tolist()
-    assert len(streamer.calls) > 3  # committed in several pieces, as the target verified them
-
-
-def test_wrap_refuses_a_streamer_with_batch_above_one() -> None:
-    target = tiny_model("llama")
-    ids, mask = _left_padded(PROMPTS)
-    with pytest.raises(ValueError, match="batch size 1"):
-        hsd_fast.wrap(target, []).generate(ids, attention_mask=mask, streamer=_Recorder())
-
-
-def test_wrap_refuses_per_call_hierarchy_changes() -> None:
-    target = tiny_model("llama")
-    with pytest.raises(ValueError, match="assistant_model"):
-        hsd_fast.wrap(target, []).generate(torch.tensor([[5, 6]]), assistant_model=target)

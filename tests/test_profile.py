@@ -8,43 +8,42 @@ import torch
 from hf_models import layer_dropped_copy, noisy_copy, tiny_model
 
 import hsd_fast
-from hsd_fast.profile import (
-    ProfileCache,
-    acceptance,
-    forward_costs,
-    measured_latency,
-    model_identity,
-    sampling_transform,
-)
+from hsd_fast.processors import LogitsTransform, generation_sampling
+from hsd_fast.profile import ProfileCache, acceptance, forward_costs, measured_latency, model_identity
 
 pytestmark = pytest.mark.hf
 
 
 class FakeClock:
-    """Each timed forward over n tokens 'takes' 2 ms + 1 ms * n; warm-up calls take 1 s."""
+    """Time that only the model's forwards advance: the k-th forward takes ``durations[k]``. The
+    profiler may read the clock as often as it likes; only the forwards inside a reading pair count."""
 
-    def __init__(self, spans, warmup, repeats) -> None:
-        durations = []
-        for n in spans:
-            durations += [1.0] * warmup + [0.002 + 0.001 * n] * repeats
-        self.ticks, now = [], 0.0
-        for d in durations:
-            self.ticks += [now, now + d]
-            now += d + 5.0  # time between measurements is never counted
-        self.ticks.reverse()
+    def __init__(self, durations: list[float]) -> None:
+        self.now, self.durations, self.forwards = 0.0, durations, 0
 
     def __call__(self) -> float:
-        return self.ticks.pop()
+        return self.now
+
+    def forward_hook(self, module, args) -> None:  # a forward pre-hook on the model
+        self.now += self.durations[self.forwards]
+        self.forwards += 1
 
 
 def test_forward_costs_arithmetic_with_a_fake_clock() -> None:
-    spans = (1, 2, 4, 8)
-    clock = FakeClock(spans, warmup=2, repeats=3)
-    profile = forward_costs(tiny_model("llama"), spans=spans, context=16, repeats=3, warmup=2, clock=clock)
+    """A forward over n tokens 'takes' 2 ms + 1 ms * n, the prefill 100 s and every warm-up 1 s: a
+    median holding the prefill, a warm-up or two forwards would be off by a second or more."""
+    spans, warmup, repeats = (1, 2, 4, 8), 3, 3  # as many warm-ups as repeats: a median would show them
+    durations = [100.0]  # the prefill of the context
+    for n in spans:
+        durations += [1.0] * warmup + [0.002 + 0.001 * n] * repeats
+    clock = FakeClock(durations)
+    model = tiny_model("llama")
+    model.register_forward_pre_hook(clock.forward_hook)
+    profile = forward_costs(model, spans=spans, context=16, repeats=repeats, warmup=warmup, clock=clock)
     assert profile.seconds == pytest.approx([0.003, 0.004, 0.006, 0.010])
     assert profile.fit.fixed == pytest.approx(0.002) and profile.fit.per_token == pytest.approx(0.001)
     assert profile(16) == pytest.approx(0.018)
-    assert not clock.ticks  # every reading was used: no forward went untimed
+    assert clock.forwards == len(durations)  # one forward per measurement, none extra
 
 
 def test_acceptance_is_one_against_itself_and_symmetric() -> None:
@@ -82,7 +81,7 @@ def test_model_identity_follows_the_weights() -> None:
 
 
 def test_profile_cache_reuses_measurements(tmp_path, monkeypatch) -> None:
-    import hsd_fast.profile as profile
+    import hsd_fast.profile.cache as profile  # where ProfileCache looks the measurements up
 
     target = tiny_model("llama")
     draft = layer_dropped_copy(target, 1)
@@ -103,19 +102,21 @@ def test_profile_cache_reuses_measurements(tmp_path, monkeypatch) -> None:
     path = tmp_path / "profiles.json"
     cache = ProfileCache(path)
     first = [cache.costs(m, 12) for m in (draft, target)]
-    greedy = cache.acceptance([draft, target], ids, [], "greedy", progress=False)
+    identity = LogitsTransform()
+    greedy = cache.acceptance([draft, target], ids, identity, greedy=True, progress=False)
     cache.save()
     assert calls == {"costs": 2, "alpha": 1}
 
     reread = ProfileCache(tmp_path / "other.json", fallbacks=[path])  # a committed profile as fallback
     assert [reread.costs(m, 12).seconds for m in (draft, target)] == [p.seconds for p in first]
-    assert reread.acceptance([target, draft], ids, [], "greedy", progress=False) == [
+    assert reread.acceptance([target, draft], ids, identity, greedy=True, progress=False) == [
         row[::-1] for row in greedy[::-1]
     ]
     assert calls == {"costs": 2, "alpha": 1}  # nothing re-measured
     reread.costs(target, 24)  # another context length: a new measurement
-    processors, key = sampling_transform(do_sample=True, temperature=0.5)
-    reread.acceptance([draft, target], ids, processors, key, progress=False)  # other sampling too
+    transform, is_greedy = generation_sampling(target, do_sample=True, temperature=0.5)
+    assert not is_greedy
+    reread.acceptance([draft, target], ids, transform, is_greedy, progress=False)  # other sampling too
     assert calls == {"costs": 3, "alpha": 2}
     reread.save()
     entries = [json.loads(p.read_text())["entries"] for p in (path, tmp_path / "other.json")]

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from padded import pad_rows, row_columns
 
 from hsd_fast.testing.exactness import pooled_chi_square
 from hsd_fast.triton_kernels.keyed_random_torch import DRAFT
@@ -11,25 +12,14 @@ from hsd_fast.triton_kernels.sampling_torch import sample_torch
 V = 6
 
 
-def _offsets(counts: list[int]) -> torch.Tensor:
-    return torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int64)
-
-
 def _verify(p_logits, q_logits, drafts, counts, seeds, positions=None, temperature=None, greedy=False):
+    """Rows given one after the other (p: n_r + 1 per row, q and drafts: n_r), padded for the op."""
     rows = len(counts)
-    q_lse = torch.logsumexp(q_logits.float() / (1.0 if temperature is None else temperature), -1)
-    return verify_torch(
-        p_logits,
-        q_logits,
-        q_lse if temperature is None else torch.logsumexp(q_logits / temperature, -1),
-        drafts,
-        _offsets(counts),
-        torch.ones(rows) if temperature is None else torch.full((rows,), temperature),
-        seeds,
-        torch.full((rows,), 10, dtype=torch.int64) if positions is None else positions,
-        level=1,
-        greedy=greedy,
-    )
+    temp = torch.ones(rows) if temperature is None else torch.full((rows,), temperature)
+    ver, dft, tok, num = pad_rows(counts, p_logits, q_logits, drafts)
+    q_lse = torch.logsumexp(dft.float() / temp[:, None, None], -1)
+    positions = torch.full((rows,), 10, dtype=torch.int64) if positions is None else positions
+    return verify_torch(ver, dft, q_lse, tok, num, temp, seeds, positions, level=1, greedy=greedy)
 
 
 def test_one_draft_then_bonus_is_distributed_as_p() -> None:
@@ -78,9 +68,9 @@ def test_rows_are_independent_of_the_batch() -> None:
     seeds = torch.tensor([11, 12, 13, 14])
     positions = torch.tensor([4, 9, 2, 30])
     batch = _verify(p_logits, q_logits, drafts, counts, seeds, positions)
-    offsets = _offsets(counts)
+    offsets = [0, *torch.tensor(counts).cumsum(0).tolist()]
     for r, n in enumerate(counts):
-        d0, d1 = offsets[r].item(), offsets[r + 1].item()
+        d0, d1 = offsets[r], offsets[r + 1]
         alone = _verify(
             p_logits[d0 + r : d1 + r + 1],
             q_logits[d0:d1],
@@ -91,7 +81,9 @@ def test_rows_are_independent_of_the_batch() -> None:
         )
         assert alone.num_accepted.item() == batch.num_accepted[r].item()
         assert alone.next_token.item() == batch.next_token[r].item()
-        assert torch.equal(alone.verifier_lse, batch.verifier_lse[d0 + r : d1 + r + 1])
+        assert torch.equal(
+            row_columns([n], alone.verifier_lse)[0], row_columns(counts, batch.verifier_lse)[r]
+        )
 
 
 def test_temperature_equals_pre_scaled_logits() -> None:
@@ -104,7 +96,7 @@ def test_temperature_equals_pre_scaled_logits() -> None:
         pre = _verify(p_logits / 0.5, q_logits / 0.5, drafts, [3], seeds)
         assert hot.num_accepted.item() == pre.num_accepted.item()
         assert hot.next_token.item() == pre.next_token.item()
-        assert torch.allclose(hot.verifier_lse, torch.logsumexp(p_logits / 0.5, -1))
+        assert torch.allclose(hot.verifier_lse[0], torch.logsumexp(p_logits / 0.5, -1))
 
 
 def test_masked_tokens_are_never_emitted() -> None:

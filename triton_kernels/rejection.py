@@ -37,22 +37,29 @@ _RESIDUAL: tl.constexpr = tl.constexpr(RESIDUAL)
 _BONUS: tl.constexpr = tl.constexpr(BONUS)
 
 
+@triton.jit
+def _row_layout(num_drafts_ptr, row, width):
+    """Row ``row``'s draft count n and the flat indices of its first draft (in [B * D]) and of the
+    verifier column of its first draft (in [B * (D + 1)]): drafts are the last n of D columns."""
+    n = tl.load(num_drafts_ptr + row).to(tl.int32)
+    return n, row * width + width - n, row * (width + 1) + width - n
+
+
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
 def _chunk_stats_kernel(
-    ver_ptr, ver_stride, offsets_ptr, temp_ptr, max_ptr, sum_ptr, arg_ptr,
-    V, chunk_size, num_chunks,
+    ver_ptr, ver_stride, num_drafts_ptr, temp_ptr, max_ptr, sum_ptr, arg_ptr,
+    V, width, chunk_size, num_chunks,
     GREEDY: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     row, chunk, first_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    d0 = tl.load(offsets_ptr + row).to(tl.int32)
-    n = tl.load(offsets_ptr + row + 1).to(tl.int32) - d0
+    n, _first_draft, v0 = _row_layout(num_drafts_ptr, row, width)
     temp = tl.load(temp_ptr + row)
     for k in range(first_k, n + 1, tl.num_programs(2)):
-        vrow = ver_ptr + (d0 + row + k).to(tl.int64) * ver_stride
+        vrow = ver_ptr + (v0 + k).to(tl.int64) * ver_stride
         run_max, run_sum, _, best_idx = scan_chunk(
             vrow, chunk, chunk_size, V, temp, 0, ARGMAX=GREEDY, RACE=False, BLOCK_V=BLOCK_V
         )
-        out = (d0 + row + k) * num_chunks + chunk
+        out = (v0 + k) * num_chunks + chunk
         tl.store(max_ptr + out, run_max)
         tl.store(sum_ptr + out, run_sum)
         if GREEDY:
@@ -61,16 +68,15 @@ def _chunk_stats_kernel(
 
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
 def _accept_kernel(
-    ver_ptr, ver_stride, draft_ptr, draft_stride, draft_lse_ptr, draft_tok_ptr, offsets_ptr,
+    ver_ptr, ver_stride, draft_ptr, draft_stride, draft_lse_ptr, draft_tok_ptr, num_drafts_ptr,
     temp_ptr, seeds_ptr, positions_ptr, max_ptr, sum_ptr, arg_ptr, num_acc_ptr, next_tok_ptr, lse_ptr,
-    level, num_chunks,
+    level, width, num_chunks,
     GREEDY: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """All positions of a row side by side ([BLOCK_K, BLOCK_C] tiles of partials): a row's tests
     cost a few dependent memory round trips, not one chain per draft."""
     row = tl.program_id(0)
-    d0 = tl.load(offsets_ptr + row).to(tl.int32)
-    n = tl.load(offsets_ptr + row + 1).to(tl.int32) - d0
+    n, d0, v0 = _row_layout(num_drafts_ptr, row, width)
     temp = tl.load(temp_ptr + row)
     seed = tl.load(seeds_ptr + row)
     pos0 = tl.load(positions_ptr + row)
@@ -78,7 +84,7 @@ def _accept_kernel(
     num_acc = n
     for k0 in range(0, n + 1, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)  # [K] positions; k == n is the bonus position
-        vpos = d0 + row + k
+        vpos = v0 + k
         base = vpos[:, None] * num_chunks
         lse_max = tl.full((BLOCK_K,), -float("inf"), tl.float32)
         lse_sum = tl.zeros((BLOCK_K,), tl.float32)
@@ -117,17 +123,16 @@ def _accept_kernel(
 
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
 def _chunk_race_kernel(
-    ver_ptr, ver_stride, draft_ptr, draft_stride, draft_lse_ptr, offsets_ptr, temp_ptr, seeds_ptr,
+    ver_ptr, ver_stride, draft_ptr, draft_stride, draft_lse_ptr, num_drafts_ptr, temp_ptr, seeds_ptr,
     positions_ptr, num_acc_ptr, lse_ptr, key_p_ptr, idx_p_ptr, key_r_ptr, idx_r_ptr, mass_r_ptr,
-    V, level, chunk_size, num_chunks,
+    V, level, width, chunk_size, num_chunks,
     BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     """Races at the selected position over one chunk. The race over p and the race over the
     residual share their uniforms (one key: the purpose says correction or bonus); which one wins
     is decided by the residual mass, known only once all chunks are in."""
     row, chunk = tl.program_id(0), tl.program_id(1)
-    d0 = tl.load(offsets_ptr + row).to(tl.int32)
-    n = tl.load(offsets_ptr + row + 1).to(tl.int32) - d0
+    n, d0, v0 = _row_layout(num_drafts_ptr, row, width)
     num_acc = tl.load(num_acc_ptr + row).to(tl.int32)
     temp = tl.load(temp_ptr + row)
     rejected = num_acc < n
@@ -137,8 +142,8 @@ def _chunk_race_kernel(
         tl.load(positions_ptr + row) + num_acc,
         tl.where(rejected, _RESIDUAL, _BONUS),
     )
-    lse_p = tl.load(lse_ptr + d0 + row + num_acc)
-    vrow = ver_ptr + (d0 + row + num_acc).to(tl.int64) * ver_stride
+    lse_p = tl.load(lse_ptr + v0 + num_acc)
+    vrow = ver_ptr + (v0 + num_acc).to(tl.int64) * ver_stride
     d_sel = d0 + tl.minimum(num_acc, n - 1)  # the rejected draft's q (unused when none was)
     drow = draft_ptr + d_sel.to(tl.int64) * draft_stride
     lse_q = tl.load(draft_lse_ptr + d_sel, mask=rejected, other=0.0)
@@ -172,12 +177,12 @@ def _chunk_race_kernel(
 
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
 def _race_pick_kernel(
-    offsets_ptr, num_acc_ptr, key_p_ptr, idx_p_ptr, key_r_ptr, idx_r_ptr, mass_r_ptr, next_tok_ptr,
+    num_drafts_ptr, num_acc_ptr, key_p_ptr, idx_p_ptr, key_r_ptr, idx_r_ptr, mass_r_ptr, next_tok_ptr,
     eps, num_chunks,
     BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
-    n = tl.load(offsets_ptr + row + 1) - tl.load(offsets_ptr + row)
+    n = tl.load(num_drafts_ptr + row)
     rejected = tl.load(num_acc_ptr + row) < n
     chunks = tl.arange(0, BLOCK_C)
     base = row * num_chunks
@@ -211,7 +216,7 @@ def verify_triton(
     draft_logits: torch.Tensor,
     draft_lse: torch.Tensor,
     draft_tokens: torch.Tensor,
-    draft_offsets: torch.Tensor,
+    num_drafts: torch.Tensor,
     temperature: torch.Tensor,
     seeds: torch.Tensor,
     positions: torch.Tensor,
@@ -222,46 +227,43 @@ def verify_triton(
 ) -> VerifyResult:
     """The fused kernels: same signature and results as ``verify_torch``. ``block_v`` and
     ``num_chunks`` override the vocabulary block and split (tests and benchmarks)."""
-    num_rows, num_vrows, vocab = (
-        draft_offsets.numel() - 1,
-        verifier_logits.shape[0],
-        verifier_logits.shape[-1],
-    )
-    device = verifier_logits.device
+    num_rows, width = draft_tokens.shape
+    vocab, device = verifier_logits.shape[-1], verifier_logits.device
     num_accepted = torch.empty(num_rows, dtype=torch.int64, device=device)
     next_token = torch.empty(num_rows, dtype=torch.int64, device=device)
-    verifier_lse = torch.empty(num_vrows, dtype=torch.float32, device=device)
+    verifier_lse = torch.empty(num_rows, width + 1, dtype=torch.float32, device=device)
     if num_rows == 0:
         return VerifyResult(num_accepted, next_token, verifier_lse)
 
-    # Stats programs: (row, chunk, position split). A row has (drafts + 1) positions; spreading the
-    # average count over programs keeps each program to about one position when rows are even.
-    position_split = split.cdiv(num_vrows, num_rows)
+    # Stats programs: (row, chunk, position split). A row has at most D + 1 positions; spreading them
+    # over programs keeps each program to about one position.
+    position_split = width + 1
     block, stats_chunks, stats_size = plan(num_rows * position_split, vocab, device, block_v, num_chunks)
     _, race_chunks, race_size = plan(num_rows, vocab, device, block_v, num_chunks)
 
-    verifier_logits = verifier_logits.contiguous()
-    if draft_logits.shape[0] == 0:  # keep a valid pointer; no row reads it
+    verifier_logits = verifier_logits.reshape(num_rows * (width + 1), vocab).contiguous()  # [B (D + 1), V]
+    if width == 0:  # keep a valid pointer; no row reads it
         draft_logits = verifier_logits[:1]
-    draft_logits = draft_logits.contiguous()
+    draft_logits = draft_logits.reshape(-1, vocab).contiguous()  # [B D, V]
     draft_lse = draft_lse.float().contiguous()
-    offsets = draft_offsets.to(torch.int64)
+    num_drafts = num_drafts.to(torch.int64).contiguous()
     temperature = temperature.float().contiguous()
     seeds, positions = seeds.to(torch.int64), positions.to(torch.int64)
     # Partials each in their own allocation: Triton specialises on 16-byte pointer alignment, and
     # views into one buffer would flip it with the sizes (a recompile).
+    num_vrows = num_rows * (width + 1)
     part_max = torch.empty(num_vrows * stats_chunks, device=device)
     part_sum = torch.empty_like(part_max)
     part_arg = torch.empty(num_vrows * stats_chunks if greedy else 1, dtype=torch.int32, device=device)
 
     _chunk_stats_kernel[(num_rows, stats_chunks, position_split)](
-        verifier_logits, verifier_logits.stride(0), offsets, temperature, part_max, part_sum, part_arg,
-        vocab, stats_size, stats_chunks, GREEDY=greedy, BLOCK_V=block,
+        verifier_logits, verifier_logits.stride(0), num_drafts, temperature, part_max, part_sum, part_arg,
+        vocab, width, stats_size, stats_chunks, GREEDY=greedy, BLOCK_V=block,
     )  # fmt: skip
     _accept_kernel[(num_rows,)](
         verifier_logits, verifier_logits.stride(0), draft_logits, draft_logits.stride(0), draft_lse,
-        draft_tokens.contiguous(), offsets, temperature, seeds, positions, part_max, part_sum, part_arg,
-        num_accepted, next_token, verifier_lse, level, stats_chunks,
+        draft_tokens.contiguous(), num_drafts, temperature, seeds, positions, part_max, part_sum,
+        part_arg, num_accepted, next_token, verifier_lse, level, width, stats_chunks,
         GREEDY=greedy, BLOCK_K=BLOCK_K, BLOCK_C=split.BLOCK_C,
     )  # fmt: skip
     if greedy:
@@ -271,11 +273,11 @@ def verify_triton(
     idx_p, idx_r = (torch.empty(num_rows * race_chunks, dtype=torch.int32, device=device) for _ in range(2))
     _chunk_race_kernel[(num_rows, race_chunks)](
         verifier_logits, verifier_logits.stride(0), draft_logits, draft_logits.stride(0), draft_lse,
-        offsets, temperature, seeds, positions, num_accepted, verifier_lse,
-        key_p, idx_p, key_r, idx_r, mass_r, vocab, level, race_size, race_chunks, BLOCK_V=block,
+        num_drafts, temperature, seeds, positions, num_accepted, verifier_lse,
+        key_p, idx_p, key_r, idx_r, mass_r, vocab, level, width, race_size, race_chunks, BLOCK_V=block,
     )  # fmt: skip
     _race_pick_kernel[(num_rows,)](
-        offsets, num_accepted, key_p, idx_p, key_r, idx_r, mass_r, next_token,
+        num_drafts, num_accepted, key_p, idx_p, key_r, idx_r, mass_r, next_token,
         RESIDUAL_EPS, race_chunks, BLOCK_C=split.BLOCK_C,
     )  # fmt: skip
     return VerifyResult(num_accepted, next_token, verifier_lse)

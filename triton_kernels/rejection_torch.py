@@ -1,4 +1,4 @@
-"""One verification step of speculative sampling for a ragged batch (docs/design.md, "verify").
+"""One verification step of speculative sampling for a batch of rows (docs/design.md, "verify").
 
 Row r verifies its ``n_r >= 0`` draft tokens ``x_0 .. x_{n_r-1}`` (absolute positions
 ``positions[r] + k``) against the verifier's distribution ``p``; the drafts came from ``q``:
@@ -7,16 +7,20 @@ Row r verifies its ``n_r >= 0`` draft tokens ``x_0 .. x_{n_r-1}`` (absolute posi
     rejected at j:   correction ~ normalize(max(0, p_j - q_j))   [p_j itself if that mass < eps]
     all accepted:    bonus      ~ p at the extra position
 
-Ragged layout: drafts of row r occupy ``[draft_offsets[r], draft_offsets[r+1])`` of the draft
-tensors; its verifier rows occupy ``[draft_offsets[r] + r, draft_offsets[r+1] + r]`` (one more:
-the bonus position). Logits are *processed* logits; ``temperature`` divides both sides (1 when the logits are
-already processed), and ``draft_lse`` is the log-sum-exp of ``draft_logits / temperature``.
+Layout: padded and right-aligned, so that every shape is static (a compiled step needs that) and a
+level's forward output is used as it is. With D draft columns, row r's drafts occupy the last n_r of
+them (columns D - n_r .. D - 1); the verifier has D + 1 columns: column c holds the distribution of
+the token at draft column c, and column D the bonus distribution. Columns left of a row's drafts
+are padding, ignored (any values). Logits are *processed* logits; ``temperature`` divides both sides
+(1 when the logits are already processed), and ``draft_lse`` is the log-sum-exp of
+``draft_logits / temperature``.
 
 Outputs: accepted count and the correction-or-bonus token per row, and the verifier's fp32
-log-sum-exp at every verifier row, which is what the next level up needs to use ``p`` as its ``q``.
-``verify_torch`` here is the reference (and the CPU path) and imports no Triton; ``verify_triton``
-(``rejection.py``) runs the fused kernels and matches it token for token except where two candidates
-tie within float rounding; ``ops.verify`` picks the kernels for CUDA tensors.
+log-sum-exp at every column (meaningful where the row has a draft or the bonus), which is what the
+next level up needs to use ``p`` as its ``q``. ``verify_torch`` here is the reference (the CPU path,
+and what a compiled step traces) and imports no Triton; ``verify_triton`` (``rejection.py``) runs the
+fused kernels and matches it token for token except where two candidates tie within float rounding;
+``ops.verify`` picks the kernels for CUDA tensors.
 """
 
 from __future__ import annotations
@@ -34,57 +38,53 @@ RESIDUAL_EPS = 1e-6
 class VerifyResult(NamedTuple):
     num_accepted: torch.Tensor  # [B] int64
     next_token: torch.Tensor  # [B] int64: correction (if num_accepted < n_r) else bonus
-    verifier_lse: torch.Tensor  # [B + D] fp32 log-sum-exp of verifier_logits / temperature
+    verifier_lse: torch.Tensor  # [B, D + 1] fp32 log-sum-exp of verifier_logits / temperature
 
 
 def verify_torch(
-    verifier_logits: torch.Tensor,  # [B + D, V]
-    draft_logits: torch.Tensor,  # [D, V] logits of q at each draft position
-    draft_lse: torch.Tensor,  # [D] fp32
-    draft_tokens: torch.Tensor,  # [D] int64
-    draft_offsets: torch.Tensor,  # [B + 1] int64, draft_offsets[0] == 0
+    verifier_logits: torch.Tensor,  # [B, D + 1, V]
+    draft_logits: torch.Tensor,  # [B, D, V] logits of q at each draft column
+    draft_lse: torch.Tensor,  # [B, D] fp32
+    draft_tokens: torch.Tensor,  # [B, D] int64
+    num_drafts: torch.Tensor,  # [B] int64 in [0, D]: row r's drafts are its last num_drafts[r] columns
     temperature: torch.Tensor,  # [B] fp32
     seeds: torch.Tensor,  # [B] int64
     positions: torch.Tensor,  # [B] int64 absolute position of each row's first draft
     level: int,
     greedy: bool,
 ) -> VerifyResult:
-    device = verifier_logits.device
-    num_rows = draft_offsets.numel() - 1
-    counts = draft_offsets[1:] - draft_offsets[:-1]  # [B]
-    row_ids = torch.arange(num_rows, device=device)  # [B]
-    draft_row = torch.repeat_interleave(row_ids, counts)  # [D]
-    draft_k = torch.arange(draft_row.numel(), device=device) - draft_offsets[draft_row]  # [D]
-    draft_vrow = torch.arange(draft_row.numel(), device=device) + draft_row  # [D]
-    verifier_row = torch.repeat_interleave(row_ids, counts + 1)  # [B + D]
+    num_rows, width = draft_tokens.shape  # B, D
+    rows = torch.arange(num_rows, device=draft_tokens.device)  # [B]
+    first_column = width - num_drafts  # [B]
+    k = torch.arange(width, device=draft_tokens.device) - first_column[:, None]  # [B, D] draft index
+    is_draft = k >= 0  # [B, D]
 
-    logp_all = verifier_logits.float() / temperature[verifier_row, None]  # [B + D, V]
-    verifier_lse = torch.logsumexp(logp_all, dim=-1)  # [B + D]
+    logp_all = verifier_logits.float() / temperature[:, None, None]  # [B, D + 1, V]
+    verifier_lse = torch.logsumexp(logp_all, dim=-1)  # [B, D + 1]
 
     # Accept test per draft, then the first rejection of each row.
     if greedy:
-        accepted = draft_tokens == torch.argmax(verifier_logits[draft_vrow], dim=-1)  # [D]
+        accepted = draft_tokens == torch.argmax(verifier_logits[:, :width], dim=-1)  # [B, D]
     else:
-        x = draft_tokens[:, None]
-        logp = logp_all[draft_vrow].gather(1, x)[:, 0] - verifier_lse[draft_vrow]  # [D]
-        temp_d = temperature[draft_row]
-        logq = draft_logits.gather(1, x)[:, 0].float() / temp_d - draft_lse  # [D]
-        u = uniform_torch(seeds[draft_row], level, positions[draft_row] + draft_k, ACCEPT)  # [D]
-        accepted = torch.log(u) <= logp - logq
-    first_reject = torch.where(accepted, counts[draft_row], draft_k)  # [D]
-    num_accepted = counts.clone().scatter_reduce_(0, draft_row, first_reject, "amin")  # [B]
+        x = draft_tokens.clamp(min=0)[..., None]  # [B, D, 1] (padding may hold anything)
+        logp = logp_all[:, :width].gather(-1, x)[..., 0] - verifier_lse[:, :width]  # [B, D]
+        logq = draft_logits.gather(-1, x)[..., 0].float() / temperature[:, None] - draft_lse  # [B, D]
+        u = uniform_torch(seeds[:, None].expand(-1, width), level, positions[:, None] + k, ACCEPT)
+        accepted = torch.log(u) <= logp - logq  # [B, D]
+    first_reject = torch.where(is_draft & ~accepted, k, num_drafts[:, None])  # [B, D]
+    num_accepted = first_reject.amin(-1) if width > 0 else num_drafts.clone()  # [B]
 
-    # Correction or bonus: one draw per row at verifier row offsets[r] + r + num_accepted[r].
-    rejected = num_accepted < counts  # [B]
-    sel_vrow = draft_offsets[:-1] + row_ids + num_accepted  # [B]
+    # Correction or bonus: one draw per row, at verifier column first_column + num_accepted.
+    rejected = num_accepted < num_drafts  # [B]
+    selected = first_column + num_accepted  # [B] in [D - n_r, D]
     if greedy:
-        next_token = torch.argmax(verifier_logits[sel_vrow], dim=-1)
+        next_token = torch.argmax(verifier_logits[rows, selected], dim=-1)  # [B]
         return VerifyResult(num_accepted, next_token, verifier_lse)
-    logp_sel = logp_all[sel_vrow] - verifier_lse[sel_vrow, None]  # [B, V]
+    logp_sel = logp_all[rows, selected] - verifier_lse[rows, selected, None]  # [B, V]
     log_weights = logp_sel
-    if draft_tokens.numel() > 0:  # a shape test, no host sync
-        sel_d = (draft_offsets[:-1] + num_accepted).clamp(max=draft_tokens.numel() - 1)  # [B]
-        logq_sel = draft_logits[sel_d].float() / temperature[:, None] - draft_lse[sel_d, None]
+    if width > 0:  # a shape test, no host sync
+        at = selected.clamp(max=width - 1)  # [B] the rejected draft's column (unused when none was)
+        logq_sel = draft_logits[rows, at].float() / temperature[:, None] - draft_lse[rows, at, None]
         residual = (logp_sel.exp() - logq_sel.exp()).clamp_min(0.0)  # [B, V]
         use_residual = rejected & (residual.sum(-1) >= RESIDUAL_EPS)  # [B]
         log_weights = torch.where(use_residual[:, None], residual.log(), logp_sel)

@@ -18,9 +18,9 @@ import triton.language as tl
 
 from .keyed_random import uniform_from_state
 
-NO_SPECIALIZE = ["level", "purpose", "chunk_size", "num_chunks"]
+NO_SPECIALIZE = ["level", "purpose", "width", "chunk_size", "num_chunks"]
 """Runtime integers that change from step to step. Triton would otherwise specialise on them (== 1,
-divisible by 16) and recompile when the batch size or the level changes."""
+divisible by 16) and recompile when the number of rows, the draft width or the level changes."""
 
 
 @triton.jit

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hsd_fast.engine import Feed
 from hsd_fast.hf_runner import HFRunner
 from hsd_fast.latency import AffineCost
 from hsd_fast.processors import LogitsTransform
+from hsd_fast.sampling_metadata import SamplingMetadata
+from hsd_fast.steps import DecodeState, LevelStep
 
 
 @dataclass(frozen=True)
@@ -40,25 +41,45 @@ def forward_costs(
     repeats: int = 5,
     warmup: int = 2,
     clock: Callable[[], float] = time.perf_counter,
+    compile: bool = False,
 ) -> CostProfile:
-    """Time one forward of ``model`` over n new tokens after ``context`` cached ones, for each n."""
-    runner = HFRunner(model, LogitsTransform(), model.get_output_embeddings().weight.shape[0])
-    runner.prepare(1, context + max(spans) + 1)
+    """Seconds of one level step of ``model`` over n fed tokens after ``context`` cached ones (a
+    greedy verification of n - 1 drafts: the forward, the transform, the op and the host's part of
+    the step), for each n, as ``generate`` runs it (``compile``: the compiled step)."""
+    runner = HFRunner(model, model.get_output_embeddings().weight.shape[0])
     device = next(model.parameters()).device
-    ids = torch.randint(3, runner.vocab_size, (context + max(spans),), device=device)
-    runner.forward(_feed(ids, 0, context))  # prefill the context once
-    medians = []
-    for n in spans:
-        times = []
-        for i in range(warmup + repeats):
-            synchronize(device)
-            start = clock()
-            runner.forward(_feed(ids, context, context + n))  # rewrites the same slots each time
-            synchronize(device)
-            elapsed = clock() - start
-            if i >= warmup:
-                times.append(elapsed)
-        medians.append(statistics.median(times))
+    ids = torch.randint(3, runner.vocab_size, (1, context + max(spans)), device=device)
+    sampling = SamplingMetadata.build(1, device, greedy=True)
+    state = DecodeState(
+        list(ids),
+        context + max(spans) + 1,
+        1,
+        runner.vocab_size,
+        runner.dtype,
+        sampling,
+        LogitsTransform(),
+        False,
+    )
+    runner.prepare(1, context + max(spans) + 1)
+    step = LevelStep(runner, level=1, top=1, compile=compile)
+    row = np.zeros(1, dtype=np.int64)
+
+    def run(start: int, end: int, out: int) -> None:
+        step(state, row, row + start, row + end, row + out)
+
+    with torch.inference_mode():
+        run(0, context, context - 1)  # prefill the context once
+        medians = []
+        for n in spans:
+            times = []
+            for i in range(warmup + repeats):
+                synchronize(device)
+                begin = clock()
+                run(context, context + n, context)  # rewrites the same slots each time
+                synchronize(device)
+                if i >= warmup:
+                    times.append(clock() - begin)
+            medians.append(statistics.median(times))
     return CostProfile.from_medians(spans, medians)
 
 
@@ -68,11 +89,6 @@ def _fit(spans: Sequence[int], seconds: Sequence[float]) -> AffineCost:
         return AffineCost(seconds[0])
     per_token, fixed = np.polyfit(np.asarray(spans, float), np.asarray(seconds), 1)
     return AffineCost(float(fixed), float(per_token))
-
-
-def _feed(ids: torch.Tensor, start: int, end: int) -> Feed:
-    one = np.array([1], dtype=np.int64)
-    return Feed(np.array([0]), one * start, one * end, one * (end - 1), ids[start:end])
 
 
 def synchronize(device: torch.device) -> None:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
-from hsd_fast.engine import Feed, ragged_arange
+from hsd_fast.layout import FedBlock
 
 
 class TableModel:
@@ -72,26 +71,32 @@ def table_family(
 class TableRunner:
     """Runner for a TableModel. Its 'cache' is the tokens it was fed, per row and position."""
 
+    dtype = torch.float32
+
     def __init__(self, model: TableModel) -> None:
         self.model = model
         self.vocab_size = model.vocab_size
         self.history = torch.zeros(0, 0, dtype=torch.int64)  # [B, S]
-        self.valid = np.zeros(0, dtype=np.int64)  # [B] positions held
+        self.held = torch.zeros(0, dtype=torch.int64)  # [B] positions held
 
     def prepare(self, num_rows: int, capacity: int) -> None:
         self.history = torch.zeros(num_rows, capacity, dtype=torch.int64)
-        self.valid = np.zeros(num_rows, dtype=np.int64)
+        self.held = torch.zeros(num_rows, dtype=torch.int64)
 
-    def forward(self, feed: Feed) -> torch.Tensor:
-        rows = feed.rows
-        if np.any(feed.starts > self.valid[rows]):
+    def forward(self, block: FedBlock, num_outputs: int) -> torch.Tensor:  # [B, O, V]
+        valid, positions = block.valid.cpu(), block.positions.cpu()
+        fed = valid.any(1)  # [B] rows that feed something
+        first = torch.where(valid, positions, torch.iinfo(torch.int64).max).amin(1)  # [B]
+        if (first > self.held)[fed].any():
             raise RuntimeError("a fed span starts beyond what this level has cached: a gap")
-        owner, pos = ragged_arange(feed.starts, feed.ends)
-        self.history[rows[owner], pos] = feed.tokens.cpu()
-        self.valid[rows] = feed.ends  # positions past the span are stale: rolled back
-        o_owner, o_pos = ragged_arange(feed.out_starts, feed.ends)
-        if np.any(o_pos < self.model.order - 1):
+        rows, cols = valid.nonzero(as_tuple=True)
+        self.history[rows, positions[rows, cols]] = block.input_ids.cpu()[rows, cols]
+        last = torch.where(valid, positions, -1).amax(1) + 1  # [B]
+        self.held = torch.where(fed, last, self.held)  # positions past the span are stale: rolled back
+        out_positions = positions[:, -num_outputs:]  # [B, O]
+        window = out_positions[..., None] + torch.arange(1 - self.model.order, 1)  # [B, O, order]
+        if (window[:, -1][valid[:, -1]] < 0).any():  # the last column's logits are always used
             raise ValueError(f"table models of order {self.model.order} need prompts that long")
-        window = o_pos[:, None] + np.arange(1 - self.model.order, 1)[None, :]  # [N, order]
-        contexts = self.history[rows[o_owner][:, None], window]
-        return self.model.next_logits(contexts)  # [N, V]
+        contexts = self.history[torch.arange(len(window))[:, None, None], window.clamp(min=0)]
+        logits = self.model.next_logits(contexts.flatten(0, 1))  # [B * O, V]
+        return logits.unflatten(0, out_positions.shape).to(block.positions.device)

@@ -1,0 +1,69 @@
+"""The padded layout every level step works in, and the bucket rule that keeps its shapes few.
+
+A step feeds, for each of the B rows, the span of positions ``[starts[r], ends[r])`` the level has
+not cached yet. Spans are ragged; a step works on a ``[B, L]`` block with L a *bucket* (one of a few
+widths), right-aligned: column c of row r holds position ``ends[r] - L + c``, valid when it is
+``>= starts[r]`` (and the row takes part). Right alignment puts every row's last positions in the
+last columns, so the logits a step needs (the last O positions of each row) are the block's last O
+columns. Padding columns feed token 0 at a clamped position and write to the scratch slot of the
+cache (docs/design.md, "Padding and rows that sit out"). Everything here is static in shape once
+B, L and O are fixed: what a compiled step needs (no data-dependent shapes, no host syncs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+"""Fed widths a step is compiled for. Finer than powers of two where widths are common (a verify of
+T drafts feeds T + 1 tokens plus a few catch-up ones): a wider block costs CPU time per column."""
+MAX_WIDTH = BUCKETS[-1]
+"""A longer span (a prompt) is fed in chunks of this width before the step (``head_chunks``)."""
+
+
+def bucket(width: int) -> int:
+    """The smallest bucket holding ``width`` (>= 1) columns; ``width`` must be <= MAX_WIDTH."""
+    for b in BUCKETS:
+        if b >= width:
+            return b
+    raise ValueError(f"width {width} beyond the largest bucket {MAX_WIDTH}: feed it in chunks")
+
+
+class FedBlock(NamedTuple):
+    """What one forward of a level feeds: ``[B, L]`` each."""
+
+    input_ids: torch.Tensor  # int64, 0 in padding columns
+    positions: torch.Tensor  # int64 absolute positions, clamped to >= 0 in padding columns
+    valid: torch.Tensor  # bool: a real token of a row that takes part
+
+
+def fed_block(
+    tokens: torch.Tensor,  # [B, S] every row's tokens by position
+    starts: torch.Tensor,  # [B] int64 first position to feed
+    ends: torch.Tensor,  # [B] int64 one past the last position to feed
+    active: torch.Tensor,  # [B] bool: rows taking part in this forward
+    width: int,
+) -> FedBlock:
+    """The right-aligned ``[B, width]`` block of positions ``[starts, ends)``."""
+    columns = torch.arange(width, device=tokens.device)  # [L]
+    positions = ends[:, None] - width + columns  # [B, L]
+    valid = (positions >= starts[:, None]) & active[:, None]  # [B, L]
+    positions = positions.clamp(min=0)
+    input_ids = torch.where(valid, tokens.gather(1, positions), 0)  # [B, L]
+    return FedBlock(input_ids, positions, valid)
+
+
+def head_chunks(starts: np.ndarray, ends: np.ndarray, width: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Spans ``[starts, ends)`` longer than ``width`` (prompts) are fed ``width`` at a time before
+    the step: yields each chunk's (starts, ends), all [B], until every row's remaining span
+    ``[cursor, ends)`` fits one step. A row with nothing left in a chunk has starts == ends there."""
+    head_end = np.maximum(starts, ends - width)  # the step itself feeds [head_end, ends)
+    cursor = starts
+    while (cursor < head_end).any():
+        following = np.minimum(cursor + width, head_end)
+        yield cursor, following
+        cursor = following

@@ -1,0 +1,252 @@
+"""Level steps: one forward of a level over its fed block, the sampling transform, then a draft
+(level 0) or a verification (levels >= 1), on device tensors, in the padded layout of
+``layout.py``. Each step is a pure function of tensors at static shapes, so the same code runs
+eagerly or compiled (``torch.compile``: inductor on CPU, CUDA graphs on CUDA), once per level and
+pair of widths (docs/design.md, "Compiled steps").
+
+Shapes: B rows in the run, L fed columns, O output columns (the last O of the L), D = O - 1 draft
+columns of a verification, V vocabulary, S token positions, W ring slots.
+
+A step writes its results into the run's tensors (the drawn or corrected token into ``tokens``, the
+emitting level's distribution into the ring) and returns one small ``[2, B]`` int64 tensor, the
+only thing the host reads back: per row the accepted count and whether the new token is an EOS.
+Rows that sit the step out write to trash slots (the last column of ``tokens``, the last ring slot).
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from hsd_fast.layout import MAX_WIDTH, FedBlock, bucket, fed_block, head_chunks
+from hsd_fast.processors import LogitsTransform
+from hsd_fast.sampling_metadata import SamplingMetadata
+from hsd_fast.triton_kernels.keyed_random_torch import DRAFT
+from hsd_fast.triton_kernels.ops import sample, verify
+from hsd_fast.triton_kernels.rejection_torch import VerifyResult
+
+
+class Runner(Protocol):
+    """One level of the hierarchy: a model plus its cache."""
+
+    vocab_size: int
+    dtype: torch.dtype  # of the logits it returns
+
+    def prepare(self, num_rows: int, capacity: int) -> None:
+        """Start a run: empty caches for ``num_rows`` rows of up to ``capacity`` positions."""
+
+    def forward(self, block: FedBlock, num_outputs: int) -> torch.Tensor:
+        """Cache the valid tokens of ``block`` and return the raw logits of its last
+        ``num_outputs`` columns, ``[B, num_outputs, V]``."""
+
+
+class DecodeState:
+    """The tensors of one run: every row's tokens by position and, for every speculative position,
+    the distribution of the level that tagged it (processed logits + fp32 log-sum-exp) in a ring of
+    W slots: the ``q`` the next level up verifies against. Greedy runs need no ring."""
+
+    def __init__(
+        self,
+        prompts: Sequence[torch.Tensor],
+        capacity: int,
+        window: int,
+        vocab: int,
+        ring_dtype: torch.dtype,
+        sampling: SamplingMetadata,
+        transform: LogitsTransform,
+        keep_q: bool,
+    ) -> None:
+        num_rows, device = len(prompts), prompts[0].device
+        self.sampling, self.transform, self.window, self.trash = sampling, transform, window, capacity
+        self.tokens = torch.zeros(num_rows, capacity + 1, dtype=torch.int64, device=device)  # [B, S + 1]
+        for r, p in enumerate(prompts):
+            self.tokens[r, : p.numel()] = p
+        self.q_logits = self.q_lse = None
+        if keep_q:  # slot W is the trash slot
+            self.q_logits = torch.zeros(num_rows, window + 1, vocab, dtype=ring_dtype, device=device)
+            self.q_lse = torch.zeros(num_rows, window + 1, dtype=torch.float32, device=device)
+
+    @property
+    def num_rows(self) -> int:
+        return self.tokens.shape[0]
+
+    def ring_slot(self, positions: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """The ring slot of each position, or the trash slot where ``keep`` is false."""
+        return torch.where(keep, positions % self.window, self.window)
+
+    def keep_p(
+        self, rows: torch.Tensor, slots: torch.Tensor, logits: torch.Tensor, lse: torch.Tensor
+    ) -> None:
+        """Store distributions (logits [..., V] and their fp32 log-sum-exp) at ring slots."""
+        assert self.q_logits is not None and self.q_lse is not None
+        self.q_logits[rows, slots] = logits.to(self.q_logits.dtype)
+        self.q_lse[rows, slots] = lse
+
+
+def _processed(runner: Runner, state: DecodeState, block: FedBlock, num_outputs: int) -> torch.Tensor:
+    logits = runner.forward(block, num_outputs)  # [B, O, V]
+    return state.transform(logits.flatten(0, 1)).unflatten(0, logits.shape[:2])  # [B, O, V]
+
+
+def _result(num_accepted: torch.Tensor, token: torch.Tensor, eos_ids: torch.Tensor, active: torch.Tensor):
+    """[2, B] int64: accepted counts, and whether the new token is an EOS (active rows only)."""
+    is_eos = (token[:, None] == eos_ids[None, :]).any(-1) & active  # [B]
+    return torch.stack([num_accepted, is_eos.long()])
+
+
+def draft_step(
+    runner: Runner,
+    state: DecodeState,
+    starts: torch.Tensor,  # [B]
+    ends: torch.Tensor,  # [B] the new token goes to position ends[r]
+    active: torch.Tensor,  # [B] bool
+    *,
+    width: int,
+    keep_q: bool,
+    use_kernel: bool | None,
+) -> torch.Tensor:  # [2, B]
+    """Level 0: feed the block, draw one token per active row at position ``ends``."""
+    meta = state.sampling
+    rows = torch.arange(state.num_rows, device=ends.device)
+    logits = _processed(runner, state, fed_block(state.tokens, starts, ends, active, width), 1)[:, 0]
+    drawn, lse = sample(
+        logits, meta.temperature, meta.seeds, ends, 0, DRAFT, meta.greedy, use_kernel=use_kernel
+    )  # [B], [B]
+    state.tokens[rows, torch.where(active, ends, state.trash)] = drawn
+    if keep_q:
+        state.keep_p(rows, state.ring_slot(ends, active), logits, lse)
+    return _result(torch.zeros_like(drawn), drawn, meta.eos_ids, active)
+
+
+def verify_step(
+    runner: Runner,
+    state: DecodeState,
+    starts: torch.Tensor,  # [B]
+    ends: torch.Tensor,  # [B]
+    outs: torch.Tensor,  # [B] the row's block of drafts is [outs + 1, ends)
+    active: torch.Tensor,  # [B] bool
+    *,
+    level: int,
+    width: int,
+    out_width: int,
+    keep_q: bool,
+    use_kernel: bool | None,
+) -> torch.Tensor:  # [2, B]
+    """Level >= 1: feed the block, verify each row's drafts at ``[outs + 1, ends)`` against the ring,
+    write the correction or bonus, and (``keep_q``) keep this level's p for the tokens it emitted."""
+    meta, drafts = state.sampling, out_width - 1  # D draft columns
+    rows = torch.arange(state.num_rows, device=ends.device)
+    logits = _processed(runner, state, fed_block(state.tokens, starts, ends, active, width), out_width)
+    num_drafts = torch.where(active, ends - outs - 1, 0)  # [B]
+    columns = torch.arange(drafts + 1, device=ends.device)  # [D + 1]
+    positions = ends[:, None] - drafts + columns  # [B, D + 1]: the token each column's p is for
+    draft_tokens = state.tokens.gather(1, positions[:, :drafts].clamp(min=0))  # [B, D]
+    if meta.greedy:  # greedy verification reads no q
+        draft_logits = logits.new_zeros(()).expand(state.num_rows, drafts, logits.shape[-1])
+        draft_lse = logits.new_zeros((), dtype=torch.float32).expand(state.num_rows, drafts)
+    else:
+        assert state.q_logits is not None and state.q_lse is not None
+        is_draft = columns[:drafts] >= drafts - num_drafts[:, None]  # [B, D]
+        slots = state.ring_slot(positions[:, :drafts].clamp(min=0), is_draft)  # [B, D]
+        draft_logits, draft_lse = state.q_logits[rows[:, None], slots], state.q_lse[rows[:, None], slots]
+    result = verify(
+        logits, draft_logits, draft_lse, draft_tokens, num_drafts, meta.temperature, meta.seeds,
+        ends - num_drafts, level, meta.greedy, use_kernel=use_kernel,
+    )  # fmt: skip
+    emitted_at = ends - num_drafts + result.num_accepted  # [B]
+    state.tokens[rows, torch.where(active, emitted_at, state.trash)] = result.next_token
+    if keep_q:
+        emitted = active[:, None] & (columns >= drafts - num_drafts[:, None])  # [B, D + 1]
+        keep_emitted(state, rows, state.ring_slot(positions.clamp(min=0), emitted), logits, result)
+    return _result(result.num_accepted, result.next_token, meta.eos_ids, active)
+
+
+def keep_emitted(
+    state: DecodeState,
+    rows: torch.Tensor,  # [B]
+    slots: torch.Tensor,  # [B, D + 1] ring slots of the tokens at the verifier's columns (or trash)
+    logits: torch.Tensor,  # [B, D + 1, V] the verifier's processed logits
+    result: VerifyResult,
+) -> None:
+    """Keep the verifier's own p for every token it just emitted (accepted, correction or bonus):
+    the q the next level up verifies them against. Never the residual a correction was drawn from:
+    that token is still marginally a sample of p (docs/design.md, "Verify")."""
+    state.keep_p(rows[:, None], slots, logits, result.verifier_lse)
+
+
+def feed_step(runner: Runner, state: DecodeState, starts, ends, active, *, width: int) -> None:
+    """Only cache a chunk of a long span (a prompt), ``width`` at a time; no outputs are needed."""
+    runner.forward(fed_block(state.tokens, starts, ends, active, width), 1)
+
+
+_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # runner -> {(level, top, compile): step}
+
+
+class LevelStep:
+    """One level of a run: its runner and its step functions, built (and compiled) per pair of
+    widths on first use. ``compile``: run the steps through ``torch.compile`` (fullgraph, static
+    shapes); otherwise eagerly, the same code."""
+
+    def __init__(self, runner: Runner, level: int, top: int, compile: bool = False) -> None:
+        self.runner, self.level, self.top, self.compile = runner, level, top, compile
+        self.functions: dict[tuple[str, int, int], Callable] = {}
+
+    @classmethod
+    def of(cls, runner: Runner, level: int, top: int, compile: bool = False) -> LevelStep:
+        """The step of ``runner`` at this place in a hierarchy, kept with the runner so that what
+        was built (and compiled) for it serves every later run."""
+        steps = _STEPS.setdefault(runner, {})
+        key = (level, top, compile)
+        if key not in steps:
+            steps[key] = cls(runner, level, top, compile)
+        return steps[key]
+
+    def function(self, kind: str, width: int, out_width: int, state: DecodeState) -> Callable:
+        key = (kind, width, out_width)
+        fn = self.functions.get(key)
+        if fn is None:
+            keep_q = state.q_logits is not None and self.level < self.top
+            use_kernel = False if self.compile else state.sampling.use_kernel  # compiled: traced torch
+            if kind == "feed":
+                fn = functools.partial(feed_step, self.runner, width=width)
+            elif kind == "draft":
+                fn = functools.partial(
+                    draft_step, self.runner, width=width, keep_q=keep_q, use_kernel=use_kernel
+                )
+            else:
+                fn = functools.partial(
+                    verify_step, self.runner, level=self.level, width=width, out_width=out_width,
+                    keep_q=keep_q, use_kernel=use_kernel,
+                )  # fmt: skip
+            if self.compile:
+                fn = torch.compile(fn, fullgraph=True, dynamic=False)
+            self.functions[key] = fn
+        return fn
+
+    def __call__(
+        self, state: DecodeState, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray, outs: np.ndarray
+    ) -> np.ndarray:
+        """Run the step for ``rows`` (their spans from the ledger); returns ``[2, R]``: accepted
+        counts and EOS flags of the rows, in order."""
+        num_rows = state.num_rows
+        full = np.zeros((4, num_rows), dtype=np.int64)  # starts, ends, outs, active; 0 for the others
+        full[:, rows] = np.stack([starts, ends, outs, np.ones_like(rows)])
+        device = state.tokens.device
+        for head_start, head_end in head_chunks(full[0], full[1], MAX_WIDTH):  # long spans: prompts
+            meta = torch.from_numpy(np.stack([head_start, head_end])).to(device)
+            self.function("feed", MAX_WIDTH, 0, state)(state, meta[0], meta[1], meta[1] > meta[0])
+            full[0] = np.maximum(full[0], head_end)
+        width = bucket(int((full[1] - full[0])[rows].max()))
+        meta = torch.from_numpy(full).to(device)  # one host-to-device copy
+        starts_t, ends_t, outs_t, active_t = meta[0], meta[1], meta[2], meta[3].bool()
+        if self.level == 0:
+            out = self.function("draft", width, 1, state)(state, starts_t, ends_t, active_t)
+        else:
+            out_width = bucket(int((full[1] - full[2])[rows].max()))
+            out = self.function("verify", width, out_width, state)(state, starts_t, ends_t, outs_t, active_t)
+        return out.cpu().numpy()[:, rows]  # the round's one host sync

@@ -1,0 +1,154 @@
+"""hsd_fast/compat.py called directly: which models, vocabularies and devices are accepted, and that
+each refusal names the model and what to change. (tests/test_hf_errors.py checks that `generate`
+raises these refusals; here the checks themselves, including the cases it does not reach.)"""
+
+import pytest
+import torch
+from hf_models import ARCHS, tiny_model
+from transformers import OPTConfig, OPTForCausalLM, T5Config, T5ForConditionalGeneration
+
+from hsd_fast.compat import (
+    SUPPORTED_ARCHITECTURES,
+    VOCAB_PADDING_TOLERANCE,
+    check_devices,
+    check_model,
+    common_vocab_size,
+)
+
+pytestmark = pytest.mark.hf
+
+
+def _small(arch: str = "llama", **kwargs) -> torch.nn.Module:
+    return tiny_model(arch, layers=1, **kwargs)
+
+
+# ----------------------------------------------------------------------------- check_model
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_supported_models_pass(arch: str, attn: str) -> None:
+    model = _small(arch, attn=attn)
+    assert type(model).__name__ in SUPPORTED_ARCHITECTURES
+    check_model(model, "target")  # no exception
+
+
+def test_encoder_decoder_refused() -> None:
+    config = T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2)
+    with pytest.raises(ValueError, match=r"^draft 1 \(T5ForConditionalGeneration\): encoder-decoder"):
+        check_model(T5ForConditionalGeneration(config), "draft 1")
+
+
+def test_unsupported_architecture_refused_and_the_supported_ones_listed() -> None:
+    config = OPTConfig(vocab_size=96, hidden_size=16, num_hidden_layers=1, ffn_dim=32, num_attention_heads=2)
+    with pytest.raises(ValueError, match=r"^draft 0 \(OPTForCausalLM\): architecture not supported") as err:
+        check_model(OPTForCausalLM(config), "draft 0")
+    assert all(name in str(err.value) for name in SUPPORTED_ARCHITECTURES)
+
+
+def test_architecture_is_checked_by_class_not_by_ancestry() -> None:
+    """A subclass may change the forward pass: it is not taken for the supported parent."""
+    model = _small("llama")
+    model.__class__ = type("PatchedLlama", (type(model),), {})
+    with pytest.raises(ValueError, match=r"target \(PatchedLlama\): architecture not supported"):
+        check_model(model, "target")
+
+
+@pytest.mark.parametrize("attn", ["flash_attention_2", "flex_attention", None])
+def test_unsupported_attention_refused(attn) -> None:
+    model = _small("gpt2")
+    model.config._attn_implementation = attn
+    with pytest.raises(ValueError, match=f"attention implementation {attn!r} not supported") as err:
+        check_model(model, "target")
+    assert "attn_implementation=" in str(err.value) and "'sdpa'" in str(err.value)
+
+
+def test_sliding_window_flag_refused() -> None:
+    model = _small("qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=0)
+    with pytest.raises(ValueError, match=r"^target \(Qwen2ForCausalLM\): sliding-window or hybrid"):
+        check_model(model, "target")
+
+
+def test_hybrid_layer_types_refused() -> None:
+    """No sliding-window flag, but one layer of another type: refused as hybrid."""
+    model = tiny_model(
+        "qwen2", layers=2, layer_types=["full_attention", "sliding_attention"], sliding_window=8
+    )
+    assert not model.config.use_sliding_window
+    with pytest.raises(ValueError, match="sliding-window or hybrid attention layers are not supported"):
+        check_model(model, "draft 0")
+    model.config.layer_types = ["full_attention", "linear_attention"]
+    with pytest.raises(ValueError, match="hybrid"):
+        check_model(model, "draft 0")
+    model.config.layer_types = ["full_attention", "full_attention"]
+    check_model(model, "draft 0")  # all full attention: accepted
+
+
+# ----------------------------------------------------------------------------- common_vocab_size
+def _vocab(size: int, seed: int = 0, **special) -> torch.nn.Module:
+    model = _small(vocab_size=size, seed=seed)
+    for name, value in special.items():
+        setattr(model.config, name, value)
+    return model
+
+
+def test_equal_vocabularies() -> None:
+    assert common_vocab_size(_vocab(96), [_vocab(96, 1), _vocab(96, 2)]) == 96
+    assert common_vocab_size(_vocab(96), []) == 96
+
+
+def test_padded_vocabularies_are_cut_to_the_smallest() -> None:
+    target, drafts = _vocab(1008), [_vocab(1000, 1), _vocab(1004, 2)]
+    assert common_vocab_size(target, drafts) == 1000
+    assert common_vocab_size(_vocab(1000), [_vocab(1008, 1)]) == 1000  # the target may be the smaller
+
+
+def test_padding_tolerance_is_inclusive() -> None:
+    limit = int(VOCAB_PADDING_TOLERANCE * 1000)  # 10 extra rows on 1000
+    assert common_vocab_size(_vocab(1000), [_vocab(1000 + limit, 1)]) == 1000
+    with pytest.raises(ValueError, match=r"different vocabularies \(logit sizes \[1000, 1011\]"):
+        common_vocab_size(_vocab(1000), [_vocab(1000 + limit + 1, 1)])
+
+
+@pytest.mark.parametrize(
+    "special",
+    [
+        {"eos_token_id": 3},  # another EOS
+        {"eos_token_id": [2, 5]},  # one EOS more
+        {"bos_token_id": None},  # no BOS
+        {"pad_token_id": 9},
+    ],
+    ids=lambda s: next(iter(s)),
+)
+def test_padded_vocabularies_need_identical_special_tokens(special: dict) -> None:
+    with pytest.raises(ValueError, match="identical special tokens"):
+        common_vocab_size(_vocab(1000), [_vocab(1008, 1, **special)])
+
+
+def test_special_tokens_compare_as_id_lists() -> None:
+    eos = {"eos_token_id": [2, 5]}
+    assert common_vocab_size(_vocab(1000, **eos), [_vocab(1008, 1, **eos)]) == 1000
+    # one id, given as an int or as a one-element list, is the same special token
+    assert common_vocab_size(_vocab(1000, eos_token_id=2), [_vocab(1008, 1, eos_token_id=[2])]) == 1000
+
+
+def test_special_tokens_must_lie_inside_the_smaller_vocabulary() -> None:
+    # identical on both sides, but id 1003 would be cut: not mere padding
+    with pytest.raises(ValueError, match="different vocabularies"):
+        common_vocab_size(_vocab(1000, eos_token_id=1003), [_vocab(1008, 1, eos_token_id=1003)])
+
+
+# ----------------------------------------------------------------------------- check_devices
+def test_one_device_passes() -> None:
+    target = _small()
+    check_devices(target, [_small(seed=1)], torch.tensor([[5, 6]]))
+
+
+def test_input_ids_on_another_device_refused() -> None:
+    target = _small()
+    with pytest.raises(ValueError, match=r"got models on \['cpu', 'cpu'\] and input_ids on meta"):
+        check_devices(target, [_small(seed=1)], torch.tensor([[5, 6]], device="meta"))
+
+
+def test_a_draft_on_another_device_refused() -> None:
+    target, draft = _small(), _small(seed=1).to("meta")
+    with pytest.raises(ValueError, match=r"one device; got models on \['cpu', 'meta'\]"):
+        check_devices(target, [draft], torch.tensor([[5, 6]]))
