@@ -90,34 +90,71 @@ def run_hsd(
     window = speculative_window(block_sizes)
     state = DecodeState(prompts, capacity, window, vocab, ring_dtype, sampling, transform, keep_q)
     steps = [LevelStep.of(runner, level, num_levels - 1, compile) for level, runner in enumerate(runners)]
-    stats = HSDStats(num_levels)
     for runner in runners:
         runner.prepare(num_rows, capacity)
 
+    log = _RoundLog(num_levels)
     emitted = prompt_lens.copy()  # per row: tokens already handed to on_commit
     with torch.inference_mode():
+        round_start = time.perf_counter()
         while (level := ledger.next_level()) >= 0:
-            started = time.perf_counter()
             rows = ledger.rows_for(level)
             starts, ends, outs = ledger.spans(level, rows)
-            accepted, is_eos = steps[level](state, rows, starts, ends, outs)  # [R] each
-            stats.record_forward(level, len(rows), int((ends - starts).sum()))
+            (accepted, is_eos), inside = steps[level](state, rows, starts, ends, outs)  # [R] each
             if level == 0:
                 ledger.commit_draft(rows, is_eos)
-                stats.record_draft(len(rows))
+                log.drafted(starts, ends)
             else:
                 kept, cascaded = ledger.commit_verify(level, rows, accepted, is_eos)
-                stats.record_verify(level, ends - outs - 1, accepted, kept, cascaded)
-            stats.wall_time[level] += time.perf_counter() - started  # each step ends in a host sync
+                log.verified(level, starts, ends, outs, accepted, kept, cascaded)
             if on_commit is not None and level == num_levels - 1:
                 lens = ledger.output_lens()
                 for r in np.flatnonzero(lens > emitted):
                     on_commit(int(r), state.tokens[r, emitted[r] : lens[r]])
                 emitted = np.maximum(emitted, lens)
+            round_end = time.perf_counter()
+            log.timed(level, round_end - round_start, inside)
+            round_start = round_end
 
     lens = ledger.output_lens()
     sequences = [state.tokens[r, : lens[r]].clone() for r in range(num_rows)]
-    return HSDResult(sequences, (lens - prompt_lens).tolist(), stats)
+    return HSDResult(sequences, (lens - prompt_lens).tolist(), log.stats())
+
+
+class _RoundLog:
+    """What every round did, kept raw and summed into ``HSDStats`` once at the end: a round's own
+    host work stays a few list appends."""
+
+    def __init__(self, num_levels: int) -> None:
+        self.num_levels = num_levels
+        self.spans: list[list[np.ndarray]] = [[] for _ in range(num_levels)]  # fed tokens per row
+        self.verifies: list[list[tuple]] = [[] for _ in range(num_levels)]
+        self.times: list[list[tuple[float, float]]] = [[] for _ in range(num_levels)]
+
+    def drafted(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.spans[0].append(ends - starts)
+
+    def verified(self, level: int, starts, ends, outs, accepted, kept, cascaded) -> None:
+        self.spans[level].append(ends - starts)
+        self.verifies[level].append((ends - outs - 1, accepted, kept, cascaded))
+
+    def timed(self, level: int, wall: float, inside_step: float) -> None:
+        self.times[level].append((wall, inside_step))
+
+    def stats(self) -> HSDStats:
+        stats = HSDStats(self.num_levels)
+        for level in range(self.num_levels):
+            for fed in self.spans[level]:
+                stats.record_forward(level, len(fed), int(fed.sum()))
+            if level == 0:
+                stats.record_draft(int(sum(len(fed) for fed in self.spans[0])))
+            elif self.verifies[level]:
+                stats.record_verify(
+                    level, *(np.concatenate(parts) for parts in zip(*self.verifies[level], strict=True))
+                )
+            for wall, inside in self.times[level]:
+                stats.record_time(level, wall, inside)
+        return stats
 
 
 def _widest(dtypes) -> torch.dtype:

@@ -48,6 +48,7 @@ def generate(
     output_hsd_stats: bool = False,
     hsd_streamer=None,
     hierarchy: Hierarchy | None = None,
+    compile: bool = False,
     **model_kwargs,
 ) -> torch.Tensor | GenerateDecoderOnlyOutput:
     """Hierarchical speculative decoding with ``drafts`` (smallest first) under ``model``.
@@ -93,6 +94,7 @@ def generate(
         temperature=transform.temperature,
         transform=transform,
         greedy=not config.do_sample,
+        compile=compile,
         on_commit=None if hsd_streamer is None else lambda _row, toks: hsd_streamer.put(toks.cpu()),
     )
     if hsd_streamer is not None:

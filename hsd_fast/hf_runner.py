@@ -51,10 +51,12 @@ class SlotCache(Cache):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # key_states, value_states: [B, H_kv, L, D]
-        index = self.slots[:, None, :, None].expand_as(key_states)
-        self.keys[layer_idx].scatter_(2, index, key_states)
-        self.values[layer_idx].scatter_(2, index, value_states)
+        # key_states, value_states: [B, H_kv, L, D]. An index_put_ (rows and slots as advanced
+        # indices, so the written block is [B, L, H_kv, D]) rather than a scatter_: a compiled step
+        # writes it in place, where a scatter_ made it copy the whole cache twice per layer.
+        rows = torch.arange(self.slots.shape[0], device=self.slots.device)[:, None]  # [B, 1]
+        self.keys[layer_idx][rows, :, self.slots] = key_states.transpose(1, 2)
+        self.values[layer_idx][rows, :, self.slots] = value_states.transpose(1, 2)
         return self.keys[layer_idx], self.values[layer_idx]  # [B, H_kv, S, D]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -33,7 +33,8 @@ class HSDStats:
     accepted_at: list[list[int]] = field(default_factory=list)  # [level][k]
     rejected_at: list[list[int]] = field(default_factory=list)  # [level][k]
     cascade_depth: list[int] = field(default_factory=list)  # [d]
-    wall_time: list[float] = field(default_factory=list)  # seconds per level, host clock
+    wall_time: list[float] = field(default_factory=list)  # seconds of the level's rounds, host clock
+    step_time: list[float] = field(default_factory=list)  # of which inside its step functions
 
     def __post_init__(self) -> None:
         n = self.num_levels
@@ -44,12 +45,19 @@ class HSDStats:
             setattr(self, name, getattr(self, name) or [[] for _ in range(n)])
         self.cascade_depth = self.cascade_depth or _zeros(n)
         self.wall_time = self.wall_time or [0.0] * n
+        self.step_time = self.step_time or [0.0] * n
 
     # ------------------------------------------------------------------ recording
     def record_forward(self, level: int, num_rows: int, fed: int) -> None:
         self.forwards[level] += 1
         self.row_forwards[level] += num_rows
         self.fed_tokens[level] += fed
+
+    def record_time(self, level: int, wall: float, inside_step: float) -> None:
+        """A round of ``level`` took ``wall`` seconds, ``inside_step`` of them in its step function
+        (the forward, transform and op, with the host sync that ends it)."""
+        self.wall_time[level] += wall
+        self.step_time[level] += inside_step
 
     def record_draft(self, num_tokens: int) -> None:
         self.drafted[0] += num_tokens
@@ -100,6 +108,12 @@ class HSDStats:
         if level == 0:
             emitted = self.drafted[0]
         return emitted / self.row_forwards[level] if self.row_forwards[level] else float("nan")
+
+    @property
+    def host_time(self) -> float:
+        """Seconds of the rounds spent outside the step functions: the engine's own work (ledger,
+        metadata, statistics)."""
+        return sum(self.wall_time) - sum(self.step_time)
 
     @property
     def mean_accepted_per_target_pass(self) -> float:

@@ -16,6 +16,8 @@ Rows that sit the step out write to trash slots (the last column of ``tokens``, 
 from __future__ import annotations
 
 import functools
+import time
+import types
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -70,6 +72,9 @@ class DecodeState:
         if keep_q:  # slot W is the trash slot
             self.q_logits = torch.zeros(num_rows, window + 1, vocab, dtype=ring_dtype, device=device)
             self.q_lse = torch.zeros(num_rows, window + 1, dtype=torch.float32, device=device)
+        # Everything a step's code depends on besides tensor shapes: a compiled step is built per
+        # structure and guards on tensors only (see LevelStep).
+        self.structure = (window, capacity, sampling.greedy, keep_q, transform.key, str(ring_dtype))
 
     @property
     def num_rows(self) -> int:
@@ -102,16 +107,14 @@ def _result(num_accepted: torch.Tensor, token: torch.Tensor, eos_ids: torch.Tens
 def draft_step(
     runner: Runner,
     state: DecodeState,
-    starts: torch.Tensor,  # [B]
-    ends: torch.Tensor,  # [B] the new token goes to position ends[r]
-    active: torch.Tensor,  # [B] bool
+    spans: torch.Tensor,  # [4, B] int64 per row: starts, ends, outs, active (0 or 1)
     *,
     width: int,
     keep_q: bool,
     use_kernel: bool | None,
 ) -> torch.Tensor:  # [2, B]
     """Level 0: feed the block, draw one token per active row at position ``ends``."""
-    meta = state.sampling
+    starts, ends, active, meta = spans[0], spans[1], spans[3].bool(), state.sampling
     rows = torch.arange(state.num_rows, device=ends.device)
     logits = _processed(runner, state, fed_block(state.tokens, starts, ends, active, width), 1)[:, 0]
     drawn, lse = sample(
@@ -126,10 +129,7 @@ def draft_step(
 def verify_step(
     runner: Runner,
     state: DecodeState,
-    starts: torch.Tensor,  # [B]
-    ends: torch.Tensor,  # [B]
-    outs: torch.Tensor,  # [B] the row's block of drafts is [outs + 1, ends)
-    active: torch.Tensor,  # [B] bool
+    spans: torch.Tensor,  # [4, B] int64 per row: starts, ends, outs, active; drafts at [outs + 1, ends)
     *,
     level: int,
     width: int,
@@ -139,6 +139,7 @@ def verify_step(
 ) -> torch.Tensor:  # [2, B]
     """Level >= 1: feed the block, verify each row's drafts at ``[outs + 1, ends)`` against the ring,
     write the correction or bonus, and (``keep_q``) keep this level's p for the tokens it emitted."""
+    starts, ends, outs, active = spans[0], spans[1], spans[2], spans[3].bool()
     meta, drafts = state.sampling, out_width - 1  # D draft columns
     rows = torch.arange(state.num_rows, device=ends.device)
     logits = _processed(runner, state, fed_block(state.tokens, starts, ends, active, width), out_width)
@@ -179,35 +180,71 @@ def keep_emitted(
     state.keep_p(rows[:, None], slots, logits, result.verifier_lse)
 
 
-def feed_step(runner: Runner, state: DecodeState, starts, ends, active, *, width: int) -> None:
+def feed_step(runner: Runner, state: DecodeState, spans: torch.Tensor, *, width: int) -> None:
     """Only cache a chunk of a long span (a prompt), ``width`` at a time; no outputs are needed."""
-    runner.forward(fed_block(state.tokens, starts, ends, active, width), 1)
+    runner.forward(fed_block(state.tokens, spans[0], spans[1], spans[3].bool(), width), 1)
 
 
+def _compiled(step: Callable) -> Callable:
+    """``step`` compiled through a function of its own. Dynamo keeps the compiled variants of a
+    function per code object and tries their guards one after the other at every call; a shared
+    code object (every level and width compiled through one wrapper) makes that list long, each
+    call slower as it grows, and at the recompile limit dynamo silently runs the step uncompiled.
+    A private copy of a small forwarding function keeps one variant per list (docs/design.md,
+    "Compiled steps")."""
+
+    def forward(*args):
+        return step(*args)
+
+    code = forward.__code__.replace()  # an equal code object, distinct from every other copy
+    own = types.FunctionType(code, forward.__globals__, forward.__name__, None, forward.__closure__)
+    # Guards on tensors only (shapes, dtypes, devices): everything else a step depends on is in the
+    # key it is built under, and the models are fingerprinted (LevelStep.of). The full guard set (the
+    # models' modules and configs) cost 100-200 us per call here, a fifth of a draft step. The C++
+    # wrapper saves another 10-17 % of a step on CPU (measured: docs/design.md, "Compiled steps").
+    options = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe, "cpp_wrapper": True}
+    return torch.compile(own, fullgraph=True, dynamic=False, options=options)
+
+
+COMPILED_MAX_WIDTH = 16
+"""The widest step that is compiled: decoding feeds a few tokens per step; a prefill feeds many."""
 _STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # runner -> {(level, top, compile): step}
+
+
+def _fingerprint(runner: Runner) -> tuple:
+    """What a compiled step assumes of a model beyond tensor shapes: which parameter tensors it
+    holds (a replaced or reallocated weight changes this) and its attention implementation."""
+    model = getattr(runner, "model", None)
+    if not isinstance(model, torch.nn.Module):
+        return ()
+    params = tuple((id(p), p.data_ptr()) for p in model.parameters())
+    return (getattr(model.config, "_attn_implementation", None), params)
 
 
 class LevelStep:
     """One level of a run: its runner and its step functions, built (and compiled) per pair of
     widths on first use. ``compile``: run the steps through ``torch.compile`` (fullgraph, static
-    shapes); otherwise eagerly, the same code."""
+    shapes) up to ``COMPILED_MAX_WIDTH`` fed columns; wider steps (a prompt's prefill, once per
+    request) run eagerly, the same code: a graph per prompt length would cost more to compile than
+    it could save."""
 
     def __init__(self, runner: Runner, level: int, top: int, compile: bool = False) -> None:
         self.runner, self.level, self.top, self.compile = runner, level, top, compile
-        self.functions: dict[tuple[str, int, int], Callable] = {}
+        self.functions: dict[tuple, Callable] = {}
+        self.fingerprint = _fingerprint(runner)
 
     @classmethod
     def of(cls, runner: Runner, level: int, top: int, compile: bool = False) -> LevelStep:
         """The step of ``runner`` at this place in a hierarchy, kept with the runner so that what
-        was built (and compiled) for it serves every later run."""
+        was built (and compiled) for it serves every later run, unless the model changed since."""
         steps = _STEPS.setdefault(runner, {})
         key = (level, top, compile)
-        if key not in steps:
+        if key not in steps or steps[key].fingerprint != _fingerprint(runner):
             steps[key] = cls(runner, level, top, compile)
         return steps[key]
 
     def function(self, kind: str, width: int, out_width: int, state: DecodeState) -> Callable:
-        key = (kind, width, out_width)
+        key = (kind, width, out_width, *state.structure)
         fn = self.functions.get(key)
         if fn is None:
             keep_q = state.q_logits is not None and self.level < self.top
@@ -223,30 +260,32 @@ class LevelStep:
                     verify_step, self.runner, level=self.level, width=width, out_width=out_width,
                     keep_q=keep_q, use_kernel=use_kernel,
                 )  # fmt: skip
-            if self.compile:
-                fn = torch.compile(fn, fullgraph=True, dynamic=False)
+            if self.compile and width <= COMPILED_MAX_WIDTH:
+                fn = _compiled(fn)
             self.functions[key] = fn
         return fn
 
     def __call__(
         self, state: DecodeState, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray, outs: np.ndarray
-    ) -> np.ndarray:
-        """Run the step for ``rows`` (their spans from the ledger); returns ``[2, R]``: accepted
-        counts and EOS flags of the rows, in order."""
+    ) -> tuple[np.ndarray, float]:
+        """Run the step for ``rows`` (their spans from the ledger). Returns ``[2, R]`` (accepted
+        counts and EOS flags of the rows, in order) and the seconds spent inside the step function,
+        its host sync included: a round's remaining time is the host's own work."""
         num_rows = state.num_rows
         full = np.zeros((4, num_rows), dtype=np.int64)  # starts, ends, outs, active; 0 for the others
         full[:, rows] = np.stack([starts, ends, outs, np.ones_like(rows)])
         device = state.tokens.device
-        for head_start, head_end in head_chunks(full[0], full[1], MAX_WIDTH):  # long spans: prompts
-            meta = torch.from_numpy(np.stack([head_start, head_end])).to(device)
-            self.function("feed", MAX_WIDTH, 0, state)(state, meta[0], meta[1], meta[1] > meta[0])
-            full[0] = np.maximum(full[0], head_end)
-        width = bucket(int((full[1] - full[0])[rows].max()))
-        meta = torch.from_numpy(full).to(device)  # one host-to-device copy
-        starts_t, ends_t, outs_t, active_t = meta[0], meta[1], meta[2], meta[3].bool()
+        longest = int((full[1] - full[0]).max())
+        if longest > MAX_WIDTH:  # long spans (prompts): their heads first, MAX_WIDTH at a time
+            for head_start, head_end in head_chunks(full[0], full[1], MAX_WIDTH):
+                chunk = np.stack([head_start, head_end, head_end, head_end > head_start])
+                self.function("feed", MAX_WIDTH, 0, state)(state, torch.from_numpy(chunk).to(device))
+                full[0] = np.maximum(full[0], head_end)
+            longest = int((full[1] - full[0]).max())
         if self.level == 0:
-            out = self.function("draft", width, 1, state)(state, starts_t, ends_t, active_t)
+            fn = self.function("draft", bucket(longest), 1, state)
         else:
-            out_width = bucket(int((full[1] - full[2])[rows].max()))
-            out = self.function("verify", width, out_width, state)(state, starts_t, ends_t, outs_t, active_t)
-        return out.cpu().numpy()[:, rows]  # the round's one host sync
+            fn = self.function("verify", bucket(longest), bucket(int((full[1] - full[2]).max())), state)
+        started = time.perf_counter()
+        out = fn(state, torch.from_numpy(full).to(device)).cpu().numpy()  # the round's one host sync
+        return out[:, rows], time.perf_counter() - started

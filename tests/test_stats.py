@@ -144,3 +144,13 @@ def test_summary_lists_every_level() -> None:
     assert lines[2].split() == ["1", "1", "4", "11", "7", "4", "2", "2", "1.500"]
     assert lines[3].split() == ["2", "1", "1", "6", "5", "2", "0", "1", "0.000"]
     assert lines[4] == "rollbacks by levels cascaded into: [1, 1, 1]"
+
+
+def test_time_inside_the_steps_and_the_hosts_share() -> None:
+    stats = HSDStats(2)
+    stats.record_time(0, wall=0.010, inside_step=0.008)
+    stats.record_time(1, wall=0.030, inside_step=0.025)
+    stats.record_time(0, wall=0.002, inside_step=0.001)
+    assert stats.wall_time == pytest.approx([0.012, 0.030])
+    assert stats.step_time == pytest.approx([0.009, 0.025])
+    assert stats.host_time == pytest.approx(0.008)

@@ -37,7 +37,7 @@ def _left_padded(prompts: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, 
 
 def _counters(stats: hsd_fast.HSDStats) -> dict:
     """Everything the run counted, without the host clock."""
-    return {k: v for k, v in dataclasses.asdict(stats).items() if k != "wall_time"}
+    return {k: v for k, v in dataclasses.asdict(stats).items() if k not in ("wall_time", "step_time")}
 
 
 # ----------------------------------------------------------------------------- construction
