@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -58,7 +59,7 @@ def run_hsd(
     on_commit: Callable[[int, torch.Tensor], None] | None = None,
     use_kernel: bool | None = None,
     transform: LogitsTransform | None = None,
-    compile: bool = False,
+    compile: bool | str = "auto",
 ) -> HSDResult:
     """Generate with the hierarchy ``runners`` (level 0 drafts, the last is the target).
 
@@ -68,7 +69,9 @@ def run_hsd(
     row's newly committed tokens, in order, as the target commits them (streaming). ``use_kernel``:
     draft and verify with the Triton kernels (default: on CUDA tensors) or the torch references.
     ``transform``: the sampling transform (HF logits processors) every level applies to its logits.
-    ``compile``: run the level steps through ``torch.compile`` (docs/design.md, "Compiled steps").
+    ``compile``: run the level steps through ``torch.compile`` (``True``), eagerly (``False``), or
+    ``"auto"``: eagerly until this hierarchy has spent ``AUTO_COMPILE_AFTER_SECONDS`` decoding, then
+    compiled (docs/design.md, "Compiled steps": why).
     """
     num_levels, num_rows = len(runners), len(prompts)
     if num_levels < 1:
@@ -78,9 +81,11 @@ def run_hsd(
         raise ValueError(f"runners disagree on vocab_size: {[r.vocab_size for r in runners]}")
     budget = np.broadcast_to(np.asarray(max_new_tokens, dtype=np.int64), (num_rows,))
     prompt_lens = np.array([p.numel() for p in prompts], dtype=np.int64)
+    budget_end = prompt_lens + budget  # [B] where each row's length budget ends
     ledger = Ledger(num_levels, list(block_sizes), prompt_lens.tolist(), budget.tolist(), policy)
     # +1: a bonus drawn past the length budget is written before the ledger drops it
     capacity = int((prompt_lens + budget).max()) + 1
+    positions = -(-capacity // POSITION_ROUNDING) * POSITION_ROUNDING  # a bucket: see POSITION_ROUNDING
     sampling = SamplingMetadata.build(
         num_rows, prompts[0].device, seeds, temperature, eos_token_id, greedy, use_kernel
     )
@@ -88,8 +93,9 @@ def run_hsd(
     keep_q = num_levels > 1 and not greedy
     ring_dtype = torch.float32 if transform.processors else _widest(r.dtype for r in runners)
     window = speculative_window(block_sizes)
-    state = DecodeState(prompts, capacity, window, vocab, ring_dtype, sampling, transform, keep_q)
-    steps = [LevelStep.of(runner, level, num_levels - 1, compile) for level, runner in enumerate(runners)]
+    state = DecodeState(prompts, positions, window, vocab, ring_dtype, sampling, transform, keep_q)
+    compiled = _decide_compile(compile, runners, block_sizes)
+    steps = [LevelStep.of(runner, level, num_levels - 1, compiled) for level, runner in enumerate(runners)]
     for runner in runners:
         runner.prepare(num_rows, capacity)
 
@@ -100,11 +106,15 @@ def run_hsd(
         while (level := ledger.next_level()) >= 0:
             rows = ledger.rows_for(level)
             starts, ends, outs = ledger.spans(level, rows)
-            (accepted, is_eos), inside = steps[level](state, rows, starts, ends, outs)  # [R] each
             if level == 0:
-                ledger.commit_draft(rows, is_eos)
-                log.drafted(starts, ends)
+                wanted = _drafts_wanted(ledger, rows, budget_end, block_sizes)
+                (drawn, last_is_eos), inside = steps[0](state, rows, starts, ends, outs, wanted)
+                for k in range(int(drawn.max())):  # the ledger takes drafts one at a time
+                    now = drawn > k
+                    ledger.commit_draft(rows[now], last_is_eos[now] & (drawn[now] == k + 1))
+                log.drafted(starts, ends, drawn)
             else:
+                (accepted, is_eos), inside = steps[level](state, rows, starts, ends, outs)  # [R] each
                 kept, cascaded = ledger.commit_verify(level, rows, accepted, is_eos)
                 log.verified(level, starts, ends, outs, accepted, kept, cascaded)
             if on_commit is not None and level == num_levels - 1:
@@ -116,9 +126,14 @@ def run_hsd(
             log.timed(level, round_end - round_start, inside)
             round_start = round_end
 
+    stats = log.stats()
+    if compiled:
+        LevelStep.compile_progress_done()
+    elif compile == "auto":
+        _count_eager(runners, block_sizes, sum(stats.wall_time))
     lens = ledger.output_lens()
     sequences = [state.tokens[r, : lens[r]].clone() for r in range(num_rows)]
-    return HSDResult(sequences, (lens - prompt_lens).tolist(), log.stats())
+    return HSDResult(sequences, (lens - prompt_lens).tolist(), stats)
 
 
 class _RoundLog:
@@ -131,8 +146,9 @@ class _RoundLog:
         self.verifies: list[list[tuple]] = [[] for _ in range(num_levels)]
         self.times: list[list[tuple[float, float]]] = [[] for _ in range(num_levels)]
 
-    def drafted(self, starts: np.ndarray, ends: np.ndarray) -> None:
-        self.spans[0].append(ends - starts)
+    def drafted(self, starts: np.ndarray, ends: np.ndarray, drawn: np.ndarray) -> None:
+        for k in range(int(drawn.max())):  # one lockstep forward per token drawn
+            self.spans[0].append(ends - starts if k == 0 else np.ones(int((drawn > k).sum()), dtype=np.int64))
 
     def verified(self, level: int, starts, ends, outs, accepted, kept, cascaded) -> None:
         self.spans[level].append(ends - starts)
@@ -155,6 +171,53 @@ class _RoundLog:
             for wall, inside in self.times[level]:
                 stats.record_time(level, wall, inside)
         return stats
+
+
+AUTO_COMPILE_AFTER_SECONDS = 20.0
+"""``compile="auto"`` decodes eagerly until a hierarchy has spent this long, then compiles it: the
+rent-or-buy rule (pay for the eager path until it has cost what compiling costs, then buy). Compiling
+a hierarchy's steps took 10-40 s here (2 CPU cores; less with inductor's cache warm from an earlier
+process); whatever the request lengths, the total time stays within twice that of the better
+choice in hindsight."""
+# target runner -> {(ids of the drafts' runners, block sizes): seconds decoded eagerly}; weak, so a
+# dropped model takes its record with it
+_EAGER_SECONDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _decide_compile(compile: bool | str, runners: Sequence[Runner], block_sizes: Sequence[int]) -> bool:
+    if compile == "auto":
+        spent = _EAGER_SECONDS.get(runners[-1], {}).get(_hierarchy_key(runners, block_sizes), 0.0)
+        return spent >= AUTO_COMPILE_AFTER_SECONDS
+    if not isinstance(compile, bool):
+        raise ValueError(f"compile must be True, False or 'auto', got {compile!r}")
+    return compile
+
+
+def _hierarchy_key(runners: Sequence[Runner], block_sizes: Sequence[int]) -> tuple:
+    return (*(id(r) for r in runners[:-1]), *block_sizes)
+
+
+def _count_eager(runners: Sequence[Runner], block_sizes: Sequence[int], seconds: float) -> None:
+    spent = _EAGER_SECONDS.setdefault(runners[-1], {})
+    key = _hierarchy_key(runners, block_sizes)
+    spent[key] = spent.get(key, 0.0) + seconds
+
+
+POSITION_ROUNDING = 128
+"""The run's token buffer holds a multiple of this many positions: its size is in every compiled
+step's shapes, and a new prompt length or ``max_new_tokens`` must not compile anew."""
+TOKENS_PER_DECODE_STEP = 4
+"""Without drafts (K = 0) the target decodes this many tokens per step (stopping at EOS)."""
+
+
+def _drafts_wanted(ledger: Ledger, rows: np.ndarray, budget_end: np.ndarray, block_sizes) -> np.ndarray:
+    """[R] how many tokens each row drafts before it wants another level: up to its block size T_0
+    (or TOKENS_PER_DECODE_STEP without drafts), within its length budget."""
+    frontiers = ledger.frontiers()[rows]  # [R, K + 1]
+    room = budget_end[rows] - frontiers[:, 0]
+    if len(block_sizes) == 0:
+        return np.minimum(room, TOKENS_PER_DECODE_STEP)
+    return np.minimum(room, block_sizes[0] - (frontiers[:, 0] - frontiers[:, 1]))
 
 
 def _widest(dtypes) -> torch.dtype:

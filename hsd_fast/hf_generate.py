@@ -48,7 +48,7 @@ def generate(
     output_hsd_stats: bool = False,
     hsd_streamer=None,
     hierarchy: Hierarchy | None = None,
-    compile: bool = False,
+    compile: bool | str = "auto",
     **model_kwargs,
 ) -> torch.Tensor | GenerateDecoderOnlyOutput:
     """Hierarchical speculative decoding with ``drafts`` (smallest first) under ``model``.
@@ -59,7 +59,10 @@ def generate(
     (row r gets a seed derived from it and r) or one per row (a row then samples the same tokens alone
     or in any batch); by default it is drawn from torch's global generator, so ``torch.manual_seed``
     makes runs repeatable as with HF. ``hsd_streamer`` is how ``hsd_fast.wrap`` passes a streamer
-    (HF drops ``streamer=`` before calling a custom generate).
+    (HF drops ``streamer=`` before calling a custom generate). ``compile``: run the decoding steps
+    through ``torch.compile`` (``True``), eagerly (``False``), or ``"auto"`` (the default): eagerly
+    until this hierarchy has decoded for ``hsd_fast.engine.AUTO_COMPILE_AFTER_SECONDS``, compiled
+    from then on (compiling costs tens of seconds on a CPU, once per process and step shape).
     """
     config = generation_config if generation_config is not None else model.generation_config
     if hierarchy is not None:  # from hsd_fast.select_hierarchy: its drafts and block sizes

@@ -71,24 +71,32 @@ def select_hierarchy(
     max_T: int = 8,
     max_new_tokens: int = 64,
     progress: bool = True,
+    compile: bool = False,
     **generation_kwargs,
 ) -> Hierarchy:
     """Profile ``candidates`` and ``target`` (costs at ``context`` cached tokens, default the prompt
     length; acceptance teacher-forced on ``prompts`` under exactly the sampling transform that
     ``target.generate(**generation_kwargs)`` applies: do_sample, temperature, top_k, ...), pick the
-    latency-optimal hierarchy, and with ``measure=True`` time it with the engine on ``prompts[:1]``."""
+    latency-optimal hierarchy, and with ``measure=True`` time it with the engine on ``prompts[:1]``.
+    ``compile``: select for compiled steps (``generate(compile=True)``, and ``"auto"`` once warm)
+    rather than eager ones: each candidate's steps are then compiled to be timed."""
     unknown = set(generation_kwargs) - set(SAMPLING_KWARGS)
     if unknown:
         raise ValueError(f"select_hierarchy: unsupported {sorted(unknown)}; supported: {SAMPLING_KWARGS}")
     cache = cache if cache is not None else ProfileCache()
     models = [*candidates, target]
     context = context or prompts.shape[1]
-    costs = [cache.costs(m, context) for m in tqdm(models, desc="forward costs", disable=not progress)]
     transform, greedy = generation_sampling(target, **generation_kwargs)
+    costs = [
+        cache.costs(m, context, compile, transform, greedy)
+        for m in tqdm(models, desc="step costs", disable=not progress)
+    ]
     alpha = cache.acceptance(models, prompts, transform, greedy, progress)
     cache.save()
     pick = Hierarchy.bind(select(costs, alpha, max_T=max_T), models)
     if measure:
-        seconds = measured_latency(target, pick, prompts[:1], max_new_tokens, **generation_kwargs)
+        seconds = measured_latency(
+            target, pick, prompts[:1], max_new_tokens, compile=compile, **generation_kwargs
+        )
         pick = replace(pick, measured_latency=seconds)
     return pick

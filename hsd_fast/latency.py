@@ -1,16 +1,17 @@
 """Expected latency per committed token of an HSD hierarchy (docs/design.md, "The latency model and the
 selector"). Pure Python math.
 
-Inputs, for levels 0..K (K the target): ``costs[i](n)``, the seconds of one forward of level i over
-n fed tokens, and ``alphas[i]`` = alpha(i, i+1), the probability that level i+1 accepts a token of
+Inputs, for levels 0..K (K the target): ``costs[i](n)``, the seconds of one step of level i over
+n fed tokens (a verification), ``draft_seconds(costs[0], k)`` those of a step that drafts k tokens,
+and ``alphas[i]`` = alpha(i, i+1), the probability that level i+1 accepts a token of
 level i (acceptance i.i.d. across positions and levels, the paper's assumption). Convention: a
 verification of a block of b tokens feeds n = b + 1 tokens (the block and the token before it);
 catch-up tokens are ignored here and modelled only by ``simulate(..., engine=True)``.
 
 The loop of docs/design.md, "The one loop", as a recursion: level 0 returns exactly T_0 tokens for
-T_0 * c_0(1); level i (0 < i < K) calls level i-1 and verifies its block b (gain G = min(A, b) + 1,
-P(A >= k) = a^k) until its running gain reaches T_i, and returns that gain. The target verifies one
-block per round:
+d_0(T_0) (one draft step); level i (0 < i < K) calls level i-1 and verifies its block b (gain
+G = min(A, b) + 1, P(A >= k) = a^k) until its running gain reaches T_i, and returns that gain. The
+target verifies one block per round:
 
     L = (E[C_{K-1}] + E_b[c_K(b + 1)]) / E_b[E[G | b]],      E[G | b] = (1 - a^(b+1)) / (1 - a)
 
@@ -38,6 +39,19 @@ class AffineCost:
         return self.fixed + self.per_token * n
 
 
+def draft_seconds(cost: Cost, k: int) -> float:
+    """Seconds for a level to draft k tokens: its measured draft step (``cost.draft``: one step
+    draws them all) where known, else k one-token forwards."""
+    draft = getattr(cost, "draft", None)
+    return draft(k) if draft is not None else k * cost(1)
+
+
+def decode_seconds(cost: Cost) -> float:
+    """Seconds per token of plain autoregressive decoding (K = 0) with this model."""
+    per_token = getattr(cost, "decode", None)
+    return per_token() if per_token is not None else cost(1)
+
+
 def gain_probs(a: float, b: int) -> list[float]:
     """P(G = g) for g = 1..b+1 when b drafts are verified with acceptance a."""
     probs = [a**k * (1.0 - a) for k in range(b)]
@@ -62,7 +76,7 @@ class LevelOutcome:
 def level_outcomes(costs: Sequence[Cost], alphas: Sequence[float], T: Sequence[int]) -> list[LevelOutcome]:
     """Outcomes of the draft levels 0..K-1 under the 'verify until at least T_i' rule."""
     _check(costs, alphas, T)
-    outcomes = [LevelOutcome({T[0]: 1.0}, T[0] * costs[0](1), 1.0)]
+    outcomes = [LevelOutcome({T[0]: 1.0}, draft_seconds(costs[0], T[0]), 1.0)]
     for i in range(1, len(costs) - 1):
         below, a, target = outcomes[-1], alphas[i - 1], T[i]
         step_cost = below.cost + below.mean(lambda b, c=costs[i]: c(b + 1))
@@ -87,7 +101,7 @@ def level_outcomes(costs: Sequence[Cost], alphas: Sequence[float], T: Sequence[i
 def expected_latency(costs: Sequence[Cost], alphas: Sequence[float], T: Sequence[int]) -> float:
     """Expected seconds per committed token; K = 0 is plain autoregressive decoding."""
     if len(costs) == 1:
-        return costs[0](1)
+        return decode_seconds(costs[0])
     below = level_outcomes(costs, alphas, T)[-1]
     top, a = costs[-1], alphas[-1]
     return (below.cost + below.mean(lambda b: top(b + 1))) / below.mean(lambda b: expected_gain(a, b))
@@ -98,8 +112,8 @@ def fixed_block_latency(costs: Sequence[Cost], alphas: Sequence[float], T: Seque
     L = (1/g_K) [c_K + r_{K-1} (c_{K-1} + ... + r_1 (c_1 + T_0 c_0))], r_i = T_i / g_i."""
     _check(costs, alphas, T)
     if len(costs) == 1:
-        return costs[0](1)
-    produce = T[0] * costs[0](1)  # seconds for level 0 to produce T_0 tokens
+        return decode_seconds(costs[0])
+    produce = draft_seconds(costs[0], T[0])  # seconds for level 0 to produce T_0 tokens
     for i in range(1, len(costs) - 1):
         produce = T[i] / expected_gain(alphas[i - 1], T[i - 1]) * (costs[i](T[i - 1] + 1) + produce)
     return (costs[-1](T[-1] + 1) + produce) / expected_gain(alphas[-1], T[-1])
@@ -126,7 +140,8 @@ def simulate(
         if i == 0:
             fed = T[0] + (behind[0] if engine else 0)
             behind[0] = 0
-            return T[0], costs[0](1) * T[0] + (costs[0](fed) - costs[0](T[0]) if engine else 0.0)
+            catch_up = costs[0](fed) - costs[0](T[0]) if engine else 0.0
+            return T[0], draft_seconds(costs[0], T[0]) + catch_up
         total, spent = 0, 0.0
         while total < T[i]:
             b, c = produce(i - 1)
@@ -141,7 +156,7 @@ def simulate(
     per_round_cost, per_round_tokens = [], []
     for _ in range(rounds):
         if top == 0:
-            per_round_cost.append(costs[0](1))
+            per_round_cost.append(decode_seconds(costs[0]))
             per_round_tokens.append(1)
             continue
         b, c = produce(top - 1)

@@ -1,12 +1,13 @@
 """The latency-optimal hierarchy: which drafts to stack and each level's block size T
-(docs/design.md, "The latency model and the selector"). Pure arithmetic over candidate indices: the models
-themselves are bound to a selection in the API layer (``hsd_fast.hierarchy``).
+(docs/design.md, "The latency model and the selector"). Pure arithmetic over candidate indices:
+the models themselves are bound to a selection in the API layer (``hsd_fast.hierarchy``).
 
 Under the fixed-block (decomposable) form, producing T tokens at model m on top of (m', T') costs
 
-    V(m, T) = T / g(alpha(m', m), T') * (c_m(T' + 1) + V(m', T')),      V(m, T) = T c_m(1) at level 0
+    V(m, T) = T / g(alpha(m', m), T') * (c_m(T' + 1) + V(m', T')),      V(m, T) = d_m(T) at level 0
 
-a generalized shortest path over nodes (model, T) with models in cost order. A k-best DP keeps the
+with c_m(n) a verification step over n tokens and d_m(T) a step that drafts T tokens: a
+generalized shortest path over nodes (model, T) with models in cost order. A k-best DP keeps the
 ``keep`` cheapest chains (of different models) per node; the best few at the target, autoregressive
 decoding and every single-draft configuration get their T's polished by coordinate descent on the
 exact recursion (``latency.expected_latency``) and are ranked by it, so the pick is never predicted
@@ -19,7 +20,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hsd_fast.latency import Cost, expected_gain, expected_latency
+from hsd_fast.latency import Cost, decode_seconds, draft_seconds, expected_gain, expected_latency
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def select(
     # shortlisted chain's T by coordinate descent on the exact latency.
     refined = {_refine_T(costs, alpha, chain, target, max_T) for chain in shortlisted}
     scored = sorted((_exact(costs, alpha, chain, target), chain) for chain in refined)
-    ar = costs[target](1)
+    ar = decode_seconds(costs[target])
     best_single = min(lat for lat, chain in scored if len(chain) == 1) if drafts else ar
     hierarchies = [
         Selection(
@@ -93,14 +94,14 @@ def fixed_block_candidates(
     best: dict[tuple[int, int], list[tuple[float, tuple[tuple[int, int], ...]]]] = {}
     for pos, m in enumerate(drafts):
         for t in range(1, max_T + 1):
-            options = [(t * costs[m](1), ((m, t),))]
+            options = [(draft_seconds(costs[m], t), ((m, t),))]
             for below in drafts[:pos]:
                 for t_below in range(1, max_T + 1):
                     scale = t / expected_gain(alpha[below][m], t_below)
                     for value, chain in best[(below, t_below)]:
                         options.append((scale * (costs[m](t_below + 1) + value), (*chain, (m, t))))
             best[(m, t)] = _best_per_model_chain(options, keep)
-    finals = [(costs[target](1), ())]
+    finals = [(decode_seconds(costs[target]), ())]
     for (m, t), entries in best.items():
         g = expected_gain(alpha[m][target], t)
         finals += [((costs[target](t + 1) + value) / g, chain) for value, chain in entries]

@@ -24,6 +24,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from hsd_fast.layout import MAX_WIDTH, FedBlock, bucket, fed_block, head_chunks
 from hsd_fast.processors import LogitsTransform
@@ -107,29 +108,45 @@ def _result(num_accepted: torch.Tensor, token: torch.Tensor, eos_ids: torch.Tens
 def draft_step(
     runner: Runner,
     state: DecodeState,
-    spans: torch.Tensor,  # [4, B] int64 per row: starts, ends, outs, active (0 or 1)
+    spans: torch.Tensor,  # [5, B] int64 per row: starts, ends, outs, active (0/1), drafts wanted
     *,
     width: int,
+    count: int,
     keep_q: bool,
     use_kernel: bool | None,
 ) -> torch.Tensor:  # [2, B]
-    """Level 0: feed the block, draw one token per active row at position ``ends``."""
-    starts, ends, active, meta = spans[0], spans[1], spans[3].bool(), state.sampling
+    """Level 0: feed the block, then draw up to ``count`` tokens one after the other at positions
+    ``ends, ends + 1, ...``: row r stops after its wanted number, or after an EOS. Drafting a few
+    tokens in one step draws exactly the tokens one-token steps would (keyed randomness: a token's
+    uniforms depend on its position, not on the step) and saves a step's overhead per token.
+    Returns per row the number drawn and whether the last one is an EOS."""
+    starts, ends, meta = spans[0], spans[1], state.sampling
+    going, wanted = spans[3].bool() & (spans[4] > 0), spans[4]  # [B]
     rows = torch.arange(state.num_rows, device=ends.device)
-    logits = _processed(runner, state, fed_block(state.tokens, starts, ends, active, width), 1)[:, 0]
-    drawn, lse = sample(
-        logits, meta.temperature, meta.seeds, ends, 0, DRAFT, meta.greedy, use_kernel=use_kernel
-    )  # [B], [B]
-    state.tokens[rows, torch.where(active, ends, state.trash)] = drawn
-    if keep_q:
-        state.keep_p(rows, state.ring_slot(ends, active), logits, lse)
-    return _result(torch.zeros_like(drawn), drawn, meta.eos_ids, active)
+    block = fed_block(state.tokens, starts, ends, going, width)
+    drawn_count = torch.zeros_like(ends)
+    last_is_eos = torch.zeros_like(going)
+    for k in range(count):
+        if k > 0:  # feed the token drawn last
+            block = fed_block(state.tokens, ends + k - 1, ends + k, going, 1)
+        logits = _processed(runner, state, block, 1)[:, 0]  # [B, V]
+        position = ends + k  # [B]
+        drawn, lse = sample(
+            logits, meta.temperature, meta.seeds, position, 0, DRAFT, meta.greedy, use_kernel=use_kernel
+        )  # [B], [B]
+        state.tokens[rows, torch.where(going, position, state.trash)] = drawn
+        if keep_q:
+            state.keep_p(rows, state.ring_slot(position, going), logits, lse)
+        last_is_eos = torch.where(going, (drawn[:, None] == meta.eos_ids).any(-1), last_is_eos)
+        drawn_count = drawn_count + going.long()
+        going = going & ~last_is_eos & (k + 1 < wanted)
+    return torch.stack([drawn_count, last_is_eos.long()])
 
 
 def verify_step(
     runner: Runner,
     state: DecodeState,
-    spans: torch.Tensor,  # [4, B] int64 per row: starts, ends, outs, active; drafts at [outs + 1, ends)
+    spans: torch.Tensor,  # [5, B] int64 per row: starts, ends, outs, active; drafts at [outs + 1, ends)
     *,
     level: int,
     width: int,
@@ -185,7 +202,7 @@ def feed_step(runner: Runner, state: DecodeState, spans: torch.Tensor, *, width:
     runner.forward(fed_block(state.tokens, spans[0], spans[1], spans[3].bool(), width), 1)
 
 
-def _compiled(step: Callable) -> Callable:
+def _compiled(step: Callable, device: torch.device) -> Callable:
     """``step`` compiled through a function of its own. Dynamo keeps the compiled variants of a
     function per code object and tries their guards one after the other at every call; a shared
     code object (every level and width compiled through one wrapper) makes that list long, each
@@ -202,8 +219,40 @@ def _compiled(step: Callable) -> Callable:
     # key it is built under, and the models are fingerprinted (LevelStep.of). The full guard set (the
     # models' modules and configs) cost 100-200 us per call here, a fifth of a draft step. The C++
     # wrapper saves another 10-17 % of a step on CPU (measured: docs/design.md, "Compiled steps").
-    options = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe, "cpp_wrapper": True}
+    options: dict = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
+    if device.type == "cuda":
+        options["triton.cudagraphs"] = True  # mode="reduce-overhead", which cannot take options too
+    else:
+        options["cpp_wrapper"] = True
     return torch.compile(own, fullgraph=True, dynamic=False, options=options)
+
+
+class _Compiling:
+    """A compiled step that reports its first call, when it compiles (tens of seconds on a CPU), on
+    one progress line shared by all steps of the process."""
+
+    bar: tqdm | None = None
+
+    def __init__(self, fn: Callable, name: str) -> None:
+        self.fn, self.name, self.compiled = fn, name, False
+
+    def __call__(self, *args):
+        if self.compiled:
+            return self.fn(*args)
+        if _Compiling.bar is None:
+            _Compiling.bar = tqdm(desc="hsd_fast: compiling steps", unit=" step", leave=False)
+        _Compiling.bar.set_postfix_str(self.name)
+        out = self.fn(*args)
+        self.compiled = True
+        _Compiling.bar.update()
+        return out
+
+    @classmethod
+    def done(cls) -> None:
+        """Close the progress line (at the end of a run that compiled something)."""
+        if cls.bar is not None:
+            cls.bar.close()
+            cls.bar = None
 
 
 COMPILED_MAX_WIDTH = 16
@@ -224,9 +273,9 @@ def _fingerprint(runner: Runner) -> tuple:
 class LevelStep:
     """One level of a run: its runner and its step functions, built (and compiled) per pair of
     widths on first use. ``compile``: run the steps through ``torch.compile`` (fullgraph, static
-    shapes) up to ``COMPILED_MAX_WIDTH`` fed columns; wider steps (a prompt's prefill, once per
-    request) run eagerly, the same code: a graph per prompt length would cost more to compile than
-    it could save."""
+    shapes) up to ``COMPILED_MAX_WIDTH`` fed columns; wider steps and prefills (once per request and
+    level) run eagerly, the same code: a graph per prompt length would cost more to compile than it
+    could save."""
 
     def __init__(self, runner: Runner, level: int, top: int, compile: bool = False) -> None:
         self.runner, self.level, self.top, self.compile = runner, level, top, compile
@@ -243,8 +292,16 @@ class LevelStep:
             steps[key] = cls(runner, level, top, compile)
         return steps[key]
 
-    def function(self, kind: str, width: int, out_width: int, state: DecodeState) -> Callable:
-        key = (kind, width, out_width, *state.structure)
+    @staticmethod
+    def compile_progress_done() -> None:
+        _Compiling.done()
+
+    def function(
+        self, kind: str, width: int, out_width: int, state: DecodeState, prefill: bool = False
+    ) -> Callable:
+        """The step function for these widths; ``prefill``: a step that feeds some row from position 0
+        (its prompt), which runs eagerly: prompt lengths would otherwise each compile a graph."""
+        key = (kind, width, out_width, prefill, *state.structure)
         fn = self.functions.get(key)
         if fn is None:
             keep_q = state.q_logits is not None and self.level < self.top
@@ -253,39 +310,56 @@ class LevelStep:
                 fn = functools.partial(feed_step, self.runner, width=width)
             elif kind == "draft":
                 fn = functools.partial(
-                    draft_step, self.runner, width=width, keep_q=keep_q, use_kernel=use_kernel
+                    draft_step,
+                    self.runner,
+                    width=width,
+                    count=out_width,
+                    keep_q=keep_q,
+                    use_kernel=use_kernel,
                 )
             else:
                 fn = functools.partial(
                     verify_step, self.runner, level=self.level, width=width, out_width=out_width,
                     keep_q=keep_q, use_kernel=use_kernel,
                 )  # fmt: skip
-            if self.compile and width <= COMPILED_MAX_WIDTH:
-                fn = _compiled(fn)
+            if self.compile and width <= COMPILED_MAX_WIDTH and not prefill:
+                fn = _Compiling(
+                    _compiled(fn, state.tokens.device), f"level {self.level} {kind} {width}x{out_width}"
+                )
             self.functions[key] = fn
         return fn
 
     def __call__(
-        self, state: DecodeState, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray, outs: np.ndarray
+        self,
+        state: DecodeState,
+        rows: np.ndarray,  # [R] the rows that take part
+        starts: np.ndarray,  # [R] what each feeds: [starts, ends) (the ledger's spans)
+        ends: np.ndarray,  # [R]
+        outs: np.ndarray,  # [R] a verification's drafts are [outs + 1, ends)
+        wanted: np.ndarray | None = None,  # [R] drafts: tokens each row wants drawn
     ) -> tuple[np.ndarray, float]:
-        """Run the step for ``rows`` (their spans from the ledger). Returns ``[2, R]`` (accepted
-        counts and EOS flags of the rows, in order) and the seconds spent inside the step function,
-        its host sync included: a round's remaining time is the host's own work."""
-        num_rows = state.num_rows
-        full = np.zeros((4, num_rows), dtype=np.int64)  # starts, ends, outs, active; 0 for the others
-        full[:, rows] = np.stack([starts, ends, outs, np.ones_like(rows)])
+        """Run the step for ``rows``. Returns ``[2, R]`` (a draft: tokens drawn and whether the last
+        is an EOS; a verification: accepted counts and whether the new token is an EOS) and the
+        seconds spent inside the step function, its host sync included: a round's remaining time is
+        the host's own work."""
+        full = np.zeros((5, state.num_rows), dtype=np.int64)  # starts, ends, outs, active, wanted
+        full[:, rows] = np.stack(
+            [starts, ends, outs, np.ones_like(rows), np.ones_like(rows) if wanted is None else wanted]
+        )
         device = state.tokens.device
         longest = int((full[1] - full[0]).max())
         if longest > MAX_WIDTH:  # long spans (prompts): their heads first, MAX_WIDTH at a time
             for head_start, head_end in head_chunks(full[0], full[1], MAX_WIDTH):
-                chunk = np.stack([head_start, head_end, head_end, head_end > head_start])
+                chunk = np.stack([head_start, head_end, head_end, head_end > head_start, head_end * 0])
                 self.function("feed", MAX_WIDTH, 0, state)(state, torch.from_numpy(chunk).to(device))
                 full[0] = np.maximum(full[0], head_end)
             longest = int((full[1] - full[0]).max())
+        prefill = bool((full[0, rows] == 0).any())
         if self.level == 0:
-            fn = self.function("draft", bucket(longest), 1, state)
+            fn = self.function("draft", bucket(longest), int(full[4].max()), state, prefill)
         else:
-            fn = self.function("verify", bucket(longest), bucket(int((full[1] - full[2]).max())), state)
+            out_width = bucket(int((full[1] - full[2]).max()))
+            fn = self.function("verify", bucket(longest), out_width, state, prefill)
         started = time.perf_counter()
         out = fn(state, torch.from_numpy(full).to(device)).cpu().numpy()  # the round's one host sync
         return out[:, rows], time.perf_counter() - started

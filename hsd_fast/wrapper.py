@@ -26,6 +26,7 @@ class HSDModel:
         drafts: Sequence[torch.nn.Module] = (),
         T: Sequence[int] | None = None,
         hierarchy: Hierarchy | None = None,
+        compile: bool | str = "auto",
     ) -> None:
         if hierarchy is not None:
             if drafts or T is not None:
@@ -34,6 +35,7 @@ class HSDModel:
         self.target = target
         self.drafts = list(drafts)
         self.T = [DEFAULT_T] * len(self.drafts) if T is None else list(T)
+        self.compile = compile
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names not found on the wrapper: config, device, generation_config, ...
@@ -58,7 +60,7 @@ class HSDModel:
             drafts=self.drafts,
             T=self.T,
             hsd_streamer=streamer,
-            **kwargs,
+            **{"compile": self.compile, **kwargs},  # compile= may be given per call
         )
 
 
@@ -67,7 +69,9 @@ def wrap(
     drafts: Sequence[torch.nn.Module] = (),
     T: Sequence[int] | None = None,
     hierarchy: Hierarchy | None = None,
+    compile: bool | str = "auto",
 ) -> HSDModel:
     """HSD with ``drafts`` (smallest first) under ``target``, or the ``hierarchy`` that
-    ``hsd_fast.select_hierarchy`` picked: ``wrap(target, drafts).generate(...)``."""
-    return HSDModel(target, drafts, T, hierarchy)
+    ``hsd_fast.select_hierarchy`` picked: ``wrap(target, drafts).generate(...)``. ``compile`` as in
+    ``hsd_fast.generate``."""
+    return HSDModel(target, drafts, T, hierarchy, compile)

@@ -31,18 +31,25 @@ class FakeClock:
 
 def test_forward_costs_arithmetic_with_a_fake_clock() -> None:
     """A forward over n tokens 'takes' 2 ms + 1 ms * n, the prefill 100 s and every warm-up 1 s: a
-    median holding the prefill, a warm-up or two forwards would be off by a second or more."""
-    spans, warmup, repeats = (1, 2, 4, 8), 3, 3  # as many warm-ups as repeats: a median would show them
+    median holding the prefill, a warm-up or two forwards would be off by a second or more. A draft
+    step of k tokens makes k forwards (one over its fed token, k - 1 over the token drawn last)."""
+    spans, drafts, warmup, repeats = (1, 2, 4, 8), (1, 2, 4), 3, 3  # as many warm-ups as repeats
     durations = [100.0]  # the prefill of the context
     for n in spans:
         durations += [1.0] * warmup + [0.002 + 0.001 * n] * repeats
+    for k in drafts:
+        durations += [1.0 / k] * k * warmup + [0.003] * k * repeats
     clock = FakeClock(durations)
     model = tiny_model("llama")
     model.register_forward_pre_hook(clock.forward_hook)
-    profile = forward_costs(model, spans=spans, context=16, repeats=repeats, warmup=warmup, clock=clock)
+    profile = forward_costs(
+        model, spans=spans, drafts=drafts, context=16, repeats=repeats, warmup=warmup, clock=clock
+    )
     assert profile.seconds == pytest.approx([0.003, 0.004, 0.006, 0.010])
     assert profile.fit.fixed == pytest.approx(0.002) and profile.fit.per_token == pytest.approx(0.001)
     assert profile(16) == pytest.approx(0.018)
+    assert profile.draft_seconds == pytest.approx([0.003, 0.006, 0.012])
+    assert profile.draft(8) == pytest.approx(0.024) and profile.decode() == pytest.approx(0.003)
     assert clock.forwards == len(durations)  # one forward per measurement, none extra
 
 

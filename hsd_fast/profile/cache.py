@@ -56,14 +56,35 @@ class ProfileCache:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text(json.dumps({"entries": self.entries}, indent=1, sort_keys=True) + "\n")
 
-    def costs(self, model: torch.nn.Module, context: int, **kwargs) -> CostProfile:
+    def costs(
+        self,
+        model: torch.nn.Module,
+        context: int,
+        compile: bool = False,
+        transform: LogitsTransform | None = None,
+        greedy: bool = True,
+        **kwargs,
+    ) -> CostProfile:
+        """``model``'s step costs at ``context`` cached tokens, on the path ``generate`` takes
+        (compiled or not, greedy or sampled under ``transform``)."""
+        transform = transform or LogitsTransform()
         p = next(model.parameters())
-        key = f"cost {model_identity(model)} {p.device.type} {str(p.dtype).removeprefix('torch.')} {context}"
+        key = (
+            f"cost {model_identity(model)} {p.device.type} {str(p.dtype).removeprefix('torch.')} {context} "
+            f"{'compiled' if compile else 'eager'} {sampling_key(transform, greedy)}"
+        )
         if key not in self.entries:
-            profile = forward_costs(model, context=context, **kwargs)
-            self.entries[key] = {"spans": list(profile.spans), "seconds": list(profile.seconds)}
+            profile = forward_costs(
+                model, context=context, compile=compile, greedy=greedy, transform=transform, **kwargs
+            )
+            self.entries[key] = {
+                "spans": list(profile.spans),
+                "seconds": list(profile.seconds),
+                "drafts": list(profile.drafts),
+                "draft_seconds": list(profile.draft_seconds),
+            }
         entry = self.entries[key]
-        return CostProfile.from_medians(entry["spans"], entry["seconds"])
+        return CostProfile(*(tuple(entry[k]) for k in ("spans", "seconds", "drafts", "draft_seconds")))
 
     def acceptance(
         self,

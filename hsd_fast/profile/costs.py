@@ -1,10 +1,18 @@
-"""Forward costs through the engine's own runner (slot cache, 4D mask), for the latency model:
-seconds of one forward over n fed tokens at a working context length, medians after warm-up,
-fitted as ``c(n) = a + b n``. The clock is injectable (tests use a fake one); on CUDA every timing
-is synchronised."""
+"""Step costs for the latency model, measured through the engine's own level steps (the path
+``generate`` takes: eager or compiled, the forward with the slot cache and the 4D mask, the sampling
+transform, the draft or verification op, and the host's part of a step):
+
+- ``c(n)``: a verification step over n fed tokens (n - 1 drafts), for n in ``spans``;
+- ``d(k)``: a draft step that draws k tokens, for k in ``drafts``;
+
+medians after warm-up, each fitted as ``a + b n``. Autoregressive decoding (K = 0) draws
+``TOKENS_PER_DECODE_STEP`` tokens per step: its cost per token is ``d(that) / that``. The clock is
+injectable (tests use a fake one); on CUDA every timing is synchronised.
+"""
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -13,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hsd_fast.engine import TOKENS_PER_DECODE_STEP
 from hsd_fast.hf_runner import HFRunner
 from hsd_fast.latency import AffineCost
 from hsd_fast.processors import LogitsTransform
@@ -23,64 +32,81 @@ from hsd_fast.steps import DecodeState, LevelStep
 @dataclass(frozen=True)
 class CostProfile:
     spans: tuple[int, ...]
-    seconds: tuple[float, ...]  # median seconds of one forward over each span
-    fit: AffineCost  # least-squares c(n) = fixed + per_token * n
+    seconds: tuple[float, ...]  # median seconds of a verification step over each span
+    drafts: tuple[int, ...]
+    draft_seconds: tuple[float, ...]  # median seconds of a step drafting that many tokens
+
+    @functools.cached_property
+    def fit(self) -> AffineCost:
+        """Least-squares c(n) = fixed + per_token * n over the verification steps."""
+        return _fit(self.spans, self.seconds)
+
+    @functools.cached_property
+    def draft_fit(self) -> AffineCost:
+        return _fit(self.drafts, self.draft_seconds)
 
     def __call__(self, n: int) -> float:
         return self.fit(n)
 
-    @classmethod
-    def from_medians(cls, spans: Sequence[int], seconds: Sequence[float]) -> CostProfile:
-        return cls(tuple(spans), tuple(seconds), _fit(spans, seconds))
+    def draft(self, k: int) -> float:
+        return self.draft_fit(k)
+
+    def decode(self) -> float:
+        """Seconds per token of autoregressive decoding."""
+        return self.draft(TOKENS_PER_DECODE_STEP) / TOKENS_PER_DECODE_STEP
 
 
 def forward_costs(
     model: torch.nn.Module,
     spans: Sequence[int] = (1, 2, 4, 8, 16),
+    drafts: Sequence[int] = (1, 2, 4, 8),
     context: int = 128,
     repeats: int = 5,
     warmup: int = 2,
     clock: Callable[[], float] = time.perf_counter,
     compile: bool = False,
+    greedy: bool = True,
+    transform: LogitsTransform | None = None,
 ) -> CostProfile:
-    """Seconds of one level step of ``model`` over n fed tokens after ``context`` cached ones (a
-    greedy verification of n - 1 drafts: the forward, the transform, the op and the host's part of
-    the step), for each n, as ``generate`` runs it (``compile``: the compiled step)."""
+    """Time ``model``'s steps after ``context`` cached tokens, as ``generate`` runs them
+    (``compile``, greedy or sampled under ``transform``)."""
     runner = HFRunner(model, model.get_output_embeddings().weight.shape[0])
     device = next(model.parameters()).device
-    ids = torch.randint(3, runner.vocab_size, (1, context + max(spans)), device=device)
-    sampling = SamplingMetadata.build(1, device, greedy=True)
+    positions = context + max(*spans, *drafts) + 1
+    ids = torch.randint(3, runner.vocab_size, (1, positions), device=device)
+    transform = transform or LogitsTransform()
+    sampling = SamplingMetadata.build(1, device, temperature=transform.temperature, greedy=greedy)
+    ring_dtype = torch.float32 if transform.processors else runner.dtype
     state = DecodeState(
-        list(ids),
-        context + max(spans) + 1,
-        1,
-        runner.vocab_size,
-        runner.dtype,
-        sampling,
-        LogitsTransform(),
-        False,
+        list(ids), positions, 2 * positions, runner.vocab_size, ring_dtype, sampling, transform, not greedy
     )
-    runner.prepare(1, context + max(spans) + 1)
-    step = LevelStep(runner, level=1, top=1, compile=compile)
+    runner.prepare(1, positions)
+    verify = LevelStep(runner, level=1, top=2, compile=compile)  # keeps its p, as a middle level
+    draft = LevelStep(runner, level=0, top=1, compile=compile)
     row = np.zeros(1, dtype=np.int64)
 
-    def run(start: int, end: int, out: int) -> None:
-        step(state, row, row + start, row + end, row + out)
+    def timed(run: Callable[[], object]) -> float:
+        times = []
+        for i in range(warmup + repeats):
+            synchronize(device)
+            begin = clock()
+            run()  # rewrites the same slots each time
+            synchronize(device)
+            if i >= warmup:
+                times.append(clock() - begin)
+        return statistics.median(times)
 
     with torch.inference_mode():
-        run(0, context, context - 1)  # prefill the context once
-        medians = []
-        for n in spans:
-            times = []
-            for i in range(warmup + repeats):
-                synchronize(device)
-                begin = clock()
-                run(context, context + n, context)  # rewrites the same slots each time
-                synchronize(device)
-                if i >= warmup:
-                    times.append(clock() - begin)
-            medians.append(statistics.median(times))
-    return CostProfile.from_medians(spans, medians)
+        verify(state, row, row, row + context, row + context - 1)  # prefill the context once
+        verify_seconds = [
+            timed(lambda n=n: verify(state, row, row + context, row + context + n, row + context))
+            for n in spans
+        ]
+        draft_seconds = [
+            timed(lambda k=k: draft(state, row, row + context, row + context + 1, row + context, row + k))
+            for k in drafts
+        ]
+    return CostProfile(tuple(spans), tuple(verify_seconds), tuple(drafts), tuple(draft_seconds))
 
 
 def _fit(spans: Sequence[int], seconds: Sequence[float]) -> AffineCost:

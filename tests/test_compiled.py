@@ -1,0 +1,82 @@
+"""Compiled level steps (``compile=True``): the same tokens as HF's greedy decoding and as the eager
+steps, the target's distribution when sampling, no graph break, and no recompilation for new
+prompt lengths or ``max_new_tokens`` once the step shapes are warm. Slow (compiles graphs)."""
+
+import itertools
+
+import pytest
+import torch
+import torch._dynamo
+from hf_models import derived_drafts, noisy_copy, tiny_model
+
+import hsd_fast
+from hsd_fast.testing.exactness import pooled_chi_square
+
+pytestmark = [pytest.mark.hf, pytest.mark.slow]
+
+PROMPTS = [[5, 9, 11, 40, 3], [8, 9, 10, 11, 12, 13, 14, 15, 16], [70, 71]]
+
+
+def _compiles() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+@pytest.fixture(scope="module")
+def models() -> tuple[torch.nn.Module, list[torch.nn.Module]]:
+    target = tiny_model("llama", layers=2)
+    return target, derived_drafts(target, 1)
+
+
+def test_compiled_greedy_equals_hf_without_recompiling_for_new_requests(models) -> None:
+    """Requests of other prompt lengths and max_new_tokens (one batch size, one T: each of those is
+    a new step shape, compiled once) reuse what the first ones compiled."""
+    target, drafts = models
+    requests = [(PROMPTS[0], 12), (PROMPTS[1], 20), (PROMPTS[2], 9), (PROMPTS[0][:3], 30)]
+    torch._dynamo.utils.counters.clear()
+    for round_ in range(2):
+        if round_ == 1:
+            warm = _compiles()
+        for prompt, new in requests:
+            ids = torch.tensor([prompt])
+            kwargs = {"do_sample": False, "max_new_tokens": new, "eos_token_id": None}
+            expected = target.generate(ids, **kwargs)
+            out = target.generate(
+                ids, custom_generate=hsd_fast.generate, drafts=drafts, T=[2], compile=True, **kwargs
+            )
+            assert out.tolist() == expected.tolist(), (prompt, new)
+    assert warm > 0, "nothing was compiled"
+    assert _compiles() == warm, "a new prompt length or max_new_tokens compiled a new graph"
+    assert not torch._dynamo.utils.counters["graph_break"]
+
+
+def test_compiled_sampling_matches_the_target_distribution() -> None:
+    vocab, steps, samples = 6, 2, 3000
+    target = tiny_model("llama", vocab_size=vocab, layers=2, lm_head_scale=4.0)
+    drafts = [noisy_copy(target, 0.4, seed=1)]
+    prompt = torch.tensor([3, 4, 5, 1])
+    conts = torch.tensor(list(itertools.product(range(vocab), repeat=steps)))
+    with torch.no_grad():
+        logp = torch.log_softmax(
+            target(torch.cat([prompt.expand(len(conts), -1), conts], 1)).logits.double(), -1
+        )
+    total = sum(logp[torch.arange(len(conts)), len(prompt) - 1 + k, conts[:, k]] for k in range(steps))
+    exact = {tuple(c.tolist()): float(p) for c, p in zip(conts, total.exp(), strict=True)}
+    out = target.generate(
+        prompt.expand(samples, -1), custom_generate=hsd_fast.generate, drafts=drafts, T=[2], compile=True,
+        do_sample=True, top_k=None, max_new_tokens=steps, eos_token_id=None, seed=3, output_hsd_stats=True,
+    )  # fmt: skip
+    result = pooled_chi_square([tuple(r) for r in out.sequences[:, len(prompt) :].tolist()], exact)
+    assert result.p_value > 1e-3, result
+    assert 0 < out.hsd_stats.acceptance_rate(1) < 1
+
+
+def test_the_host_time_of_a_run_is_what_its_steps_leave(models) -> None:
+    target, drafts = models
+    out = target.generate(
+        torch.tensor([PROMPTS[1]]), custom_generate=hsd_fast.generate, drafts=drafts, T=[2], compile=True,
+        do_sample=False, max_new_tokens=12, eos_token_id=None, output_hsd_stats=True,
+    )  # fmt: skip
+    stats = out.hsd_stats
+    assert all(0 < inside <= wall for inside, wall in zip(stats.step_time, stats.wall_time, strict=True))
+    assert stats.host_time == pytest.approx(sum(stats.wall_time) - sum(stats.step_time))
+    assert 0 < stats.host_time < sum(stats.wall_time)
