@@ -223,7 +223,7 @@ def _compiled(step: Callable, device: torch.device) -> Callable:
     if device.type == "cuda":
         options["triton.cudagraphs"] = True  # mode="reduce-overhead", which cannot take options too
     else:
-        options["cpp_wrapper"] = True
+        options["cpp_wrapper"] = CPP_WRAPPER
     return torch.compile(own, fullgraph=True, dynamic=False, options=options)
 
 
@@ -255,6 +255,7 @@ class _Compiling:
             cls.bar = None
 
 
+CPP_WRAPPER = True
 COMPILED_MAX_WIDTH = 16
 """The widest step that is compiled: decoding feeds a few tokens per step; a prefill feeds many."""
 _STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # runner -> {(level, top, compile): step}

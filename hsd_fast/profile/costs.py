@@ -86,15 +86,7 @@ def forward_costs(
     row = np.zeros(1, dtype=np.int64)
 
     def timed(run: Callable[[], object]) -> float:
-        times = []
-        for i in range(warmup + repeats):
-            synchronize(device)
-            begin = clock()
-            run()  # rewrites the same slots each time
-            synchronize(device)
-            if i >= warmup:
-                times.append(clock() - begin)
-        return statistics.median(times)
+        return _settled_median(run, clock, device, warmup, repeats)
 
     with torch.inference_mode():
         verify(state, row, row, row + context, row + context - 1)  # prefill the context once
@@ -107,6 +99,30 @@ def forward_costs(
             for k in drafts
         ]
     return CostProfile(tuple(spans), tuple(verify_seconds), tuple(drafts), tuple(draft_seconds))
+
+
+SETTLE_CALLS = 30
+"""Most warm-up calls spent waiting for a step's time to settle (see ``_settled_median``)."""
+
+
+def _settled_median(
+    run: Callable[[], object], clock: Callable[[], float], device: torch.device, warmup: int, repeats: int
+) -> float:
+    """Median seconds of ``repeats`` calls of ``run`` after warm-up. Warm-up is at least ``warmup``
+    calls and lasts until three calls in a row agree within 20 %: right after ``torch.compile``
+    has built a step (with the C++ wrapper, on a CPU), its calls can run 100x slower for a while."""
+
+    def once() -> float:
+        synchronize(device)
+        begin = clock()
+        run()  # rewrites the same slots each time
+        synchronize(device)
+        return clock() - begin
+
+    recent = [once() for _ in range(warmup)]
+    while len(recent) < SETTLE_CALLS and (len(recent) < 3 or max(recent[-3:]) > 1.2 * min(recent[-3:])):
+        recent.append(once())
+    return statistics.median(once() for _ in range(repeats))
 
 
 def _fit(spans: Sequence[int], seconds: Sequence[float]) -> AffineCost:

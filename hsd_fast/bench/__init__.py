@@ -1,0 +1,9 @@
+"""``hsd-fast bench``: every way to generate, side by side in one process, interleaved.
+
+- ``scenarios``: the models and prompt sets (the zoo; the zoo with cost twins; a tiny random family
+  for smoke tests);
+- ``configs``: the configurations: HF ``generate`` eager and compiled, HF assisted generation and
+  prompt lookup, our own engine with no draft, one draft, the selector's pick and a grid's best;
+- ``timing``: interleaved passes after warm-up, with a check that no other process took the CPU;
+- ``results``: the JSON, markdown and plot files under ``bench/results/``.
+"""

@@ -1,0 +1,355 @@
+"""``hsd-fast bench``: every configuration of ``configs.py`` on a scenario, side by side in one
+process, interleaved, after warm-up, with the machine checked for contention; greedy outputs are
+compared with the target's own. Writes ``bench/results/e2e_<scenario>[_sampled]_<device>.{json,md,png}``.
+
+Which hierarchies run: ours with no draft; the selector's pick (``select_hierarchy`` with compiled
+step costs); the best single draft and the best hierarchy of a grid: every chain of one or two
+drafts with T up to ``GRID_MAX_T``, ranked by the latency model, its ``GRID_MEASURED`` best measured
+once each (a tuning pass) and the fastest kept. HF assisted generation runs with each draft, with
+its default schedule and with the fixed number of draft tokens that measured best in the tuning pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from hsd_fast.bench import configs as cfg
+from hsd_fast.bench.results import write
+from hsd_fast.bench.scenarios import SCENARIOS, Scenario
+from hsd_fast.bench.timing import CpuMeter, interleaved
+from hsd_fast.hierarchy import Hierarchy
+from hsd_fast.latency import decode_seconds, expected_latency
+from hsd_fast.processors import generation_sampling
+from hsd_fast.profile import ProfileCache, measured_latency
+from hsd_fast.report import run_metadata
+from hsd_fast.selector import Selection, select
+
+GRID_MAX_T = 6
+GRID_MEASURED = 6
+ASSISTED_FIXED = (2, 4, 8)
+DEFAULT_CACHE = Path.home() / ".cache" / "hsd_fast" / "profiles.json"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="every way to generate, side by side (writes bench/results/)")
+    p.add_argument("--scenario", choices=sorted(SCENARIOS), default="zoo")
+    p.add_argument(
+        "--quick", action="store_true", help="a smoke test: eager, one pass, 2 prompts per set, 32 new tokens"
+    )
+    p.add_argument("--eager", action="store_true", help="our configurations uncompiled (and no HF compiled)")
+    p.add_argument("--batch", type=int, nargs="+", help="batch sizes (default: 1 4 16; --quick: 1)")
+    p.add_argument("--do-sample", action="store_true", help="sample (default: greedy)")
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--max-new-tokens", type=int, help="default 128 (--quick: 32)")
+    p.add_argument("--passes", type=int, help="counted passes after the warm-up (default 3; --quick: 1)")
+    p.add_argument("--prompts-per-set", type=int, help="default 8 (--quick: 2)")
+    p.add_argument("--out", type=Path, default=Path("bench/results"), help="folder for the result files")
+    p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="profile cache for the selector")
+
+
+def _check(args: argparse.Namespace) -> argparse.Namespace:
+    quick = args.quick
+    args.eager = args.eager or quick
+    args.batch = args.batch or ([1] if quick else [1, 4, 16])
+    args.max_new_tokens = args.max_new_tokens or (32 if quick else 128)
+    args.passes = args.passes or (1 if quick else 3)
+    args.prompts_per_set = args.prompts_per_set or (2 if quick else 8)
+    for name in ("max_new_tokens", "passes", "prompts_per_set"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"hsd-fast bench: --{name.replace('_', '-')} must be >= 1")
+    if any(b < 1 for b in args.batch):
+        raise SystemExit("hsd-fast bench: batch sizes must be >= 1")
+    if args.do_sample and args.temperature <= 0:
+        raise SystemExit("hsd-fast bench: --temperature must be > 0")
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
+    args = _check(args)
+    scenario = SCENARIOS[args.scenario]()
+    sampling = (
+        {"do_sample": True, "temperature": args.temperature} if args.do_sample else {"do_sample": False}
+    )
+    notes: list[str] = []
+    tuning_prompts = scenario.prompt_sets[next(iter(scenario.prompt_sets))][: args.prompts_per_set]
+
+    print(f"scenario {scenario.name}: {scenario.description}")
+    if args.eager:
+        notes.append(
+            "Eager: our configurations ran uncompiled (and HF's compiled static cache was left out)."
+        )
+    costs, alpha, names = _profile(scenario, sampling, args)
+    pick = select(costs, alpha, max_T=GRID_MAX_T)
+    hierarchies = {"selector's pick": pick}
+    if not args.quick:
+        measured = _grid(scenario, costs, alpha, names, sampling, args, tuning_prompts)
+        hierarchies["grid's best"] = min(measured, key=measured.get)
+        singles = {s: t for s, t in measured.items() if len(s.chain) == 2}
+        if singles:
+            hierarchies["best single draft"] = min(singles, key=singles.get)
+        notes.append(
+            f"Grid: chains of one or two drafts with T <= {GRID_MAX_T}, ranked by the latency model; the "
+            f"{GRID_MEASURED} best predicted (and the best predicted single draft) measured once each at "
+            "batch 1 on the first prompt set; 'grid's best' is the fastest of those."
+        )
+
+    configs = _configs(scenario, sampling, args, hierarchies, names, costs, alpha, tuning_prompts, notes)
+    rows = []
+    meter = CpuMeter()
+    redone = 0
+    for batch in args.batch:
+        for set_name, prompts in scenario.prompt_sets.items():
+            chosen = [c for c in configs if batch == 1 or not c.batch_one_only]
+            work = _batches(prompts[: args.prompts_per_set], batch)
+            batch_rows, passes_redone = _measure(chosen, work, args, meter, sampling, scenario)
+            redone += passes_redone
+            for row in batch_rows:
+                rows.append({"batch": batch, "prompt_set": set_name, **row})
+    _measured_decode(rows, configs, scenario, sampling, args, tuning_prompts)
+
+    notes += [
+        "tokens/s: new tokens of every row over wall time, prefill included, median of the counted passes.",
+        f"Passes: 1 warm-up + {args.passes} counted, configurations in rotated order; {redone} passes "
+        f"redone because other processes took more than 10% of the CPU"
+        + ("" if meter.available else " (not checked: no /proc/stat)")
+        + ".",
+        "predicted / measured decode tokens/s: the latency model's prediction (prefill excluded) and the "
+        "same measured at batch 1 on the first prompt set (time for N tokens minus time for 1, per token).",
+    ]
+    device = str(next(scenario.target.parameters()).device)
+    meta = run_metadata(
+        device, scenario=scenario.name, models=scenario.description, sampling_label=_label(sampling),
+        sampling=sampling, compiled=not args.eager,
+        dtype=str(next(scenario.target.parameters()).dtype).removeprefix("torch."), batches=args.batch,
+        prompts_per_set=args.prompts_per_set, prompt_tokens=_prompt_tokens(scenario),
+        max_new_tokens=args.max_new_tokens, passes=args.passes, redone_passes=redone,
+    )  # fmt: skip
+    stem = args.out / f"e2e_{scenario.name}{'_sampled' if args.do_sample else ''}_{torch.device(device).type}"
+    for path in write(stem, meta, rows, notes):
+        print(f"wrote {path}")
+    different = {r["config"] for r in rows if r.get("same_output") is False and r["family"] == "ours"}
+    if different:
+        print(f"ERROR: greedy output differs from the target's for {sorted(different)}")
+        return 1
+    return 0
+
+
+def _prompt_tokens(scenario: Scenario) -> int:
+    return max(len(p) for prompts in scenario.prompt_sets.values() for p in prompts)
+
+
+def _label(sampling: dict) -> str:
+    return f"temperature {sampling['temperature']}" if sampling.get("do_sample") else "greedy"
+
+
+# ----------------------------------------------------------------------------- choosing hierarchies
+def _profile(scenario: Scenario, sampling: dict, args) -> tuple[list, list[list[float]], list[str]]:
+    """Compiled step costs and acceptance of every model (drafts, then the target), cached."""
+    cache = ProfileCache(args.cache, fallbacks=_fallback_profiles(scenario))
+    models = [*scenario.drafts.values(), scenario.target]
+    names = [*scenario.drafts, "target"]
+    transform, greedy = generation_sampling(scenario.target, **sampling)
+    context = _prompt_tokens(scenario) + args.max_new_tokens // 2
+    desc = "step costs" + ("" if args.eager else " (compiled)")
+    costs = [cache.costs(m, context, not args.eager, transform, greedy) for m in tqdm(models, desc=desc)]
+    alpha = cache.acceptance(models, scenario.calibration, transform, greedy)
+    cache.save()
+    return costs, alpha, names
+
+
+def _fallback_profiles(scenario: Scenario) -> list[Path]:
+    if scenario.name != "zoo":
+        return []
+    from hsd_fast import zoo
+
+    return [zoo.zoo_dir() / "profile_cpu.json"]
+
+
+def _predicted(costs, alpha, chain: tuple[int, ...], T: tuple[int, ...]) -> float:
+    alphas = [alpha[a][b] for a, b in itertools.pairwise(chain)]
+    return expected_latency([costs[m] for m in chain], alphas, list(T))
+
+
+def _grid(scenario, costs, alpha, names, sampling, args, prompts) -> dict[Selection, float]:
+    """Seconds per row of the grid's best predicted hierarchies, measured once each."""
+    target = len(costs) - 1
+    drafts = range(target)
+    candidates = []
+    for size in (1, 2):
+        for chain in itertools.combinations(drafts, size):
+            for T in itertools.product(range(1, GRID_MAX_T + 1), repeat=size):
+                candidates.append((_predicted(costs, alpha, (*chain, target), T), (*chain, target), T))
+    candidates.sort()
+    shortlist = candidates[:GRID_MEASURED]
+    shortlist += [next(c for c in candidates if len(c[1]) == 2)]  # the best predicted single draft
+    measured = {}
+    for predicted, chain, T in tqdm(dict.fromkeys(shortlist), desc="grid (measured)"):
+        selection = Selection(chain, T, predicted)
+        chain_names = [names[i] for i in chain[:-1]]
+        config = cfg.ours(
+            scenario.target, scenario.drafts, chain_names, T, sampling, args.max_new_tokens, not args.eager
+        )
+        work = _batches(prompts, 1)
+        _run_all(config, work)  # warm-up (compiles)
+        start = time.perf_counter()
+        _run_all(config, work)
+        measured[selection] = time.perf_counter() - start
+    return measured
+
+
+def _configs(scenario, sampling, args, hierarchies, names, costs, alpha, prompts, notes) -> list[cfg.Config]:
+    n = args.max_new_tokens
+    configs = [cfg.hf_generate(scenario.target, sampling, n)]
+    if not args.eager:
+        configs.append(cfg.hf_compiled(scenario.target, sampling, n))
+    for draft_name, draft in scenario.drafts.items():
+        configs.append(cfg.hf_assisted(scenario.target, draft_name, draft, sampling, n))
+        if not args.quick:
+            configs.append(_best_fixed_assisted(scenario, draft_name, draft, sampling, n, prompts, notes))
+    configs.append(cfg.hf_lookup(scenario.target, sampling, n))
+    alone = cfg.ours(scenario.target, scenario.drafts, [], [], sampling, n, not args.eager, "ours, no draft")
+    alone.notes["predicted_latency"] = decode_seconds(costs[-1])
+    configs.append(alone)
+    seen = set()
+    for label, selection in hierarchies.items():
+        chain = tuple(names[i] for i in selection.chain[:-1])
+        if (chain, selection.T) in seen:
+            notes.append(
+                f"{label}: the same hierarchy as one listed above "
+                f"({' > '.join(chain)}, T={list(selection.T)})"
+            )
+            continue
+        seen.add((chain, selection.T))
+        config = cfg.ours(scenario.target, scenario.drafts, chain, selection.T, sampling, n, not args.eager)
+        config.name = f"{config.name} ({label})"
+        config.notes["predicted_latency"] = _predicted(costs, alpha, selection.chain, selection.T)
+        configs.append(config)
+    return configs
+
+
+def _best_fixed_assisted(scenario, draft_name, draft, sampling, n, prompts, notes) -> cfg.Config:
+    timed = {}
+    for k in ASSISTED_FIXED:
+        config = cfg.hf_assisted(scenario.target, draft_name, draft, sampling, n, num_tokens=k)
+        work = _batches(prompts, 1)
+        _run_all(config, work)
+        start = time.perf_counter()
+        _run_all(config, work)
+        timed[k] = time.perf_counter() - start
+    best = min(timed, key=timed.get)
+    notes.append(
+        f"HF assisted with {draft_name}: fixed {best} draft tokens measured fastest of "
+        f"{list(ASSISTED_FIXED)}."
+    )
+    return cfg.hf_assisted(scenario.target, draft_name, draft, sampling, n, num_tokens=best)
+
+
+# ----------------------------------------------------------------------------- measuring
+def _batches(prompts: list[torch.Tensor], batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The prompts as left-padded batches of ``batch`` rows (repeated to fill one batch if fewer)."""
+    rows = [prompts[i % len(prompts)] for i in range(max(len(prompts), batch))]
+    rows = rows[: len(rows) - len(rows) % batch]
+    out = []
+    for start in range(0, len(rows), batch):
+        group = rows[start : start + batch]
+        width = max(len(p) for p in group)
+        ids = torch.stack([torch.cat([torch.zeros(width - len(p), dtype=p.dtype), p]) for p in group])
+        mask = torch.stack([torch.arange(width) >= width - len(p) for p in group]).long()
+        out.append((ids, mask))
+    return out
+
+
+def _run_all(config: cfg.Config, work) -> list:
+    return [config.generate(ids, mask) for ids, mask in work]
+
+
+class _ForwardCounter:
+    """Counts the target's forward calls (HF's own methods report no statistics)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.calls = 0
+        self.handle = model.register_forward_hook(self)
+
+    def __call__(self, *args) -> None:
+        self.calls += 1
+
+
+def _measure(configs, work, args, meter, sampling, scenario) -> tuple[list[dict], int]:
+    outputs: dict[int, list] = {}
+
+    def runner(i: int, config: cfg.Config):
+        def go():
+            outputs[i] = _run_all(config, work)
+
+        return go
+
+    timings = interleaved([runner(i, c) for i, c in enumerate(configs)], args.passes, meter)
+    new_tokens = sum(ids.shape[0] for ids, _ in work) * args.max_new_tokens
+    reference = [seq for seq, _ in outputs[0]]  # HF generate: the target's own output
+    rows = []
+    for i, config in enumerate(configs):
+        seconds = sorted(timings.seconds[i])[len(timings.seconds[i]) // 2]
+        row = {"config": config.name, "family": config.family, "tok_s": new_tokens / seconds}
+        row |= {"chain": list(config.chain), "T": list(config.T), "seconds": timings.seconds[i]}
+        if not sampling.get("do_sample"):
+            row["same_output"] = all(
+                torch.equal(a, s) for a, (s, _) in zip(reference, outputs[i], strict=True)
+            )
+        row["tokens_per_target_forward"] = _tokens_per_target_forward(
+            config, outputs[i], work, args, scenario
+        )
+        if "predicted_latency" in config.notes:
+            row["predicted_tok_s"] = 1.0 / config.notes["predicted_latency"]
+        rows.append(row)
+    hf = next(r["tok_s"] for r in rows if r["family"] == "hf")
+    ours_alone = next((r["tok_s"] for r in rows if r["config"] == "ours, no draft"), None)
+    for row in rows:
+        row["x_hf"] = row["tok_s"] / hf
+        if ours_alone:
+            row["x_ours_no_draft"] = row["tok_s"] / ours_alone
+    return rows, timings.redone
+
+
+def _tokens_per_target_forward(config, outputs, work, args, scenario) -> float | None:
+    if config.family == "ours":
+        committed = sum(int(stats.row_forwards[-1]) for _, stats in outputs)
+        return sum(ids.shape[0] for ids, _ in work) * args.max_new_tokens / max(committed, 1)
+    if config.family in ("hf", "hf compiled"):
+        return 1.0
+    if work[0][0].shape[0] != 1:
+        return None
+    counter = _ForwardCounter(scenario.target)  # one more run, counted (batch 1: a call is a row)
+    try:
+        _run_all(config, work)
+    finally:
+        counter.handle.remove()
+    return len(work) * args.max_new_tokens / max(counter.calls - len(work), 1)  # prefills excluded
+
+
+def _measured_decode(rows, configs, scenario, sampling, args, prompts) -> None:
+    """Decode tokens/s of the configurations with a prediction, prefill excluded (batch 1)."""
+    for config in configs:
+        if "predicted_latency" not in config.notes:
+            continue
+        hierarchy = Hierarchy(
+            drafts=tuple(scenario.drafts[d] for d in config.chain),
+            T=config.T,
+            selection=Selection((), (), 0.0),
+        )
+        seconds = measured_latency(
+            scenario.target,
+            hierarchy,
+            torch.stack(prompts[:2]),
+            args.max_new_tokens,
+            compile=not args.eager,
+            **sampling,
+        )
+        for row in rows:
+            if row["config"] == config.name and row["batch"] == 1:
+                row["measured_decode_tok_s"] = 1.0 / seconds

@@ -1,0 +1,112 @@
+"""The configurations a benchmark compares: each one a way to call ``generate`` on a batch.
+
+Hugging Face's own: ``generate`` as users call it (eager, dynamic cache), ``generate`` compiled with
+its static cache (on a CPU, HF compiles only when told to: ``cache_implementation="static"`` and a
+``CompileConfig`` marked for all devices, the way transformers' own tests do it), assisted
+generation with a draft (its default schedule, and a fixed number of draft tokens), and prompt
+lookup. Ours: the engine with no draft (``drafts=[]``: what compiling alone gives), and hierarchies
+(one draft or several, each with its block sizes T).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+import hsd_fast
+from hsd_fast.stats import HSDStats
+
+Generate = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, HSDStats | None]]
+
+
+@dataclass
+class Config:
+    name: str
+    family: str  # "hf", "hf compiled", "hf assisted", "hf lookup", "ours"
+    generate: Generate  # (input_ids [B, L], attention_mask [B, L]) -> (sequences, stats or None)
+    batch_one_only: bool = False  # HF assisted generation and prompt lookup refuse larger batches
+    chain: tuple[str, ...] = ()  # ours: the drafts, smallest first
+    T: tuple[int, ...] = ()
+    notes: dict = field(default_factory=dict)  # e.g. predicted latency, how it was chosen
+
+
+def _hf_kwargs(sampling: dict, max_new_tokens: int) -> dict:
+    return {**sampling, "max_new_tokens": max_new_tokens, "eos_token_id": None, "pad_token_id": 0}
+
+
+def hf_generate(target: torch.nn.Module, sampling: dict, max_new_tokens: int) -> Config:
+    kwargs = _hf_kwargs(sampling, max_new_tokens)
+
+    def run(ids, mask):
+        return target.generate(ids, attention_mask=mask, **kwargs), None
+
+    return Config("HF generate", "hf", run)
+
+
+def hf_compiled(target: torch.nn.Module, sampling: dict, max_new_tokens: int) -> Config:
+    from transformers import CompileConfig
+
+    compile_config = CompileConfig(fullgraph=True, mode="default")
+    compile_config._compile_all_devices = True  # HF compiles on CUDA only unless told (see module doc)
+    kwargs = _hf_kwargs(sampling, max_new_tokens) | {
+        "cache_implementation": "static",
+        "compile_config": compile_config,
+    }
+
+    def run(ids, mask):
+        return target.generate(ids, attention_mask=mask, **kwargs), None
+
+    return Config("HF generate, compiled static cache", "hf compiled", run)
+
+
+def hf_assisted(
+    target: torch.nn.Module, draft_name: str, draft: torch.nn.Module, sampling: dict, max_new_tokens: int,
+    num_tokens: int | None = None,
+) -> Config:  # fmt: skip
+    """HF assisted generation; ``num_tokens``: a fixed number of draft tokens per round (None: HF's
+    default schedule, which adapts the number)."""
+    kwargs = _hf_kwargs(sampling, max_new_tokens) | {"assistant_model": draft}
+    if num_tokens is not None:
+        kwargs |= {"num_assistant_tokens": num_tokens, "num_assistant_tokens_schedule": "constant"}
+    label = "default schedule" if num_tokens is None else f"{num_tokens} tokens"
+
+    def run(ids, mask):
+        return target.generate(ids, attention_mask=mask, **kwargs), None
+
+    return Config(
+        f"HF assisted, {draft_name} ({label})", "hf assisted", run, batch_one_only=True, chain=(draft_name,)
+    )
+
+
+def hf_lookup(target: torch.nn.Module, sampling: dict, max_new_tokens: int, num_tokens: int = 10) -> Config:
+    kwargs = _hf_kwargs(sampling, max_new_tokens) | {"prompt_lookup_num_tokens": num_tokens}
+
+    def run(ids, mask):
+        return target.generate(ids, attention_mask=mask, **kwargs), None
+
+    return Config(f"HF prompt lookup ({num_tokens} tokens)", "hf lookup", run, batch_one_only=True)
+
+
+def ours(
+    target: torch.nn.Module,
+    drafts: dict[str, torch.nn.Module],
+    chain: Sequence[str],
+    T: Sequence[int],
+    sampling: dict,
+    max_new_tokens: int,
+    compile: bool = True,
+    name: str | None = None,
+) -> Config:
+    kwargs = _hf_kwargs(sampling, max_new_tokens) | {"compile": compile, "output_hsd_stats": True, "seed": 0}
+    models = [drafts[d] for d in chain]
+
+    def run(ids, mask):
+        out = target.generate(
+            ids, attention_mask=mask, custom_generate=hsd_fast.generate, drafts=models, T=list(T), **kwargs
+        )
+        return out.sequences, out.hsd_stats
+
+    label = name or ("ours, no draft" if not chain else f"ours, {' > '.join([*chain, 'target'])} T={list(T)}")
+    return Config(label, "ours", run, chain=tuple(chain), T=tuple(T))

@@ -1,0 +1,76 @@
+"""The benchmark's result files: ``<stem>.json`` (everything), ``<stem>.md`` (the tables) and
+``<stem>.png`` (tokens/s per configuration and batch size; needs matplotlib, the ``bench`` extra)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hsd_fast.report import markdown_table, write_report
+
+COLUMNS = [
+    ("config", "configuration"),
+    ("tok_s", "tokens/s"),
+    ("x_hf", "x HF generate"),
+    ("x_ours_no_draft", "x ours, no draft"),
+    ("tokens_per_target_forward", "tokens / target forward"),
+    ("same_output", "greedy output = target's"),
+    ("predicted_tok_s", "predicted tokens/s"),
+    ("measured_decode_tok_s", "measured decode tokens/s"),
+]
+
+
+def write(stem: Path, meta: dict, rows: list[dict], notes: list[str]) -> list[Path]:
+    """Write the three files; returns the paths written (the plot only where matplotlib is)."""
+    sections = []
+    for batch in sorted({r["batch"] for r in rows}):
+        sections += [f"## Batch {batch}", ""]
+        for prompt_set in sorted({r["prompt_set"] for r in rows if r["batch"] == batch}):
+            chosen = [r for r in rows if r["batch"] == batch and r["prompt_set"] == prompt_set]
+            sections += [f"### Prompt set `{prompt_set}`", ""]
+            sections += markdown_table(
+                [title for _, title in COLUMNS], [[r.get(k) for k, _ in COLUMNS] for r in chosen]
+            )
+            sections.append("")
+    sections += ["## Notes", "", *[f"- {n}" for n in notes]]
+    title = f"hsd-fast bench: {meta['scenario']}, {meta['sampling_label']}"
+    write_report(stem, title, meta, sections, {"rows": rows})
+    written = [stem.with_suffix(".json"), stem.with_suffix(".md")]
+    if _plot(stem.with_suffix(".png"), title, rows):
+        written.append(stem.with_suffix(".png"))
+    return written
+
+
+def _plot(path: Path, title: str, rows: list[dict]) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    batches = sorted({r["batch"] for r in rows})
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    fig, axes = plt.subplots(
+        1, len(batches), figsize=(6 * len(batches), 0.45 * len(configs) + 2), squeeze=False
+    )
+    for ax, batch in zip(axes[0], batches, strict=True):
+        # tokens/s per configuration, summed over prompt sets as a harmonic mean would hide nothing:
+        # one bar per (configuration, prompt set)
+        sets = sorted({r["prompt_set"] for r in rows if r["batch"] == batch})
+        height = 0.8 / max(len(sets), 1)
+        for k, prompt_set in enumerate(sets):
+            values = {
+                r["config"]: r["tok_s"] for r in rows if r["batch"] == batch and r["prompt_set"] == prompt_set
+            }
+            ys = [i + k * height for i, c in enumerate(configs) if c in values]
+            ax.barh(ys, [values[c] for c in configs if c in values], height=height, label=prompt_set)
+        ax.set_yticks([i + 0.4 - height / 2 for i in range(len(configs))], configs, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("tokens/s")
+        ax.set_title(f"batch {batch}")
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

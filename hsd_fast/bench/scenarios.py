@@ -1,0 +1,125 @@
+"""What a benchmark runs on: a target, its candidate drafts (smallest first) and prompt sets.
+
+- ``zoo``: the committed zoo (target ``s``, drafts ``xxs``, ``xs``, ``sm``) on held-out text: code
+  (the Python calibration windows), prose (the Bible windows) and a repetitive set (a passage of
+  the Python docs stated three times: a model continues it, and so agrees with its drafts).
+- ``twin``: the same models with the costs of a larger family (``zoo.cost_twin``: the same logits,
+  so the same tokens and acceptance, but the forward costs of the named shapes): the target costs
+  about 100x ``xxs``, a middle draft 5-20x, as in real families where a hierarchy pays.
+- ``tiny``: a random tiny family built from a config, for smoke tests (no zoo needed).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+PROMPT_TOKENS = 64
+
+
+@dataclass
+class Scenario:
+    name: str
+    description: str  # the models and their shapes, for the report
+    target: torch.nn.Module
+    drafts: dict[str, torch.nn.Module]  # smallest first
+    prompt_sets: dict[str, list[torch.Tensor]]  # name -> prompts (1-D token ids)
+    calibration: torch.Tensor  # [N, L] token ids for acceptance profiles (teacher-forced)
+
+
+def zoo_scenario(dtype: torch.dtype = torch.float32) -> Scenario:
+    from hsd_fast import zoo
+    from hsd_fast.zoo.build import read_calibration
+
+    names = zoo.names()
+    models = {name: zoo.load(name, dtype) for name in names}
+    windows = read_calibration(zoo.zoo_dir())  # source -> [8, 128] held-out token windows
+    return Scenario(
+        name="zoo",
+        description=", ".join(f"{n} ({m.num_parameters() / 1e6:.1f} M)" for n, m in models.items())
+        + f"; target {names[-1]}",
+        target=models[names[-1]],
+        drafts={n: models[n] for n in names[:-1]},
+        prompt_sets=_zoo_prompts(windows),
+        calibration=torch.cat(list(windows.values())),
+    )
+
+
+def _zoo_prompts(windows: dict[str, torch.Tensor]) -> dict[str, list[torch.Tensor]]:
+    passage = PROMPT_TOKENS // 3
+    return {
+        "code": list(windows["python-code"][:, :PROMPT_TOKENS]),
+        "prose": list(windows["bible"][:, :PROMPT_TOKENS]),
+        "repetitive": [w[:passage].repeat(3) for w in windows["python-docs"]],
+    }
+
+
+TWIN_SHAPES = {  # name -> (hidden, layers, MLP width): the cost of larger models, the zoo's function
+    "s": (1024, 16, 2816),  # the target: ~100x the cost of xxs on the 2-core CPU
+    "sm": (384, 8, 1024),  # a middle draft: ~5-20x xxs
+}
+
+
+def twin_scenario() -> Scenario:
+    from hsd_fast.zoo import cost_twin
+
+    scenario = zoo_scenario()
+    twins = {}
+    for name, (hidden, layers, mlp) in TWIN_SHAPES.items():
+        model = scenario.target if name == "s" else scenario.drafts[name]
+        twins[name] = cost_twin(model, hidden_size=hidden, num_layers=layers, intermediate_size=mlp)
+    shapes = "; ".join(
+        f"{n} as hidden {h}, {layer} layers, MLP {m}" for n, (h, layer, m) in TWIN_SHAPES.items()
+    )
+    scenario.name = "twin"
+    scenario.description = f"the zoo with cost twins ({shapes}): same logits, larger costs"
+    scenario.target = twins["s"]
+    scenario.drafts = {n: twins.get(n, d) for n, d in scenario.drafts.items()}
+    return scenario
+
+
+def tiny_scenario(seed: int = 0) -> Scenario:
+    """A random 4-layer Llama target and drafts made of its first 1 and 2 layers (so they agree with
+    it often): a family that builds in a second, for smoke tests."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, attn_implementation="sdpa", eos_token_id=None,
+    )  # fmt: skip
+    generator = torch.Generator().manual_seed(seed)
+    with torch.device("meta"):
+        target = LlamaForCausalLM(config)
+    target = target.to_empty(device="cpu")
+    with torch.no_grad():
+        for name, param in target.named_parameters():
+            scale = 1.0 if name.endswith("norm.weight") else 0.5 if "lm_head" in name else 0.1
+            param.copy_(
+                torch.ones_like(param)
+                if name.endswith("norm.weight")
+                else torch.randn(param.shape, generator=generator) * scale
+            )
+    target.model.rotary_emb = type(target.model.rotary_emb)(config=config)
+    target.eval()
+    drafts = {f"first{k}": _first_layers(target, k) for k in (1, 2)}
+    prompts = torch.randint(0, 128, (8, 16), generator=generator)
+    return Scenario(
+        name="tiny",
+        description="random Llama, hidden 64, 4 layers, vocabulary 128; drafts: its first 1 and 2 layers",
+        target=target,
+        drafts=drafts,
+        prompt_sets={"random": list(prompts)},
+        calibration=torch.randint(0, 128, (4, 32), generator=generator),
+    )
+
+
+def _first_layers(model: torch.nn.Module, keep: int) -> torch.nn.Module:
+    draft = copy.deepcopy(model)
+    draft.model.layers = draft.model.layers[:keep]
+    draft.config.num_hidden_layers = keep
+    return draft
+
+
+SCENARIOS = {"zoo": zoo_scenario, "twin": twin_scenario, "tiny": tiny_scenario}

@@ -1,0 +1,99 @@
+"""``hsd-fast bench``: the smoke run writes its result files with every field; passes are timed in
+a rotated order; a pass during which other processes took the CPU is redone. No timed assertions."""
+
+import argparse
+import importlib.util
+import json
+
+import pytest
+
+from hsd_fast.bench import command
+from hsd_fast.bench.timing import CpuMeter, interleaved, pass_order
+
+pytestmark = pytest.mark.hf
+
+
+def _bench(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    command.add_parser(parser.add_subparsers())
+    return command.run(parser.parse_args(["bench", *argv]))
+
+
+def test_quick_bench_writes_its_files_with_every_field(tmp_path) -> None:
+    assert (
+        _bench("--scenario", "tiny", "--quick", "--out", str(tmp_path), "--cache", str(tmp_path / "p.json"))
+        == 0
+    )
+    report = json.loads((tmp_path / "e2e_tiny_cpu.json").read_text())
+    meta, rows = report["meta"], report["rows"]
+    assert {"date", "commit", "device", "versions", "scenario", "sampling", "batches", "passes"} <= set(meta)
+    families = {r["family"] for r in rows}
+    assert {"hf", "hf assisted", "hf lookup", "ours"} <= families
+    for row in rows:
+        assert {
+            "config",
+            "tok_s",
+            "x_hf",
+            "x_ours_no_draft",
+            "tokens_per_target_forward",
+            "same_output",
+        } <= set(row)
+        assert row["tok_s"] > 0 and row["same_output"] is True, row["config"]
+    ours = [r for r in rows if r["family"] == "ours"]
+    assert any(r["config"] == "ours, no draft" for r in ours) and len(ours) >= 2
+    assert all(r["predicted_tok_s"] > 0 and r["measured_decode_tok_s"] > 0 for r in ours)
+    markdown = (tmp_path / "e2e_tiny_cpu.md").read_text()
+    assert "| configuration | tokens/s | x HF generate |" in markdown and meta["commit"] in markdown
+    assert (tmp_path / "e2e_tiny_cpu.png").is_file() == (importlib.util.find_spec("matplotlib") is not None)
+
+
+def test_every_configuration_takes_every_place_in_the_order() -> None:
+    orders = [pass_order(4, p) for p in range(4)]
+    assert all(sorted(order) == [0, 1, 2, 3] for order in orders)
+    assert [sorted(order[i] for order in orders) for i in range(4)] == [[0, 1, 2, 3]] * 4
+
+
+def test_the_meter_counts_only_other_processes(tmp_path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  0 0 0 0 0 0 0 0 0 0\n")
+    meter = CpuMeter(str(stat))
+    hz, cores = meter.ticks_per_second, meter.cores
+
+    def snapshot(wall: float, busy_s: float, own_s: float) -> tuple[float, float, float]:
+        stat.write_text(f"cpu  {int(busy_s * hz)} 0 0 1000 0 0 0 0 0 0\n")
+        return wall, meter._busy_seconds(), own_s
+
+    before = snapshot(0.0, 10.0, 3.0)
+    after = snapshot(2.0, 10.0 + 2.0 * cores * 0.5, 3.0 + 0.5 * cores)  # half the machine busy: ours
+    assert meter.foreign_share(before, after) == pytest.approx(0.25, abs=0.01)
+
+
+class _ScriptedMeter:
+    """Reports the given foreign shares, one per pass attempt."""
+
+    available = True
+
+    def __init__(self, shares: list[float]) -> None:
+        self.shares, self.calls = shares, 0
+
+    def snapshot(self):
+        return 0.0, 0.0, 0.0
+
+    def foreign_share(self, before, after) -> float:
+        self.calls += 1
+        return self.shares[self.calls - 1]
+
+
+def test_a_contended_pass_is_redone_and_counted() -> None:
+    ran: list[str] = []
+    runs = [lambda: ran.append("a"), lambda: ran.append("b")]
+    timings = interleaved(runs, passes=2, meter=_ScriptedMeter([0.0, 0.5, 0.02]))
+    assert timings.redone == 1
+    assert len(timings.seconds[0]) == len(timings.seconds[1]) == 2  # only the kept passes count
+    assert ran == [*"ab", *"ab", *"ba", *"ba"]  # warm-up, pass 1, pass 2 (rotated) twice
+    assert timings.foreign_shares == [0.0, 0.02]
+
+
+def test_a_pass_that_stays_contended_is_kept_after_the_last_redo() -> None:
+    timings = interleaved([lambda: None], passes=1, meter=_ScriptedMeter([0.9] * 4), max_redos=3)
+    assert timings.redone == 3 and timings.foreign_shares == [0.9]
