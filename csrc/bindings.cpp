@@ -4,6 +4,9 @@
 // Sequences arrive as anything numpy.asarray accepts (list, tuple, numpy array of any integer or bool
 // dtype, contiguous or not) and leave as numpy int64 arrays. Not 1-D -> ValueError; not integer ->
 // TypeError (an empty sequence of any dtype is fine), as the Python model converts them.
+//
+// No call crashes on a ledger whose C++ object was never constructed (`Ledger.__new__(Ledger)`, or
+// `pybind11_object.__new__(Ledger)`, skip `__init__`): see the type caster below.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -13,6 +16,32 @@
 #include "ledger.hpp"
 
 namespace py = pybind11;
+
+// Every binding receives its `self` through this caster (member function pointers as `const
+// Ledger*`, lambdas as `const Ledger&`). pybind11's own caster, given an instance whose C++ value
+// was never constructed, allocates raw storage and hands it over as a ledger (pybind11 issue
+// #6153): a segfault or worse on the first access. This one refuses such an instance with a
+// TypeError first. (`__init__` itself takes the instance as a value_and_holder, not through a
+// caster, so constructing a bare instance still works.) Only this translation unit binds the
+// ledger, so the specialisation is seen by every use.
+namespace pybind11::detail {
+template <>
+class type_caster<hsd::Ledger> : public type_caster_base<hsd::Ledger> {
+ public:
+  bool load(handle src, bool convert) {
+    const type_info* info = get_type_info(typeid(hsd::Ledger));
+    if (src && info != nullptr && PyObject_TypeCheck(src.ptr(), info->type)) {
+      auto* inst = reinterpret_cast<instance*>(src.ptr());
+      if (!inst->get_value_and_holder(info).holder_constructed())
+        throw type_error(
+            "this Ledger was never initialised (created by __new__ without __init__); construct "
+            "one with Ledger(num_levels, block_sizes, prompt_lens, max_new_tokens)");
+    }
+    return type_caster_base<hsd::Ledger>::load(src, convert);
+  }
+};
+}  // namespace pybind11::detail
+
 using hsd::Ledger;
 using Ints = Ledger::Ints;
 using Int64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;

@@ -3,7 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections.abc import Callable
+
+
+def _number(kind: type, test: Callable[[float], bool], wanted: str) -> Callable[[str], int | float]:
+    """An argparse type: ``kind(text)`` passing ``test``, or a usage error saying what is wanted."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
+        if not test(value):
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text}")
+        return value
+
+    return parse
+
+
+positive_int = _number(int, lambda v: v >= 1, "an integer >= 1")
+non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
+positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+probability = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -13,24 +36,34 @@ def main(argv: list[str] | None = None) -> int:
         "demo", help="greedy HSD over the zoo vs the target alone (--tables: sampled exactness check)"
     )
     demo.add_argument("--prompt", help="text to continue (default: the start of a Python function)")
-    demo.add_argument("--max-new-tokens", type=int, default=128)
-    demo.add_argument("--threads", type=int, help="torch CPU threads")
+    demo.add_argument("--max-new-tokens", type=positive_int, default=128)
+    demo.add_argument("--threads", type=positive_int, help="torch CPU threads")
     demo.add_argument(
         "--tables", action="store_true", help="instead: sampled HSD on table models vs the exact distribution"
     )
-    demo.add_argument("--samples", type=int, default=40_000, help="--tables: rows sampled in one batch")
-    demo.add_argument("--T", type=int, nargs="+", default=[2, 3], help="--tables: T per draft level")
-    demo.add_argument("--steps", type=int, default=4, help="--tables: tokens generated per row")
+    demo.add_argument(
+        "--samples", type=positive_int, default=40_000, help="--tables: rows sampled in one batch"
+    )
+    demo.add_argument("--T", type=positive_int, nargs="+", default=[2, 3], help="--tables: T per draft level")
+    demo.add_argument("--steps", type=positive_int, default=4, help="--tables: tokens generated per row")
     demo.add_argument("--seed", type=int, default=0)
+    from hsd_fast.bench.command import add_parser as add_bench_parser
     from hsd_fast.select_command import add_parser as add_select_parser
     from hsd_fast.zoo.commands import add_parser as add_zoo_parser
 
-    add_select_parser(sub)
+    select = add_select_parser(sub)
     add_zoo_parser(sub)
+    add_bench_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        from hsd_fast.bench.command import run as run_bench
+
+        return run_bench(args)
     if args.command == "select":
+        from hsd_fast.select_command import check as check_select
         from hsd_fast.select_command import run as run_select
 
+        check_select(args, select)
         return run_select(args)
     if args.command == "zoo":
         from hsd_fast.zoo.commands import run as run_zoo
@@ -40,10 +73,15 @@ def main(argv: list[str] | None = None) -> int:
         from hsd_fast.demo import main as tables_demo
 
         return tables_demo(args.samples, args.T, args.steps, args.seed)
-    from hsd_fast.zoo_demo import PROMPT
+    from hsd_fast.zoo_demo import PROMPT, check_length
     from hsd_fast.zoo_demo import main as zoo_demo
 
-    return zoo_demo(args.prompt or PROMPT, args.max_new_tokens, args.threads)
+    prompt = PROMPT if args.prompt is None else args.prompt
+    try:  # before any model is loaded
+        check_length(prompt, args.max_new_tokens)
+    except ValueError as err:
+        demo.error(str(err))
+    return zoo_demo(prompt, args.max_new_tokens, args.threads)
 
 
 if __name__ == "__main__":

@@ -108,13 +108,15 @@ def run_hsd(
             starts, ends, outs = ledger.spans(level, rows)
             if level == 0:
                 wanted = _drafts_wanted(ledger, rows, budget_end, block_sizes)
-                (drawn, last_is_eos), inside = steps[0](state, rows, starts, ends, outs, wanted)
+                (drawn, last_is_eos, broken), inside = steps[0](state, rows, starts, ends, outs, wanted)
+                _check_logits(level, rows, broken)
                 for k in range(int(drawn.max())):  # the ledger takes drafts one at a time
                     now = drawn > k
                     ledger.commit_draft(rows[now], last_is_eos[now] & (drawn[now] == k + 1))
                 log.drafted(starts, ends, drawn)
             else:
-                (accepted, is_eos), inside = steps[level](state, rows, starts, ends, outs)  # [R] each
+                (accepted, is_eos, broken), inside = steps[level](state, rows, starts, ends, outs)  # [R] each
+                _check_logits(level, rows, broken)
                 kept, cascaded = ledger.commit_verify(level, rows, accepted, is_eos)
                 log.verified(level, starts, ends, outs, accepted, kept, cascaded)
             if on_commit is not None and level == num_levels - 1:
@@ -218,6 +220,17 @@ def _drafts_wanted(ledger: Ledger, rows: np.ndarray, budget_end: np.ndarray, blo
     if len(block_sizes) == 0:
         return np.minimum(room, TOKENS_PER_DECODE_STEP)
     return np.minimum(room, block_sizes[0] - (frontiers[:, 0] - frontiers[:, 1]))
+
+
+def _check_logits(level: int, rows: np.ndarray, broken: np.ndarray) -> None:
+    """Refuse to go on from a distribution with a NaN or +inf in it (HF refuses too): whatever was
+    drawn from it is meaningless. The flag comes back with the step's results: no extra sync."""
+    if broken.any():
+        where = rows[broken.astype(bool)].tolist()[:8]
+        raise FloatingPointError(
+            f"level {level} produced NaN or +inf logits for rows {where}: its model (or its inputs) is "
+            "numerically broken, and nothing sampled from them can be trusted"
+        )
 
 
 def _widest(dtypes) -> torch.dtype:

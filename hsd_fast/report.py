@@ -83,8 +83,9 @@ def metadata_lines(meta: dict) -> list[str]:
 
 
 def write_report(path: Path, title: str, meta: dict, sections: Sequence[str], data: dict) -> None:
-    """``path.json`` (``meta`` and ``data``) and ``path.md`` (title, metadata, then ``sections``)."""
+    """``<path>.json`` (``meta`` and ``data``) and ``<path>.md`` (title, metadata, then ``sections``);
+    ``path`` is a stem: a dot in it stays."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.with_suffix(".json").write_text(json.dumps({"meta": meta, **data}, indent=1) + "\n")
+    (path.parent / f"{path.name}.json").write_text(json.dumps({"meta": meta, **data}, indent=1) + "\n")
     markdown = [f"# {title}", "", *metadata_lines(meta), "", *sections]
-    path.with_suffix(".md").write_text("\n".join(markdown).rstrip() + "\n")
+    (path.parent / f"{path.name}.md").write_text("\n".join(markdown).rstrip() + "\n")

@@ -5,38 +5,160 @@ Models are zoo names (``hsd_fast.zoo``) or local HF checkpoint directories; by d
 zoo model is the target and the others are the candidates. Acceptance is measured on the zoo's
 held-out calibration windows; costs at ``--context`` cached tokens. Measurements are cached
 (``--cache``); the zoo's committed CPU profile (``zoo/profile_cpu.json``) is read as a fallback.
+
+Arguments that cannot work (``--max-T 0``, ``--measure`` with ``--max-new-tokens 1``, a context or a
+measured run longer than the models' positions, ``--json x.md``) are usage errors before anything
+is loaded.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
+import json
 from pathlib import Path
 
 import torch
 
+from hsd_fast.cli import non_negative_int, positive_float, positive_int, probability
 from hsd_fast.report import markdown_table, run_metadata, write_report
 
 DEFAULT_CACHE = Path.home() / ".cache" / "hsd_fast" / "profiles.json"
 
 
-def add_parser(sub) -> None:
+def report_stem(text: str) -> Path:
+    """``--json``: the report's stem (``<stem>.json`` and ``<stem>.md`` are written), also given as
+    the ``.json`` path. A ``.md`` path would be overwritten by the markdown half: refused."""
+    path = Path(text)
+    if path.suffix == ".md":
+        raise argparse.ArgumentTypeError(
+            f"{text} would be overwritten by the markdown report: give the stem ({path.with_suffix('')}) "
+            f"or the .json path ({path.with_suffix('.json')}); both .json and .md are written"
+        )
+    if not path.name or path.name in (".", "..") or text.endswith(("/", "\\")):
+        raise argparse.ArgumentTypeError(f"expected a file stem, got the directory {text!r}")
+    return path.with_suffix("") if path.suffix == ".json" else path
+
+
+def _device(text: str) -> str:
+    try:
+        device = torch.device(text)
+    except RuntimeError as err:
+        raise argparse.ArgumentTypeError(f"not a device: {text!r} ({err})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: CUDA is not available here")
+    return text
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("select", help="pick the latency-optimal hierarchy (optionally measure it)")
     p.add_argument("--target", help="zoo name or checkpoint directory (default: the largest zoo model)")
     p.add_argument("--candidates", nargs="+", help="zoo names or checkpoint directories (default: the zoo)")
     p.add_argument("--do-sample", action="store_true", help="select for sampling (default: greedy)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--max-T", type=int, default=8)
-    p.add_argument("--context", type=int, default=96, help="cached tokens when timing forwards")
+    p.add_argument("--temperature", type=positive_float, default=1.0)
+    p.add_argument("--top-k", type=non_negative_int, help="0: no top-k")
+    p.add_argument("--top-p", type=probability)
+    p.add_argument("--max-T", type=positive_int, default=8)
+    p.add_argument("--context", type=positive_int, default=96, help="cached tokens when timing forwards")
     p.add_argument("--measure", action="store_true", help="run every listed hierarchy with the engine")
-    p.add_argument("--prompt-len", type=int, default=64, help="prompt tokens per measured row")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--prompt-len", type=positive_int, default=64, help="prompt tokens per measured row")
+    p.add_argument("--max-new-tokens", type=positive_int, default=64, help="--measure: at least 2")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="profile cache to read and update")
-    p.add_argument("--no-cache", action="store_true", help="measure everything afresh, store nothing")
-    p.add_argument("--json", type=Path, help="also write the report as JSON")
+    p.add_argument("--device", type=_device, default="cuda" if torch.cuda.is_available() else "cpu")
+    store = p.add_mutually_exclusive_group()
+    store.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="profile cache to read and update")
+    store.add_argument("--no-cache", action="store_true", help="measure everything afresh, store nothing")
+    p.add_argument(
+        "--json",
+        type=report_stem,
+        metavar="STEM",
+        help="also write the report as STEM.json and STEM.md (STEM.json is taken as STEM too)",
+    )
+    return p
+
+
+def _position_limit(names: list[str]) -> int | None:
+    """The fewest positions any of the named models takes (``max_position_embeddings`` of its
+    config.json, read without loading it), None where no config says. Unknown names are left to
+    ``run``, which names them."""
+    from hsd_fast import zoo
+
+    try:
+        zoo_names = zoo.names()
+    except (OSError, ValueError):  # no zoo: only checkpoint directories can be checked
+        zoo_names = []
+    limits = []
+    for name in names:
+        directory = Path(name) if Path(name).is_dir() else zoo.zoo_dir() / name if name in zoo_names else None
+        config = directory / "config.json" if directory is not None else None
+        if config is None or not config.is_file():
+            continue
+        try:
+            limit = json.loads(config.read_text()).get("max_position_embeddings")
+        except (OSError, ValueError):
+            continue
+        if isinstance(limit, int):
+            limits.append(limit)
+    return min(limits, default=None)
+
+
+def _model_names(args: argparse.Namespace) -> list[str]:
+    from hsd_fast import zoo
+
+    if args.target and args.candidates:
+        return [*args.candidates, args.target]
+    try:
+        names = zoo.names()
+    except (OSError, ValueError):
+        return [n for n in [*(args.candidates or []), args.target] if n]
+    target = args.target or names[-1]
+    return [*(args.candidates or [n for n in names if n != target]), target]
+
+
+def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Usage errors (``parser.error``) for arguments that cannot work together, before any model or
+    measurement is loaded."""
+    if args.measure:
+        _check_measured_run(args, parser)
+    _check_positions(args, parser)
+
+
+def _check_measured_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    from hsd_fast import zoo
+    from hsd_fast.zoo.build import read_calibration
+
+    if args.max_new_tokens < 2:
+        parser.error(
+            "--measure times the tokens after the first (the prefill excluded): --max-new-tokens must be >= 2"
+        )
+    try:
+        window = min(w.shape[1] for w in read_calibration(zoo.zoo_dir()).values())
+    except (OSError, ValueError):  # no zoo: run() says so
+        return
+    if args.prompt_len > window:
+        parser.error(
+            f"--prompt-len {args.prompt_len}: the measured prompts are calibration windows of {window} tokens"
+        )
+
+
+def _check_positions(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    from hsd_fast.profile.costs import forward_costs
+
+    limit = _position_limit(_model_names(args))
+    if limit is None:
+        return
+    defaults = inspect.signature(forward_costs).parameters
+    longest = max(*defaults["spans"].default, *defaults["drafts"].default)
+    if args.context + longest + 1 > limit:
+        parser.error(
+            f"--context {args.context}: timing a step feeds up to {longest + 1} tokens after it, beyond the "
+            f"models' max_position_embeddings ({limit}); use --context <= {limit - longest - 1}"
+        )
+    if args.measure and args.prompt_len + args.max_new_tokens > limit:
+        parser.error(
+            f"--prompt-len {args.prompt_len} + --max-new-tokens {args.max_new_tokens} exceeds the models' "
+            f"max_position_embeddings ({limit})"
+        )
 
 
 def _load(name: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
@@ -118,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
             prompts=f"{len(prompts)} rows x {args.prompt_len} tokens (zoo calibration, one per source)",
             max_new_tokens=args.max_new_tokens,
         )
-        write_report(args.json.with_suffix(""), "hsd-fast select", meta, table, {"rows": rows})
+        write_report(args.json, "hsd-fast select", meta, table, {"rows": rows})  # a stem: run.v2 stays
     return 0
 
 

@@ -99,10 +99,24 @@ def _processed(runner: Runner, state: DecodeState, block: FedBlock, num_outputs:
     return state.transform(logits.flatten(0, 1)).unflatten(0, logits.shape[:2])  # [B, O, V]
 
 
-def _result(num_accepted: torch.Tensor, token: torch.Tensor, eos_ids: torch.Tensor, active: torch.Tensor):
-    """[2, B] int64: accepted counts, and whether the new token is an EOS (active rows only)."""
+def _broken(logits: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
+    """[B] bool: a row whose used logits (``used``: [B] or [B, O]) hold a NaN or +inf (-inf marks an
+    excluded token, which is fine): no distribution, so nothing drawn from it may be trusted."""
+    bad = (torch.isnan(logits) | torch.isposinf(logits)).any(-1) & used  # [B] or [B, O]
+    return bad if bad.dim() == 1 else bad.any(-1)
+
+
+def _result(
+    num_accepted: torch.Tensor,
+    token: torch.Tensor,
+    eos_ids: torch.Tensor,
+    active: torch.Tensor,
+    broken: torch.Tensor,
+) -> torch.Tensor:
+    """[3, B] int64: accepted counts, whether the new token is an EOS, and whether the row's logits
+    were broken (NaN or +inf), for active rows."""
     is_eos = (token[:, None] == eos_ids[None, :]).any(-1) & active  # [B]
-    return torch.stack([num_accepted, is_eos.long()])
+    return torch.stack([num_accepted, is_eos.long(), broken.long()])
 
 
 def draft_step(
@@ -119,17 +133,19 @@ def draft_step(
     ``ends, ends + 1, ...``: row r stops after its wanted number, or after an EOS. Drafting a few
     tokens in one step draws exactly the tokens one-token steps would (keyed randomness: a token's
     uniforms depend on its position, not on the step) and saves a step's overhead per token.
-    Returns per row the number drawn and whether the last one is an EOS."""
+    Returns per row the number drawn, whether the last one is an EOS, and whether any logits it drew
+    from were broken."""
     starts, ends, meta = spans[0], spans[1], state.sampling
     going, wanted = spans[3].bool() & (spans[4] > 0), spans[4]  # [B]
     rows = torch.arange(state.num_rows, device=ends.device)
     block = fed_block(state.tokens, starts, ends, going, width)
     drawn_count = torch.zeros_like(ends)
-    last_is_eos = torch.zeros_like(going)
+    last_is_eos, broken = torch.zeros_like(going), torch.zeros_like(going)
     for k in range(count):
         if k > 0:  # feed the token drawn last
             block = fed_block(state.tokens, ends + k - 1, ends + k, going, 1)
         logits = _processed(runner, state, block, 1)[:, 0]  # [B, V]
+        broken = broken | _broken(logits, going)
         position = ends + k  # [B]
         drawn, lse = sample(
             logits, meta.temperature, meta.seeds, position, 0, DRAFT, meta.greedy, use_kernel=use_kernel
@@ -140,7 +156,7 @@ def draft_step(
         last_is_eos = torch.where(going, (drawn[:, None] == meta.eos_ids).any(-1), last_is_eos)
         drawn_count = drawn_count + going.long()
         going = going & ~last_is_eos & (k + 1 < wanted)
-    return torch.stack([drawn_count, last_is_eos.long()])
+    return torch.stack([drawn_count, last_is_eos.long(), broken.long()])
 
 
 def verify_step(
@@ -155,7 +171,8 @@ def verify_step(
     use_kernel: bool | None,
 ) -> torch.Tensor:  # [2, B]
     """Level >= 1: feed the block, verify each row's drafts at ``[outs + 1, ends)`` against the ring,
-    write the correction or bonus, and (``keep_q``) keep this level's p for the tokens it emitted."""
+    write the correction or bonus, and (``keep_q``) keep this level's p for the tokens it emitted.
+    Returns [3, B]: accepted counts, EOS flags and broken-logits flags."""
     starts, ends, outs, active = spans[0], spans[1], spans[2], spans[3].bool()
     meta, drafts = state.sampling, out_width - 1  # D draft columns
     rows = torch.arange(state.num_rows, device=ends.device)
@@ -181,7 +198,8 @@ def verify_step(
     if keep_q:
         emitted = active[:, None] & (columns >= drafts - num_drafts[:, None])  # [B, D + 1]
         keep_emitted(state, rows, state.ring_slot(positions.clamp(min=0), emitted), logits, result)
-    return _result(result.num_accepted, result.next_token, meta.eos_ids, active)
+    used = active[:, None] & (columns >= drafts - num_drafts[:, None])  # [B, D + 1]: drafts and bonus
+    return _result(result.num_accepted, result.next_token, meta.eos_ids, active, _broken(logits, used))
 
 
 def keep_emitted(
@@ -339,10 +357,10 @@ class LevelStep:
         outs: np.ndarray,  # [R] a verification's drafts are [outs + 1, ends)
         wanted: np.ndarray | None = None,  # [R] drafts: tokens each row wants drawn
     ) -> tuple[np.ndarray, float]:
-        """Run the step for ``rows``. Returns ``[2, R]`` (a draft: tokens drawn and whether the last
-        is an EOS; a verification: accepted counts and whether the new token is an EOS) and the
-        seconds spent inside the step function, its host sync included: a round's remaining time is
-        the host's own work."""
+        """Run the step for ``rows``. Returns ``[3, R]`` (a draft: tokens drawn and whether the last
+        is an EOS; a verification: accepted counts and whether the new token is an EOS; and whether
+        the row's logits held a NaN or +inf) and the seconds spent inside the step function, its host
+        sync included: a round's remaining time is the host's own work."""
         full = np.zeros((5, state.num_rows), dtype=np.int64)  # starts, ends, outs, active, wanted
         full[:, rows] = np.stack(
             [starts, ends, outs, np.ones_like(rows), np.ones_like(rows) if wanted is None else wanted]

@@ -6,6 +6,7 @@ when the models match it); the two outputs must be identical token for token.
 
 from __future__ import annotations
 
+import json
 import time
 
 import torch
@@ -21,7 +22,37 @@ PROMPT = '''def read_config(path):
 '''
 
 
+def position_limit() -> int | None:
+    """The fewest positions any zoo model takes (``max_position_embeddings``, read from the configs
+    without loading a model); None if no config states one."""
+    limits = []
+    for name in zoo.names():
+        config = json.loads((zoo.zoo_dir() / name / "config.json").read_text())
+        if isinstance(config.get("max_position_embeddings"), int):
+            limits.append(config["max_position_embeddings"])
+    return min(limits, default=None)
+
+
+def check_length(prompt: str, max_new_tokens: int) -> None:
+    """``ValueError`` unless the prompt has a token and prompt + ``max_new_tokens`` fit the zoo
+    models' positions: beyond them a model either fails mid-run or continues on positions it was
+    never trained on (silently wrong text)."""
+    tokens = zoo.load_tokenizer()(prompt, return_tensors="pt")["input_ids"].shape[1]
+    if tokens == 0:
+        raise ValueError("the prompt is empty: it needs at least one token")
+    if max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    limit = position_limit()
+    if limit is not None and tokens + max_new_tokens > limit:
+        room = f"use --max-new-tokens <= {limit - tokens}" if tokens < limit else "shorten the prompt"
+        raise ValueError(
+            f"the prompt ({tokens} tokens) + --max-new-tokens {max_new_tokens} = {tokens + max_new_tokens} "
+            f"positions exceed the zoo models' max_position_embeddings ({limit}); {room}"
+        )
+
+
 def main(prompt: str = PROMPT, max_new_tokens: int = 128, threads: int | None = None) -> int:
+    check_length(prompt, max_new_tokens)  # before loading anything large
     if threads:
         torch.set_num_threads(threads)
     names = zoo.names()

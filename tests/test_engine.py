@@ -150,3 +150,36 @@ def test_on_commit_streams_exactly_the_committed_tokens_in_order() -> None:
     for r, (prompt, seq) in enumerate(zip(prompts, result.sequences, strict=True)):
         assert streamed[r] == seq[len(prompt) :].tolist()
     assert len(pieces) > 3  # handed out as the target committed them, not all at the end
+
+
+class _BrokenRunner(TableRunner):
+    """A table model whose logits turn to ``value`` once a row has ``after`` tokens."""
+
+    def __init__(self, model: TableModel, value: float, after: int) -> None:
+        super().__init__(model)
+        self.value, self.after = value, after
+
+    def forward(self, block, num_outputs: int) -> torch.Tensor:
+        logits = super().forward(block, num_outputs)
+        late = block.positions[:, -num_outputs:] >= self.after  # [B, O]
+        return torch.where(late[..., None], self.value, logits)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "+inf"])
+@pytest.mark.parametrize("broken_level", [0, 1, 2])
+def test_broken_logits_stop_the_run_naming_the_level(value: float, broken_level: int) -> None:
+    runners = _runners([2, 2])
+    runners[broken_level] = _BrokenRunner(runners[broken_level].model, value, after=6)
+    with pytest.raises(FloatingPointError, match=f"level {broken_level} produced NaN or \\+inf"):
+        run_hsd(runners, [torch.tensor([0, 1])] * 3, block_sizes=[2, 2], max_new_tokens=12, seeds=1)
+
+
+def test_minus_inf_logits_are_excluded_tokens_not_an_error() -> None:
+    runners = _runners([2])
+    runners[0] = _BrokenRunner(runners[0].model, -float("inf"), after=100)  # never: a control
+    family = table_family(5, 2, 2, spread=2.0, seed=4)
+    masked = family[-1].logits.clone()
+    masked[:, 3] = -float("inf")  # token 3 excluded everywhere (as top-k would)
+    runners[1] = TableRunner(TableModel(masked, order=2))
+    out = run_hsd(runners, [torch.tensor([0, 1])] * 20, block_sizes=[2], max_new_tokens=10, seeds=2)
+    assert all(3 not in s[2:].tolist() for s in out.sequences)

@@ -228,7 +228,11 @@ def test_python_docs_prefer_the_running_python(tmp_path: Path, monkeypatch) -> N
     )
 
 
-def test_missing_sources_name_their_debian_packages(monkeypatch, capsys) -> None:
+def test_missing_sources_name_their_debian_packages(monkeypatch, capsys, tmp_path) -> None:
+    # python-docs present (whatever this machine has installed), perl-pod and bible missing
+    running = f"python3.{sys.version_info.minor}-doc"
+    _touch(tmp_path / running / "html" / "_sources" / "contents.rst.txt")
+    monkeypatch.setattr(corpus, "PYTHON_DOCS", str(tmp_path / "python3.*-doc" / "html" / "_sources"))
     monkeypatch.setattr(corpus, "PERL_POD", "/nonexistent/perl/5.*/pod/perl.pod")
     no_bible = dataclasses.replace(corpus.SOURCES["bible"], locate=lambda: None)
     monkeypatch.setitem(corpus.SOURCES, "bible", no_bible)

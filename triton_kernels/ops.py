@@ -16,7 +16,8 @@ from .sampling_torch import sample_torch
 
 
 def _use_kernel(use_kernel: bool | None, first: torch.Tensor) -> bool:
-    return first.is_cuda if use_kernel is None else use_kernel
+    # A non-tensor first argument goes on to the reference, whose checks name it.
+    return getattr(first, "is_cuda", False) if use_kernel is None else use_kernel
 
 
 def verify(*args, use_kernel: bool | None = None, **kwargs) -> VerifyResult:

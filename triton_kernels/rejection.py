@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import split
+from . import checks, split
 from .keyed_random import ACCEPT, BONUS, RESIDUAL, key_state, uniform_from_state
 from .ops import verify
 from .rejection_torch import RESIDUAL_EPS, VerifyResult, verify_torch
@@ -35,13 +35,18 @@ __all__ = ["RESIDUAL_EPS", "VerifyResult", "verify", "verify_torch", "verify_tri
 _ACCEPT: tl.constexpr = tl.constexpr(ACCEPT)
 _RESIDUAL: tl.constexpr = tl.constexpr(RESIDUAL)
 _BONUS: tl.constexpr = tl.constexpr(BONUS)
+_BAD_COUNT: tl.constexpr = tl.constexpr(checks.NUM_DRAFTS_OUT_OF_RANGE)
+_BAD_TOKEN: tl.constexpr = tl.constexpr(checks.DRAFT_TOKEN_OUT_OF_RANGE)
+_BAD_TEMPERATURE: tl.constexpr = tl.constexpr(checks.TEMPERATURE_NOT_POSITIVE)
 
 
 @triton.jit
 def _row_layout(num_drafts_ptr, row, width):
     """Row ``row``'s draft count n and the flat indices of its first draft (in [B * D]) and of the
-    verifier column of its first draft (in [B * (D + 1)]): drafts are the last n of D columns."""
-    n = tl.load(num_drafts_ptr + row).to(tl.int32)
+    verifier column of its first draft (in [B * (D + 1)]): drafts are the last n of D columns. A
+    count outside [0, D] is clamped into it (before the int32 cast), so no program reads outside
+    the row; the accept kernel flags it."""
+    n = tl.minimum(tl.maximum(tl.load(num_drafts_ptr + row), 0), width).to(tl.int32)
     return n, row * width + width - n, row * (width + 1) + width - n
 
 
@@ -70,14 +75,18 @@ def _chunk_stats_kernel(
 def _accept_kernel(
     ver_ptr, ver_stride, draft_ptr, draft_stride, draft_lse_ptr, draft_tok_ptr, num_drafts_ptr,
     temp_ptr, seeds_ptr, positions_ptr, max_ptr, sum_ptr, arg_ptr, num_acc_ptr, next_tok_ptr, lse_ptr,
-    level, width, num_chunks,
+    err_ptr, V, level, width, num_chunks,
     GREEDY: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """All positions of a row side by side ([BLOCK_K, BLOCK_C] tiles of partials): a row's tests
-    cost a few dependent memory round trips, not one chain per draft."""
+    cost a few dependent memory round trips, not one chain per draft. Out-of-range values (count,
+    draft tokens, temperature) are OR'd into ``err_ptr`` (checks.py): one predicated atomic."""
     row = tl.program_id(0)
     n, d0, v0 = _row_layout(num_drafts_ptr, row, width)
+    n_given = tl.load(num_drafts_ptr + row)
     temp = tl.load(temp_ptr + row)
+    err = tl.where((n_given < 0) | (n_given > width), _BAD_COUNT, 0)
+    err |= tl.where(temp > 0, 0, _BAD_TEMPERATURE)  # NaN included
     seed = tl.load(seeds_ptr + row)
     pos0 = tl.load(positions_ptr + row)
     chunks = tl.arange(0, BLOCK_C)[None, :]
@@ -103,6 +112,9 @@ def _accept_kernel(
 
         is_draft = k < n
         tok = tl.load(draft_tok_ptr + d0 + k, mask=is_draft, other=0)
+        bad_tok = is_draft & ((tok < 0) | (tok >= V))
+        err |= tl.where(tl.max(bad_tok.to(tl.int32), axis=0) > 0, _BAD_TOKEN, 0)
+        tok = tl.where(bad_tok, 0, tok)  # never read outside the row
         if GREEDY:
             argmax = tl.load(arg_ptr + vpos * num_chunks + best_chunk, mask=k <= n, other=0)
             accepted = tok == argmax
@@ -119,6 +131,7 @@ def _accept_kernel(
         if GREEDY:  # the correction (num_acc < n) or the bonus: in exactly one block
             tl.store(next_tok_ptr + row + 0 * k, argmax.to(tl.int64), mask=k == num_acc)
     tl.store(num_acc_ptr + row, num_acc)
+    tl.atomic_or(err_ptr, err, mask=err != 0)
 
 
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
@@ -178,11 +191,11 @@ def _chunk_race_kernel(
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
 def _race_pick_kernel(
     num_drafts_ptr, num_acc_ptr, key_p_ptr, idx_p_ptr, key_r_ptr, idx_r_ptr, mass_r_ptr, next_tok_ptr,
-    eps, num_chunks,
+    eps, width, num_chunks,
     BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
-    n = tl.load(num_drafts_ptr + row)
+    n, _, _ = _row_layout(num_drafts_ptr, row, width)
     rejected = tl.load(num_acc_ptr + row) < n
     chunks = tl.arange(0, BLOCK_C)
     base = row * num_chunks
@@ -224,11 +237,20 @@ def verify_triton(
     greedy: bool,
     block_v: int | None = None,
     num_chunks: int | None = None,
+    *,
+    error_flag: torch.Tensor | None = None,
 ) -> VerifyResult:
-    """The fused kernels: same signature and results as ``verify_torch``. ``block_v`` and
-    ``num_chunks`` override the vocabulary block and split (tests and benchmarks)."""
-    num_rows, width = draft_tokens.shape
-    vocab, device = verifier_logits.shape[-1], verifier_logits.device
+    """The fused kernels: same signature, results and argument errors as ``verify_torch``.
+    ``block_v`` and ``num_chunks`` override the vocabulary block and split (tests and benchmarks).
+    ``error_flag`` ([1] int32, zeroed by the caller): where values are not checked on the host (CUDA
+    tensors), the kernels OR into it the bits of ``checks.py`` for out-of-range counts, draft tokens
+    and temperatures; read it at a sync you make anyway (``checks.raise_on_error_flag``)."""
+    num_rows, width, vocab = checks.check_verify_args(
+        verifier_logits, draft_logits, draft_lse, draft_tokens, num_drafts, temperature, seeds, positions,
+        level, greedy, error_flag, flag_with_tensor_ops=False,
+    )  # fmt: skip
+    checks.check_split(block_v, num_chunks)
+    device = verifier_logits.device
     num_accepted = torch.empty(num_rows, dtype=torch.int64, device=device)
     next_token = torch.empty(num_rows, dtype=torch.int64, device=device)
     verifier_lse = torch.empty(num_rows, width + 1, dtype=torch.float32, device=device)
@@ -255,6 +277,8 @@ def verify_triton(
     part_max = torch.empty(num_vrows * stats_chunks, device=device)
     part_sum = torch.empty_like(part_max)
     part_arg = torch.empty(num_vrows * stats_chunks if greedy else 1, dtype=torch.int32, device=device)
+    if error_flag is None:  # the kernels flag bad values somewhere; nobody reads this one
+        error_flag = torch.empty(1, dtype=torch.int32, device=device)
 
     _chunk_stats_kernel[(num_rows, stats_chunks, position_split)](
         verifier_logits, verifier_logits.stride(0), num_drafts, temperature, part_max, part_sum, part_arg,
@@ -263,7 +287,7 @@ def verify_triton(
     _accept_kernel[(num_rows,)](
         verifier_logits, verifier_logits.stride(0), draft_logits, draft_logits.stride(0), draft_lse,
         draft_tokens.contiguous(), num_drafts, temperature, seeds, positions, part_max, part_sum,
-        part_arg, num_accepted, next_token, verifier_lse, level, width, stats_chunks,
+        part_arg, num_accepted, next_token, verifier_lse, error_flag, vocab, level, width, stats_chunks,
         GREEDY=greedy, BLOCK_K=BLOCK_K, BLOCK_C=split.BLOCK_C,
     )  # fmt: skip
     if greedy:
@@ -278,6 +302,6 @@ def verify_triton(
     )  # fmt: skip
     _race_pick_kernel[(num_rows,)](
         num_drafts, num_accepted, key_p, idx_p, key_r, idx_r, mass_r, next_token,
-        RESIDUAL_EPS, race_chunks, BLOCK_C=split.BLOCK_C,
+        RESIDUAL_EPS, width, race_chunks, BLOCK_C=split.BLOCK_C,
     )  # fmt: skip
     return VerifyResult(num_accepted, next_token, verifier_lse)

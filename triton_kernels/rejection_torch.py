@@ -20,7 +20,9 @@ log-sum-exp at every column (meaningful where the row has a draft or the bonus),
 next level up needs to use ``p`` as its ``q``. ``verify_torch`` here is the reference (the CPU path,
 and what a compiled step traces) and imports no Triton; ``verify_triton`` (``rejection.py``) runs the
 fused kernels and matches it token for token except where two candidates tie within float rounding;
-``ops.verify`` picks the kernels for CUDA tensors.
+``ops.verify`` picks the kernels for CUDA tensors. Both check their arguments first with ``checks.py``
+(the same ``ValueError`` from either; out-of-range values flagged in ``error_flag`` where they are not
+read on the host).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import NamedTuple
 
 import torch
 
+from .checks import check_verify_args
 from .keyed_random_torch import ACCEPT, BONUS, RESIDUAL, race_torch, uniform_torch
 
 RESIDUAL_EPS = 1e-6
@@ -52,8 +55,14 @@ def verify_torch(
     positions: torch.Tensor,  # [B] int64 absolute position of each row's first draft
     level: int,
     greedy: bool,
+    *,
+    error_flag: torch.Tensor | None = None,  # [1] int32: value errors OR'd in where not raised (checks.py)
 ) -> VerifyResult:
-    num_rows, width = draft_tokens.shape  # B, D
+    check_verify_args(
+        verifier_logits, draft_logits, draft_lse, draft_tokens, num_drafts, temperature, seeds, positions,
+        level, greedy, error_flag,
+    )  # fmt: skip
+    (num_rows, width), vocab = draft_tokens.shape, verifier_logits.shape[-1]  # B, D, V
     rows = torch.arange(num_rows, device=draft_tokens.device)  # [B]
     first_column = width - num_drafts  # [B]
     k = torch.arange(width, device=draft_tokens.device) - first_column[:, None]  # [B, D] draft index
@@ -66,7 +75,7 @@ def verify_torch(
     if greedy:
         accepted = draft_tokens == torch.argmax(verifier_logits[:, :width], dim=-1)  # [B, D]
     else:
-        x = draft_tokens.clamp(min=0)[..., None]  # [B, D, 1] (padding may hold anything)
+        x = draft_tokens.clamp(0, vocab - 1)[..., None]  # [B, D, 1] (padding may hold anything)
         logp = logp_all[:, :width].gather(-1, x)[..., 0] - verifier_lse[:, :width]  # [B, D]
         logq = draft_logits.gather(-1, x)[..., 0].float() / temperature[:, None] - draft_lse  # [B, D]
         u = uniform_torch(seeds[:, None].expand(-1, width), level, positions[:, None] + k, ACCEPT)

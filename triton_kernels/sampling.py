@@ -18,13 +18,15 @@ import torch
 import triton
 import triton.language as tl
 
-from . import split
+from . import checks, split
 from .keyed_random import key_state
 from .ops import sample
 from .sampling_torch import sample_torch
 from .split import NO_SPECIALIZE, fold_argmax, fold_lse, plan, scan_chunk
 
 __all__ = ["sample", "sample_torch", "sample_triton"]
+
+_BAD_TEMPERATURE: tl.constexpr = tl.constexpr(checks.TEMPERATURE_NOT_POSITIVE)
 
 
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
@@ -48,9 +50,12 @@ def _sample_chunk_kernel(
 
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
 def _sample_pick_kernel(
-    max_ptr, sum_ptr, key_ptr, idx_ptr, token_ptr, lse_ptr, num_chunks, BLOCK_C: tl.constexpr
-):
+    max_ptr, sum_ptr, key_ptr, idx_ptr, token_ptr, lse_ptr, temp_ptr, err_ptr, num_chunks,
+    BLOCK_C: tl.constexpr,
+):  # fmt: skip
     row = tl.program_id(0)
+    bad = tl.where(tl.load(temp_ptr + row) > 0, 0, _BAD_TEMPERATURE)  # NaN included (checks.py)
+    tl.atomic_or(err_ptr, bad, mask=bad != 0)
     base = row * num_chunks
     chunks = tl.arange(0, BLOCK_C)
     run_max = -float("inf")
@@ -79,25 +84,34 @@ def sample_triton(
     greedy: bool,
     block_v: int | None = None,
     num_chunks: int | None = None,
+    *,
+    error_flag: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernels: same signature and results as ``sample_torch``. ``block_v`` and ``num_chunks``
-    override the vocabulary block and split (tests and benchmarks)."""
-    num_rows, vocab = logits.shape
+    """The kernels: same signature, results and argument errors as ``sample_torch``. ``block_v``
+    and ``num_chunks`` override the vocabulary block and split (tests and benchmarks).
+    ``error_flag``: as in ``verify_triton`` (a temperature that is not > 0)."""
+    num_rows, vocab = checks.check_sample_args(
+        logits, temperature, seeds, positions, level, purpose, greedy, error_flag, flag_with_tensor_ops=False
+    )
+    checks.check_split(block_v, num_chunks)
     device = logits.device
     tokens = torch.empty(num_rows, dtype=torch.int64, device=device)
     lse = torch.empty(num_rows, dtype=torch.float32, device=device)
     if num_rows == 0:
         return tokens, lse
     block, chunks, chunk_size = plan(num_rows, vocab, device, block_v, num_chunks)
-    logits = logits.contiguous()
+    logits, temperature = logits.contiguous(), temperature.float().contiguous()
     part_max, part_sum, part_key = (torch.empty(num_rows * chunks, device=device) for _ in range(3))
     part_idx = torch.empty(num_rows * chunks, dtype=torch.int32, device=device)
+    if error_flag is None:  # the kernel flags bad values somewhere; nobody reads this one
+        error_flag = torch.empty(1, dtype=torch.int32, device=device)
     _sample_chunk_kernel[(num_rows, chunks)](
-        logits, logits.stride(0), temperature.float().contiguous(), seeds.to(torch.int64),
+        logits, logits.stride(0), temperature, seeds.to(torch.int64),
         positions.to(torch.int64), part_max, part_sum, part_key, part_idx,
         vocab, level, purpose, chunk_size, chunks, GREEDY=greedy, BLOCK_V=block,
     )  # fmt: skip
     _sample_pick_kernel[(num_rows,)](
-        part_max, part_sum, part_key, part_idx, tokens, lse, chunks, BLOCK_C=split.BLOCK_C
-    )
+        part_max, part_sum, part_key, part_idx, tokens, lse, temperature, error_flag, chunks,
+        BLOCK_C=split.BLOCK_C,
+    )  # fmt: skip
     return tokens, lse

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .checks import check_sample_args
 from .keyed_random_torch import race_torch
 
 
@@ -20,9 +21,12 @@ def sample_torch(
     level: int,
     purpose: int,
     greedy: bool,
+    *,
+    error_flag: torch.Tensor | None = None,  # [1] int32: value errors OR'd in where not raised (checks.py)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [R] int64, log-sum-exp [R] fp32
     """Sample from softmax(logits / temperature); return the tokens and the fp32 log-sum-exp that
     the next level up needs to evaluate this distribution as its draft distribution ``q``."""
+    check_sample_args(logits, temperature, seeds, positions, level, purpose, greedy, error_flag)
     scaled = logits.float() / temperature[:, None]  # [R, V]
     lse = torch.logsumexp(scaled, dim=-1)  # [R]
     if greedy:

@@ -27,7 +27,7 @@ from hsd_fast.hierarchy import Hierarchy
 from hsd_fast.latency import decode_seconds, expected_latency
 from hsd_fast.processors import generation_sampling
 from hsd_fast.profile import ProfileCache, measured_latency
-from hsd_fast.report import run_metadata
+from hsd_fast.report import markdown_table, run_metadata
 from hsd_fast.selector import Selection, select
 
 GRID_MAX_T = 6
@@ -87,8 +87,10 @@ def run(args: argparse.Namespace) -> int:
     costs, alpha, names = _profile(scenario, sampling, args)
     pick = select(costs, alpha, max_T=GRID_MAX_T)
     hierarchies = {"selector's pick": pick}
+    extra_sections: list[str] = []
     if not args.quick:
         measured = _grid(scenario, costs, alpha, names, sampling, args, tuning_prompts)
+        extra_sections = _selector_check(pick, measured, names)
         hierarchies["grid's best"] = min(measured, key=measured.get)
         singles = {s: t for s, t in measured.items() if len(s.chain) == 2}
         if singles:
@@ -131,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, passes=args.passes, redone_passes=redone,
     )  # fmt: skip
     stem = args.out / f"e2e_{scenario.name}{'_sampled' if args.do_sample else ''}_{torch.device(device).type}"
-    for path in write(stem, meta, rows, notes):
+    for path in write(stem, meta, rows, notes, extra_sections):
         print(f"wrote {path}")
     different = {r["config"] for r in rows if r.get("same_output") is False and r["family"] == "ours"}
     if different:
@@ -177,30 +179,46 @@ def _predicted(costs, alpha, chain: tuple[int, ...], T: tuple[int, ...]) -> floa
 
 
 def _grid(scenario, costs, alpha, names, sampling, args, prompts) -> dict[Selection, float]:
-    """Seconds per row of the grid's best predicted hierarchies, measured once each."""
+    """Measured decode seconds per token (batch 1, prefill excluded) of the grid's best predicted
+    hierarchies: every chain of one or two drafts with T up to GRID_MAX_T, ranked by the latency
+    model, its GRID_MEASURED best and the best predicted single draft."""
     target = len(costs) - 1
-    drafts = range(target)
     candidates = []
     for size in (1, 2):
-        for chain in itertools.combinations(drafts, size):
+        for chain in itertools.combinations(range(target), size):
             for T in itertools.product(range(1, GRID_MAX_T + 1), repeat=size):
                 candidates.append((_predicted(costs, alpha, (*chain, target), T), (*chain, target), T))
     candidates.sort()
-    shortlist = candidates[:GRID_MEASURED]
-    shortlist += [next(c for c in candidates if len(c[1]) == 2)]  # the best predicted single draft
+    shortlist = [*candidates[:GRID_MEASURED], next(c for c in candidates if len(c[1]) == 2)]
     measured = {}
     for predicted, chain, T in tqdm(dict.fromkeys(shortlist), desc="grid (measured)"):
-        selection = Selection(chain, T, predicted)
-        chain_names = [names[i] for i in chain[:-1]]
-        config = cfg.ours(
-            scenario.target, scenario.drafts, chain_names, T, sampling, args.max_new_tokens, not args.eager
-        )
-        work = _batches(prompts, 1)
-        _run_all(config, work)  # warm-up (compiles)
-        start = time.perf_counter()
-        _run_all(config, work)
-        measured[selection] = time.perf_counter() - start
+        drafts = tuple(scenario.drafts[names[i]] for i in chain[:-1])
+        hierarchy = Hierarchy(drafts=drafts, T=T, selection=Selection(chain, T, predicted))
+        measured[hierarchy.selection] = _decode_seconds(scenario, hierarchy, sampling, args, prompts)
     return measured
+
+
+def _decode_seconds(scenario, hierarchy: Hierarchy, sampling, args, prompts) -> float:
+    """Seconds per token, batch 1, prefill excluded (``profile.measured_latency``), on 2 prompts."""
+    batch = torch.stack(prompts[:2])
+    return measured_latency(
+        scenario.target, hierarchy, batch, args.max_new_tokens, compile=not args.eager, **sampling
+    )
+
+
+def _selector_check(pick: Selection, measured: dict[Selection, float], names: list[str]) -> list[str]:
+    """A table: the grid's measured hierarchies, predicted and measured decode tokens/s."""
+    rows = []
+    for selection, seconds in sorted(measured.items(), key=lambda kv: kv[0].predicted_latency):
+        chain = " > ".join(names[i] for i in selection.chain)
+        is_pick = (selection.chain, selection.T) == (pick.chain, pick.T)
+        rows.append([
+            chain + (" (the pick)" if is_pick else ""), list(selection.T), 1 / selection.predicted_latency,
+            1 / seconds, seconds / selection.predicted_latency,
+        ])  # fmt: skip
+    columns = ["hierarchy", "T", "predicted tok/s", "measured tok/s", "measured / predicted latency"]
+    title = "## The selector's predictions, measured (batch 1, prefill excluded)"
+    return [title, "", *markdown_table(columns, rows), ""]
 
 
 def _configs(scenario, sampling, args, hierarchies, names, costs, alpha, prompts, notes) -> list[cfg.Config]:
@@ -304,6 +322,10 @@ def _measure(configs, work, args, meter, sampling, scenario) -> tuple[list[dict]
         row["tokens_per_target_forward"] = _tokens_per_target_forward(
             config, outputs[i], work, args, scenario
         )
+        if config.family == "ours":  # the engine's own time per step, outside the step functions
+            stats = [st for _, st in outputs[i]]
+            steps = sum(sum(st.forwards) for st in stats)
+            row["host_us_per_step"] = 1e6 * sum(st.host_time for st in stats) / steps
         if "predicted_latency" in config.notes:
             row["predicted_tok_s"] = 1.0 / config.notes["predicted_latency"]
         rows.append(row)
@@ -337,19 +359,9 @@ def _measured_decode(rows, configs, scenario, sampling, args, prompts) -> None:
     for config in configs:
         if "predicted_latency" not in config.notes:
             continue
-        hierarchy = Hierarchy(
-            drafts=tuple(scenario.drafts[d] for d in config.chain),
-            T=config.T,
-            selection=Selection((), (), 0.0),
-        )
-        seconds = measured_latency(
-            scenario.target,
-            hierarchy,
-            torch.stack(prompts[:2]),
-            args.max_new_tokens,
-            compile=not args.eager,
-            **sampling,
-        )
+        drafts = tuple(scenario.drafts[d] for d in config.chain)
+        hierarchy = Hierarchy(drafts=drafts, T=config.T, selection=Selection((), (), 0.0))
+        seconds = _decode_seconds(scenario, hierarchy, sampling, args, prompts)
         for row in rows:
             if row["config"] == config.name and row["batch"] == 1:
                 row["measured_decode_tok_s"] = 1.0 / seconds

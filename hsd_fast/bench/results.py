@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from hsd_fast.report import markdown_table, write_report
@@ -14,13 +15,17 @@ COLUMNS = [
     ("x_ours_no_draft", "x ours, no draft"),
     ("tokens_per_target_forward", "tokens / target forward"),
     ("same_output", "greedy output = target's"),
+    ("host_us_per_step", "engine host us / step"),
     ("predicted_tok_s", "predicted tokens/s"),
     ("measured_decode_tok_s", "measured decode tokens/s"),
 ]
 
 
-def write(stem: Path, meta: dict, rows: list[dict], notes: list[str]) -> list[Path]:
-    """Write the three files; returns the paths written (the plot only where matplotlib is)."""
+def write(
+    stem: Path, meta: dict, rows: list[dict], notes: list[str], extra: Sequence[str] = ()
+) -> list[Path]:
+    """Write the three files (``extra``: markdown sections after the tables); returns the paths
+    written (the plot only where matplotlib is)."""
     sections = []
     for batch in sorted({r["batch"] for r in rows}):
         sections += [f"## Batch {batch}", ""]
@@ -31,12 +36,12 @@ def write(stem: Path, meta: dict, rows: list[dict], notes: list[str]) -> list[Pa
                 [title for _, title in COLUMNS], [[r.get(k) for k, _ in COLUMNS] for r in chosen]
             )
             sections.append("")
-    sections += ["## Notes", "", *[f"- {n}" for n in notes]]
+    sections += [*extra, "## Notes", "", *[f"- {n}" for n in notes]]
     title = f"hsd-fast bench: {meta['scenario']}, {meta['sampling_label']}"
     write_report(stem, title, meta, sections, {"rows": rows})
-    written = [stem.with_suffix(".json"), stem.with_suffix(".md")]
-    if _plot(stem.with_suffix(".png"), title, rows):
-        written.append(stem.with_suffix(".png"))
+    written = [stem.parent / f"{stem.name}.{ext}" for ext in ("json", "md")]
+    if _plot(stem.parent / f"{stem.name}.png", title, rows):
+        written.append(stem.parent / f"{stem.name}.png")
     return written
 
 

@@ -57,7 +57,7 @@ def _zoo_prompts(windows: dict[str, torch.Tensor]) -> dict[str, list[torch.Tenso
 
 
 TWIN_SHAPES = {  # name -> (hidden, layers, MLP width): the cost of larger models, the zoo's function
-    "s": (1024, 16, 2816),  # the target: ~100x the cost of xxs on the 2-core CPU
+    "s": (768, 12, 2048),  # the target: ~100x the cost of a compiled xxs step on the 2-core CPU
     "sm": (384, 8, 1024),  # a middle draft: ~5-20x xxs
 }
 

@@ -4,6 +4,13 @@ Keys name what was measured: a cost by model identity (a hash of the weights), d
 context length; an acceptance rate by the unordered pair of identities, the sampling transform and
 the hash of the calibration ids. ``fallbacks`` (e.g. the zoo's committed CPU profile) are read but
 never written.
+
+A cache file is never fatal: one that is not this cache's JSON (corrupt, truncated, foreign) is
+named in a warning and moved aside to ``<name>.corrupt-<timestamp>``, and the run goes on without
+it; such a fallback is skipped with a warning. An entry in another format (an older version's) is
+measured again when it is looked up. ``save`` writes only when something was measured, atomically
+(a temporary file in the same directory, then ``os.replace``: a concurrent reader or a crash never
+sees half a file), and a failed write (a read-only home) is a warning.
 """
 
 from __future__ import annotations
@@ -11,6 +18,10 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
+import tempfile
+import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,19 +53,105 @@ def sampling_key(transform: LogitsTransform, greedy: bool) -> str:
     return "greedy" if greedy else f"sample {transform.key}"
 
 
+class ProfileCacheWarning(UserWarning):
+    """A cache file could not be read or written; the run goes on without it."""
+
+
+COST_FIELDS = ("spans", "seconds", "drafts", "draft_seconds")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _usable_cost(entry: object) -> bool:
+    """A cost entry as ``costs`` writes it: four lists of numbers, spans and seconds as long as each
+    other, drafts and draft_seconds too. Anything else (an older version's format, a hand edit) is
+    measured again and replaced when it is looked up."""
+    if not isinstance(entry, dict) or not all(isinstance(entry.get(f), list) for f in COST_FIELDS):
+        return False
+    if not all(_is_number(v) for f in COST_FIELDS for v in entry[f]):
+        return False
+    return len(entry["spans"]) == len(entry["seconds"]) and len(entry["drafts"]) == len(
+        entry["draft_seconds"]
+    )
+
+
+def read_entries(path: Path) -> dict:
+    """The entries of a cache file; ``ValueError`` (saying what is wrong) if it is not one: not
+    JSON, or not ``{"entries": {str: ...}}``. Entries are checked where they are used."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise ValueError(f"not JSON ({err})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+        raise ValueError('not a profile cache: expected {"entries": {...}}')
+    return data["entries"]
+
+
 class ProfileCache:
     """Costs and acceptance rates, measured on first request and kept in ``path`` (JSON)."""
 
     def __init__(self, path: Path | None = None, fallbacks: Sequence[Path] = ()) -> None:
-        self.path, self.entries = path, {}
-        for source in [*fallbacks, path]:
-            if source is not None and Path(source).is_file():
-                self.entries.update(json.loads(Path(source).read_text())["entries"])
+        self.path = Path(path) if path is not None else None
+        self.entries: dict = {}
+        self.changed = False  # something was measured since the files were read
+        self.writable = self.path is not None  # False where the file must be left alone
+        for source in fallbacks:
+            self._read(Path(source), fallback=True)
+        if self.path is not None:
+            self._read(self.path, fallback=False)
+
+    def _read(self, source: Path, fallback: bool) -> None:
+        if not source.is_file():
+            return
+        try:
+            entries = read_entries(source)
+        except OSError as err:  # unreadable: leave the file alone, and never overwrite it
+            _warn(f"cannot read the profile {source} ({err}); going on without it")
+            self.writable = self.writable and fallback
+            return
+        except ValueError as err:
+            if fallback:
+                _warn(f"ignoring the profile {source}: {err}")
+                return
+            aside = _aside(source)
+            try:
+                os.replace(source, aside)
+            except OSError as move_err:
+                _warn(
+                    f"the profile cache {source} is unusable ({err}) and cannot be moved aside "
+                    f"({move_err}); going on with an empty cache that is not saved"
+                )
+                self.writable = False
+                return
+            _warn(f"the profile cache {source} is unusable ({err}); moved it to {aside}, starting empty")
+            return
+        self.entries.update(entries)
 
     def save(self) -> None:
-        if self.path is not None:
+        """Write the entries to ``path`` if anything was measured since they were read: atomically,
+        and a failure (read-only directory, full disk) is a warning, not an error."""
+        if self.path is None or not self.writable or not self.changed:
+            return
+        text = json.dumps({"entries": self.entries}, indent=1, sort_keys=True) + "\n"
+        temp = None
+        try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text(json.dumps({"entries": self.entries}, indent=1, sort_keys=True) + "\n")
+            fd, temp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+            with os.fdopen(fd, "w") as out:
+                out.write(text)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temp, self.path)
+            temp = None
+        except OSError as err:
+            _warn(f"cannot save the profile cache {self.path} ({err}); the new measurements are lost")
+            return
+        finally:
+            if temp is not None:
+                Path(temp).unlink(missing_ok=True)
+        self.changed = False
 
     def costs(
         self,
@@ -73,18 +170,14 @@ class ProfileCache:
             f"cost {model_identity(model)} {p.device.type} {str(p.dtype).removeprefix('torch.')} {context} "
             f"{'compiled' if compile else 'eager'} {sampling_key(transform, greedy)}"
         )
-        if key not in self.entries:
+        if not _usable_cost(self.entries.get(key)):
             profile = forward_costs(
                 model, context=context, compile=compile, greedy=greedy, transform=transform, **kwargs
             )
-            self.entries[key] = {
-                "spans": list(profile.spans),
-                "seconds": list(profile.seconds),
-                "drafts": list(profile.drafts),
-                "draft_seconds": list(profile.draft_seconds),
-            }
+            self.entries[key] = {field: list(getattr(profile, field)) for field in COST_FIELDS}
+            self.changed = True
         entry = self.entries[key]
-        return CostProfile(*(tuple(entry[k]) for k in ("spans", "seconds", "drafts", "draft_seconds")))
+        return CostProfile(*(tuple(entry[field]) for field in COST_FIELDS))
 
     def acceptance(
         self,
@@ -100,10 +193,24 @@ class ProfileCache:
             (j, m): f"alpha {' '.join(sorted((names[j], names[m])))} {sampling} {ids_hash(ids)}"
             for j, m in itertools.combinations(range(len(models)), 2)
         }
-        if any(key not in self.entries for key in keys.values()):
+        if not all(_is_number(self.entries.get(key)) for key in keys.values()):
             alpha = acceptance(models, ids, transform, greedy=greedy, progress=progress)
             self.entries.update({key: alpha[j][m] for (j, m), key in keys.items()})
+            self.changed = True
         alpha = [[1.0] * len(models) for _ in models]
         for (j, m), key in keys.items():
             alpha[j][m] = alpha[m][j] = self.entries[key]
         return alpha
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, ProfileCacheWarning, stacklevel=3)
+
+
+def _aside(path: Path) -> Path:
+    """``<name>.corrupt-<timestamp>`` next to ``path``, not taken yet."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside, n = path.with_name(f"{path.name}.corrupt-{stamp}"), 1
+    while aside.exists():
+        aside, n = path.with_name(f"{path.name}.corrupt-{stamp}-{n}"), n + 1
+    return aside
