@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from hsd_fast._C import Ledger
+from hsd_fast.layout import capacity_bucket
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.sampling_metadata import SamplingMetadata
 from hsd_fast.stats import HSDStats
@@ -85,7 +86,7 @@ def run_hsd(
     ledger = Ledger(num_levels, list(block_sizes), prompt_lens.tolist(), budget.tolist(), policy)
     # +1: a bonus drawn past the length budget is written before the ledger drops it
     capacity = int((prompt_lens + budget).max()) + 1
-    positions = -(-capacity // POSITION_ROUNDING) * POSITION_ROUNDING  # a bucket: see POSITION_ROUNDING
+    positions = capacity_bucket(capacity)  # in every compiled step's shapes: a few sizes only
     sampling = SamplingMetadata.build(
         num_rows, prompts[0].device, seeds, temperature, eos_token_id, greedy, use_kernel
     )
@@ -96,6 +97,7 @@ def run_hsd(
     state = DecodeState(prompts, positions, window, vocab, ring_dtype, sampling, transform, keep_q)
     compiled = _decide_compile(compile, runners, block_sizes)
     steps = [LevelStep.of(runner, level, num_levels - 1, compiled) for level, runner in enumerate(runners)]
+    draft_count = block_sizes[0] if num_levels > 1 else TOKENS_PER_DECODE_STEP  # most drawn per step
     for runner in runners:
         runner.prepare(num_rows, capacity)
 
@@ -108,7 +110,9 @@ def run_hsd(
             starts, ends, outs = ledger.spans(level, rows)
             if level == 0:
                 wanted = _drafts_wanted(ledger, rows, budget_end, block_sizes)
-                (drawn, last_is_eos, broken), inside = steps[0](state, rows, starts, ends, outs, wanted)
+                (drawn, last_is_eos, broken), inside = steps[0](
+                    state, rows, starts, ends, outs, wanted, count=draft_count
+                )
                 _check_logits(level, rows, broken)
                 for k in range(int(drawn.max())):  # the ledger takes drafts one at a time
                     now = drawn > k
@@ -205,9 +209,6 @@ def _count_eager(runners: Sequence[Runner], block_sizes: Sequence[int], seconds:
     spent[key] = spent.get(key, 0.0) + seconds
 
 
-POSITION_ROUNDING = 128
-"""The run's token buffer holds a multiple of this many positions: its size is in every compiled
-step's shapes, and a new prompt length or ``max_new_tokens`` must not compile anew."""
 TOKENS_PER_DECODE_STEP = 4
 """Without drafts (K = 0) the target decodes this many tokens per step (stopping at EOS)."""
 

@@ -17,7 +17,7 @@ import weakref
 import torch
 from transformers.cache_utils import Cache
 
-from hsd_fast.layout import FedBlock
+from hsd_fast.layout import FedBlock, capacity_bucket
 
 
 class SlotCache(Cache):
@@ -67,9 +67,6 @@ class SlotCache(Cache):
 
 
 _RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {vocab size: runner}
-SLOT_ROUNDING = 128
-"""Cache capacity is rounded up to a multiple of this: a new prompt length or ``max_new_tokens``
-then keeps the shapes of the compiled steps (the capacity is in every one of them)."""
 
 
 class HFRunner:
@@ -99,7 +96,7 @@ class HFRunner:
                 f"{type(self.model).__name__}: prompt + max_new_tokens needs {capacity} positions, beyond "
                 f"its max_position_embeddings = {max_positions}"
             )
-        slots = -(-capacity // SLOT_ROUNDING) * SLOT_ROUNDING
+        slots = capacity_bucket(capacity)  # in the compiled steps' shapes: a few sizes only
         if max_positions is not None:
             slots = max(capacity, min(slots, max_positions))
         heads = config.num_attention_heads

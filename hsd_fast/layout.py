@@ -25,6 +25,18 @@ MAX_WIDTH = BUCKETS[-1]
 """A longer span (a prompt) is fed in chunks of this width before the step (``head_chunks``)."""
 
 
+def capacity_bucket(positions: int) -> int:
+    """The size of a buffer holding ``positions`` positions (the token buffer, the KV slots): the
+    smallest of 128, 192, 256, 384, 512, 768, ... (powers of two and 1.5 times them) that holds
+    them. The size is in every compiled step's shapes, so a new prompt length or
+    ``max_new_tokens`` compiles nothing new unless it crosses a size, and the attention over the
+    cache reads at most 1.5 times the positions it needs."""
+    size = 128
+    while size < positions:
+        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
+    return size
+
+
 def bucket(width: int) -> int:
     """The smallest bucket holding ``width`` (>= 1) columns; ``width`` must be <= MAX_WIDTH."""
     for b in BUCKETS:

@@ -245,14 +245,27 @@ def _compiled(step: Callable, device: torch.device) -> Callable:
     return torch.compile(own, fullgraph=True, dynamic=False, options=options)
 
 
+CPU_INDUCTOR_CONFIG = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP"}
+"""Inductor settings a CPU step is traced and compiled under: the weights become constants of the
+graph (``freezing``), prepacked for inductor's C++ GEMM template, which reads them at the memory's
+bandwidth. Measured on the 2-core CPU (docs/design.md, "Compiled steps"): the zoo's ``s`` model
+verifies 1 token in 1.2 ms instead of 4.3 ms, 5 tokens in 1.8 ms instead of 8.0 ms, all in fp32.
+With the CPP backend alone inductor builds one candidate per matmul and benchmarks nothing, so
+the kernels do not depend on how busy the machine was while compiling. ``freezing`` must be set
+when dynamo *traces* (it decides then to keep parameters as constants), hence a config patch around
+the first call rather than ``torch.compile(options=...)``, which reaches inductor only. Each
+compiled step keeps its own packed copy of the weights."""
+
+
 class _Compiling:
     """A compiled step that reports its first call, when it compiles (tens of seconds on a CPU), on
     one progress line shared by all steps of the process."""
 
     bar: tqdm | None = None
 
-    def __init__(self, fn: Callable, name: str) -> None:
+    def __init__(self, fn: Callable, name: str, device: torch.device) -> None:
         self.fn, self.name, self.compiled = fn, name, False
+        self.config = CPU_INDUCTOR_CONFIG if device.type == "cpu" else {}
 
     def __call__(self, *args):
         if self.compiled:
@@ -260,7 +273,8 @@ class _Compiling:
         if _Compiling.bar is None:
             _Compiling.bar = tqdm(desc="hsd_fast: compiling steps", unit=" step", leave=False)
         _Compiling.bar.set_postfix_str(self.name)
-        out = self.fn(*args)
+        with torch._inductor.config.patch(self.config):  # traced and compiled in this call
+            out = self.fn(*args)
         self.compiled = True
         _Compiling.bar.update()
         return out
@@ -276,29 +290,41 @@ class _Compiling:
 CPP_WRAPPER = True
 COMPILED_MAX_WIDTH = 16
 """The widest step that is compiled: decoding feeds a few tokens per step; a prefill feeds many."""
+COMPILE_AFTER_USES = 3
+"""A step shape is compiled at its third use: the shapes of every round (a verification of T
+drafts, a draft step feeding one or two tokens) reach it in the first request, while shapes that
+occur once per request (the flush at the end, an odd catch-up) run eagerly or in a covering graph."""
+MAX_COVER_WASTE = 2
+"""A compiled graph serves a narrower step if it is at most this many times as wide."""
 _STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # runner -> {(level, top, compile): step}
 
 
 def _fingerprint(runner: Runner) -> tuple:
     """What a compiled step assumes of a model beyond tensor shapes: which parameter tensors it
-    holds (a replaced or reallocated weight changes this) and its attention implementation."""
+    holds (a replaced or reallocated weight changes this), their contents (a compiled CPU step holds
+    a frozen copy of the weights, so an in-place edit, which bumps a tensor's version counter, must
+    rebuild it) and its attention implementation."""
     model = getattr(runner, "model", None)
     if not isinstance(model, torch.nn.Module):
         return ()
-    params = tuple((id(p), p.data_ptr()) for p in model.parameters())
+    params = tuple((id(p), p.data_ptr(), p._version) for p in model.parameters())
     return (getattr(model.config, "_attn_implementation", None), params)
 
 
 class LevelStep:
-    """One level of a run: its runner and its step functions, built (and compiled) per pair of
-    widths on first use. ``compile``: run the steps through ``torch.compile`` (fullgraph, static
-    shapes) up to ``COMPILED_MAX_WIDTH`` fed columns; wider steps and prefills (once per request and
-    level) run eagerly, the same code: a graph per prompt length would cost more to compile than it
-    could save."""
+    """One level of a run: its runner and its step functions, one per step *shape* (kind, fed width,
+    output width or draft count). ``compile``: run steps through ``torch.compile`` (fullgraph,
+    static shapes); a compiled graph costs tens of seconds on a CPU, so few are built
+    (``choose``): a shape runs in an already compiled graph that covers it when one is at most
+    ``MAX_COVER_WASTE`` times as wide, and is compiled itself only at its ``COMPILE_AFTER_USES``-th use;
+    until then it runs eagerly (the same code). Prefills and steps wider than ``COMPILED_MAX_WIDTH``
+    always run eagerly: a graph per prompt length would cost more to compile than it could save."""
 
     def __init__(self, runner: Runner, level: int, top: int, compile: bool = False) -> None:
         self.runner, self.level, self.top, self.compile = runner, level, top, compile
         self.functions: dict[tuple, Callable] = {}
+        self.compiled: dict[tuple, list[tuple[int, int]]] = {}  # (kind, structure) -> compiled shapes
+        self.uses: dict[tuple, int] = {}  # shape key -> uses so far
         self.fingerprint = _fingerprint(runner)
 
     @classmethod
@@ -315,16 +341,38 @@ class LevelStep:
     def compile_progress_done() -> None:
         _Compiling.done()
 
+    def choose(self, kind: str, width: int, out_width: int, state: DecodeState, prefill: bool) -> Callable:
+        """The function that runs a step of this shape (``width`` fed columns, ``out_width`` output
+        columns or drafts): its own compiled graph, a compiled graph of the same kind at most
+        ``MAX_COVER_WASTE`` times as wide that covers it (padding columns are invalid columns, and a
+        verification with fewer drafts than columns leaves the first ones out), or eagerly until
+        the shape has been used ``COMPILE_AFTER_USES`` times. A step that could compile runs in a
+        wider covering graph rather than eagerly while it waits."""
+        if not self.compile or prefill or width > COMPILED_MAX_WIDTH:
+            return self.function(kind, width, out_width, state, compiled=False)
+        family = (kind, *state.structure)
+        compiled = self.compiled.setdefault(family, [])
+        covering = sorted((w, o) for w, o in compiled if w >= width and o >= out_width)
+        if covering and ((width, out_width) in compiled or covering[0][0] <= MAX_COVER_WASTE * width):
+            return self.function(kind, *covering[0], state, compiled=True)  # its own graph comes first
+        key = (*family, width, out_width)
+        self.uses[key] = self.uses.get(key, 0) + 1
+        if self.uses[key] >= COMPILE_AFTER_USES:
+            compiled.append((width, out_width))
+            return self.function(kind, width, out_width, state, compiled=True)
+        if covering:
+            return self.function(kind, *covering[0], state, compiled=True)
+        return self.function(kind, width, out_width, state, compiled=False)
+
     def function(
-        self, kind: str, width: int, out_width: int, state: DecodeState, prefill: bool = False
+        self, kind: str, width: int, out_width: int, state: DecodeState, compiled: bool = False
     ) -> Callable:
-        """The step function for these widths; ``prefill``: a step that feeds some row from position 0
-        (its prompt), which runs eagerly: prompt lengths would otherwise each compile a graph."""
-        key = (kind, width, out_width, prefill, *state.structure)
+        """The step function for these widths, compiled or eager (built once, then kept)."""
+        key = (kind, width, out_width, compiled, *state.structure)
         fn = self.functions.get(key)
         if fn is None:
             keep_q = state.q_logits is not None and self.level < self.top
-            use_kernel = False if self.compile else state.sampling.use_kernel  # compiled: traced torch
+            use_kernel = False if compiled else state.sampling.use_kernel  # compiled: traced torch
             if kind == "feed":
                 fn = functools.partial(feed_step, self.runner, width=width)
             elif kind == "draft":
@@ -341,10 +389,10 @@ class LevelStep:
                     verify_step, self.runner, level=self.level, width=width, out_width=out_width,
                     keep_q=keep_q, use_kernel=use_kernel,
                 )  # fmt: skip
-            if self.compile and width <= COMPILED_MAX_WIDTH and not prefill:
-                fn = _Compiling(
-                    _compiled(fn, state.tokens.device), f"level {self.level} {kind} {width}x{out_width}"
-                )
+            if compiled:
+                device = state.tokens.device
+                name = f"level {self.level} {kind} {width}x{out_width}"
+                fn = _Compiling(_compiled(fn, device), name, device)
             self.functions[key] = fn
         return fn
 
@@ -356,11 +404,14 @@ class LevelStep:
         ends: np.ndarray,  # [R]
         outs: np.ndarray,  # [R] a verification's drafts are [outs + 1, ends)
         wanted: np.ndarray | None = None,  # [R] drafts: tokens each row wants drawn
+        count: int | None = None,  # drafts: the most tokens a draft step of this run draws (T_0)
     ) -> tuple[np.ndarray, float]:
         """Run the step for ``rows``. Returns ``[3, R]`` (a draft: tokens drawn and whether the last
         is an EOS; a verification: accepted counts and whether the new token is an EOS; and whether
         the row's logits held a NaN or +inf) and the seconds spent inside the step function, its host
-        sync included: a round's remaining time is the host's own work."""
+        sync included: a round's remaining time is the host's own work. A compiled draft step
+        always draws ``count`` tokens' worth of forwards (rows stop at their ``wanted``): one graph
+        serves the whole run, whatever is left of a row's budget."""
         full = np.zeros((5, state.num_rows), dtype=np.int64)  # starts, ends, outs, active, wanted
         full[:, rows] = np.stack(
             [starts, ends, outs, np.ones_like(rows), np.ones_like(rows) if wanted is None else wanted]
@@ -375,10 +426,12 @@ class LevelStep:
             longest = int((full[1] - full[0]).max())
         prefill = bool((full[0, rows] == 0).any())
         if self.level == 0:
-            fn = self.function("draft", bucket(longest), int(full[4].max()), state, prefill)
+            drawn = int(full[4].max())
+            fixed = self.compile and count is not None and drawn <= count and not prefill
+            fn = self.choose("draft", bucket(longest), count if fixed else drawn, state, prefill)
         else:
             out_width = bucket(int((full[1] - full[2]).max()))
-            fn = self.function("verify", bucket(longest), out_width, state, prefill)
+            fn = self.choose("verify", bucket(longest), out_width, state, prefill)
         started = time.perf_counter()
         out = fn(state, torch.from_numpy(full).to(device)).cpu().numpy()  # the round's one host sync
         return out[:, rows], time.perf_counter() - started
