@@ -179,12 +179,13 @@ class _RoundLog:
         return stats
 
 
-AUTO_COMPILE_AFTER_SECONDS = 20.0
+AUTO_COMPILE_AFTER_SECONDS = 60.0
 """``compile="auto"`` decodes eagerly until a hierarchy has spent this long, then compiles it: the
 rent-or-buy rule (pay for the eager path until it has cost what compiling costs, then buy). Compiling
-a hierarchy's steps took 10-40 s here (2 CPU cores; less with inductor's cache warm from an earlier
-process); whatever the request lengths, the total time stays within twice that of the better
-choice in hindsight."""
+a hierarchy's steps (about three graphs for one draft at batch 1, 20-30 s each on 2 CPU cores, and
+frozen graphs are not cached across processes: docs/design.md, "Compiled steps") costs about a
+minute; whatever the request lengths, the total time stays within twice that of the better choice
+in hindsight."""
 # target runner -> {(ids of the drafts' runners, block sizes): seconds decoded eagerly}; weak, so a
 # dropped model takes its record with it
 _EAGER_SECONDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
