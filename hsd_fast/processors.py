@@ -6,15 +6,20 @@ are applied as they are (rebuilding them from kwargs would miss HF's default top
 ignore the token history and the length. Those are allow-listed; anything else is refused with an
 error naming the supported ones. ``generation_sampling`` asks HF itself for the processors a
 ``generate`` call would apply, so that profiling measures under exactly what decoding will use.
+transformers is imported on first use: the engine holds a transform, and ``import hsd_fast`` loads
+no transformers.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers.generation import logits_process as lp
+
+if TYPE_CHECKING:
+    from transformers.generation.logits_process import LogitsProcessor
 
 _POSITION_INDEPENDENT = (
     "TemperatureLogitsWarper",
@@ -26,7 +31,14 @@ _POSITION_INDEPENDENT = (
     "EtaLogitsWarper",
     "SuppressTokensLogitsProcessor",
 )
-SUPPORTED_PROCESSORS = tuple(getattr(lp, n) for n in _POSITION_INDEPENDENT if hasattr(lp, n))
+
+
+@functools.cache
+def supported_processors() -> tuple[type, ...]:
+    """The processor classes applied at every level (those of the installed transformers)."""
+    from transformers.generation import logits_process as lp
+
+    return tuple(getattr(lp, n) for n in _POSITION_INDEPENDENT if hasattr(lp, n))
 
 
 class LogitsTransform:
@@ -34,17 +46,22 @@ class LogitsTransform:
     transform is the identity and ``temperature`` carries it to the verification op (its fast path:
     raw logits in, the temperature fused)."""
 
-    def __init__(self, processors: Sequence[lp.LogitsProcessor] = ()) -> None:
-        unsupported = [type(p).__name__ for p in processors if not isinstance(p, SUPPORTED_PROCESSORS)]
+    def __init__(self, processors: Sequence[LogitsProcessor] = ()) -> None:
+        self.temperature = 1.0
+        self.processors = list(processors)
+        if not self.processors:
+            return
+        from transformers.generation.logits_process import TemperatureLogitsWarper
+
+        supported = supported_processors()
+        unsupported = [type(p).__name__ for p in processors if not isinstance(p, supported)]
         if unsupported:
-            names = ", ".join(t.__name__ for t in SUPPORTED_PROCESSORS)
+            names = ", ".join(t.__name__ for t in supported)
             raise ValueError(
                 f"hsd_fast cannot apply {unsupported} exactly at every level (they depend on the "
                 f"token history or the length). Supported logits processors: {names}."
             )
-        self.temperature = 1.0
-        self.processors = list(processors)
-        if len(self.processors) == 1 and isinstance(self.processors[0], lp.TemperatureLogitsWarper):
+        if len(self.processors) == 1 and isinstance(self.processors[0], TemperatureLogitsWarper):
             self.temperature = float(self.processors.pop().temperature)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:  # [N, V] -> [N, V]
@@ -65,13 +82,13 @@ class LogitsTransform:
         return " ".join(parts) or "identity"
 
 
-def _describe(processor: lp.LogitsProcessor) -> str:
+def _describe(processor: LogitsProcessor) -> str:
     settings = {k: v for k, v in sorted(vars(processor).items()) if isinstance(v, (int, float, str, bool))}
     return type(processor).__name__ + "(" + ",".join(f"{k}={v}" for k, v in settings.items()) + ")"
 
 
 class _Captured(Exception):
-    def __init__(self, processors: lp.LogitsProcessorList | None, do_sample: bool) -> None:
+    def __init__(self, processors: Sequence[LogitsProcessor] | None, do_sample: bool) -> None:
         self.processors, self.do_sample = processors, do_sample
 
 

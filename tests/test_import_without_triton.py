@@ -45,3 +45,14 @@ def test_hsd_runs_with_triton_unimportable() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "hsd_fast.triton_kernels.rejection'" not in done.stdout  # only the references were loaded
     assert "hsd_fast.triton_kernels.rejection_torch" in done.stdout
+
+
+def test_import_loads_neither_triton_nor_transformers() -> None:
+    """``import hsd_fast`` (and the engine) stays light: transformers and triton load on first use."""
+    script = (
+        "import sys, hsd_fast, hsd_fast.engine, hsd_fast.steps\n"
+        "print(sorted(m for m in ('transformers', 'triton') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]"

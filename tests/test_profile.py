@@ -130,6 +130,19 @@ def test_profile_cache_reuses_measurements(tmp_path, monkeypatch) -> None:
     assert len(entries[1]) == len(entries[0]) + 2  # only the two new measurements were added
 
 
+def test_generation_sampling_captures_hf_default_top_k() -> None:
+    """Profiles are measured under what ``generate`` applies: HF adds top_k=50 when sampling unless
+    told otherwise, and a temperature alone becomes the transform's fast path."""
+    target = tiny_model("llama")
+    transform, greedy = generation_sampling(target, do_sample=True, temperature=0.5)
+    assert not greedy and transform.temperature == 1.0  # not the fast path: top-k rides along
+    assert [type(p).__name__ for p in transform.processors] == ["TemperatureLogitsWarper", "TopKLogitsWarper"]
+    assert transform.processors[1].top_k == 50
+    alone, _ = generation_sampling(target, do_sample=True, temperature=0.5, top_k=0)
+    assert alone.temperature == 0.5 and not alone.processors
+    assert generation_sampling(target, do_sample=False)[1]
+
+
 def test_measured_latency_excludes_the_prefill_with_a_fake_clock() -> None:
     target = tiny_model("llama")
     prompts = torch.randint(3, 96, (2, 8), generator=torch.Generator().manual_seed(0))
