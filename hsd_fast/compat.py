@@ -1,9 +1,9 @@
 """What hsd_fast accepts from Hugging Face: architectures, attention, vocabularies, devices.
 
-Every check raises ``ValueError`` naming the model and what to change. The engine's custom 4D mask
-bypasses HF's per-layer sliding-window and hybrid masks and its slot cache holds plain K/V, so
-sliding-window, hybrid, linear-attention and state-space models are refused, not approximated
-(docs/design.md, "A custom mask bypasses sliding-window and hybrid masks").
+Every check raises ``ValueError`` naming the model and what to change. Which architectures run is a
+rule, not a list (``architectures.py``; docs/design.md, "Architectures by rule"): the runner's masks
+apply sliding windows by position and its cache keeps plain K/V, so linear-attention, state-space and
+other models whose state cannot be rolled back are refused, not approximated.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel", "GPTNeoXForCausalLM")
+from hsd_fast.architectures import model_refusal
+
 SUPPORTED_ATTENTION = ("sdpa", "eager")
 VOCAB_PADDING_TOLERANCE = 0.01
 """Vocabulary sizes may differ by embedding padding: at most this fraction of the smaller one."""
@@ -23,26 +24,17 @@ def _name(model: torch.nn.Module, role: str) -> str:
 
 
 def check_model(model: torch.nn.Module, role: str) -> None:
+    """Refuse a model hsd_fast cannot run exactly (``ValueError`` naming the role, the class and why)."""
     config = model.config
     name = _name(model, role)
-    if getattr(config, "is_encoder_decoder", False):
-        raise ValueError(f"{name}: encoder-decoder models are not supported, only causal LMs")
-    if type(model).__name__ not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(
-            f"{name}: architecture not supported. Supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
+    reason = model_refusal(model)
+    if reason is not None:
+        raise ValueError(f"{name}: architecture not supported: {reason}")
     attn = getattr(config, "_attn_implementation", None)
     if attn not in SUPPORTED_ATTENTION:
         raise ValueError(
             f"{name}: attention implementation {attn!r} not supported; load the model with "
             f"attn_implementation= one of {SUPPORTED_ATTENTION}"
-        )
-    layer_types = getattr(config, "layer_types", None) or []
-    sliding = getattr(config, "use_sliding_window", False) or any(t != "full_attention" for t in layer_types)
-    if sliding:
-        raise ValueError(
-            f"{name}: sliding-window or hybrid attention layers are not supported (the engine's "
-            "custom attention mask would bypass them); only full attention"
         )
 
 

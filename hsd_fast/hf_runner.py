@@ -4,63 +4,79 @@ One forward feeds a fed block (``layout.py``: ``[B, L]`` right-aligned, a validi
 the logits of its last O columns (``logits_to_keep``). Slots equal positions: row r's token at
 position t lives in cache slot t; padding, and rows that sit this forward out, write their K/V to
 a scratch slot and attend only to it (docs/design.md, "Padding and rows that sit out"), so they
-change no state. The 4D mask is built here from the block's positions (additive, which SDPA and
+change no state. The 4D masks are built here from the block's positions (additive, which SDPA and
 eager both read correctly; eager misreads a bool mask: docs/design.md, "4D masks are used as is;
-the eager + bool trap"), and explicit ``position_ids`` keep RoPE and learned positions right. All
-of it is tensor code at the block's shapes, so a compiled step traces through it.
+the eager + bool trap"), one per attention window: sliding-window layers get their window applied by
+position, since the cache keeps every position (docs/design.md, "Sliding windows by position"). Explicit
+``position_ids`` keep RoPE and learned positions right. All of it is tensor code at the block's
+shapes, so a compiled step traces through it.
 """
 
 from __future__ import annotations
 
+import inspect
 import weakref
 
 import torch
 from transformers.cache_utils import Cache
 
+from hsd_fast.architectures import decoder_source, layer_types, window
 from hsd_fast.layout import FedBlock, capacity_bucket
 
 
 class SlotCache(Cache):
     """K/V buffers ``[B, H_kv, S, D]`` per layer; ``update`` scatters at ``self.slots`` ([B, L]).
 
-    Overrides the ``Cache`` level only (``update``, ``get_seq_length``, ``__len__``): the layer
-    internals differ between transformers releases (docs/design.md, "A Cache subclass at the Cache level")."""
+    A layer's buffers are allocated at its first ``update``, from the K and V it is given: head counts,
+    head dims and dtypes may differ per layer and between K and V (docs/design.md, "Caches that follow
+    the model"). ``HFRunner.prepare`` makes that first call happen in a probe forward, outside any
+    compiled step. Overrides the ``Cache`` level only (``update``, ``get_seq_length``, ``__len__``):
+    the layer internals differ between transformers releases (docs/design.md, "A Cache subclass at
+    the Cache level")."""
 
-    def __init__(
-        self,
-        num_layers: int,
-        batch: int,
-        kv_heads: int,
-        slots: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
+    def __init__(self, num_layers: int, rows: int, slots: int) -> None:
         super().__init__(layers=[])
-        # Zero-initialised: a NaN in a masked slot would still poison SDPA.
-        shape = (batch, kv_heads, slots, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.slots = torch.zeros(batch, 0, dtype=torch.int64, device=device)  # [B, L]
+        self.rows, self.num_slots = rows, slots
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.slots = torch.zeros(rows, 0, dtype=torch.int64)  # [B, L]
+        self.calls: list[int] | None = None  # update calls per layer index, counted while probing
 
     def reset(self) -> None:
-        """Zero every buffer for a new run (see above: masked slots must hold no NaN)."""
+        """Zero every buffer for a new run (docs/design.md, "Zero-initialised buffers": a NaN in a
+        masked slot would still poison SDPA)."""
         for buffer in (*self.keys, *self.values):
-            buffer.zero_()
+            if buffer is not None:
+                buffer.zero_()
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # key_states, value_states: [B, H_kv, L, D]. An index_put_ (rows and slots as advanced
-        # indices, so the written block is [B, L, H_kv, D]) rather than a scatter_: a compiled step
-        # writes it in place, where a scatter_ made it copy the whole cache twice per layer.
+        # key_states: [B, H_k, L, D_k], value_states: [B, H_v, L, D_v]
+        if self.calls is not None:  # the probe forward: count, and skip an index beyond the layers
+            if not 0 <= layer_idx < len(self.keys):
+                self.calls.append(layer_idx)
+                return key_states, value_states
+            self.calls[layer_idx] += 1
+        if self.keys[layer_idx] is None:
+            self.keys[layer_idx] = self._zeros(key_states)
+            self.values[layer_idx] = self._zeros(value_states)
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        # An index_put_ (rows and slots as advanced indices, so the written block is [B, L, H, D])
+        # rather than a scatter_: a compiled step writes it in place, where a scatter_ made it copy
+        # the whole cache twice per layer.
         rows = torch.arange(self.slots.shape[0], device=self.slots.device)[:, None]  # [B, 1]
-        self.keys[layer_idx][rows, :, self.slots] = key_states.transpose(1, 2)
-        self.values[layer_idx][rows, :, self.slots] = value_states.transpose(1, 2)
-        return self.keys[layer_idx], self.values[layer_idx]  # [B, H_kv, S, D]
+        keys[rows, :, self.slots] = key_states.transpose(1, 2)
+        values[rows, :, self.slots] = value_states.transpose(1, 2)
+        return keys, values  # [B, H_k, S, D_k], [B, H_v, S, D_v]
+
+    def _zeros(self, states: torch.Tensor) -> torch.Tensor:
+        # Zero-initialised: a NaN in a masked slot would still poison SDPA.
+        batch, heads, _, dim = states.shape
+        return states.new_zeros(batch, heads, self.num_slots, dim)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 0  # never consulted: every forward passes explicit position_ids and a 4D mask
+        return 0  # never consulted: every forward passes explicit position_ids and 4D masks
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -78,6 +94,13 @@ class HFRunner:
         self.dtype = next(model.parameters()).dtype
         self.cache: SlotCache | None = None
         self.scratch = 0
+        config = model.config
+        # One mask per layer type, each with its window (None: full attention). A model with one
+        # layer type gets one 4D mask; a hybrid one a dict keyed by layer type, which its forward uses
+        # as is (admitted only then: architectures.refusal).
+        types = layer_types(config, decoder_source(model))
+        self.windows = {t: window(config, t) for t in dict.fromkeys(types)}
+        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     @classmethod
     def of(cls, model: torch.nn.Module, vocab_size: int) -> HFRunner:
@@ -99,38 +122,62 @@ class HFRunner:
         slots = capacity_bucket(capacity)  # in the compiled steps' shapes: a few sizes only
         if max_positions is not None:
             slots = max(capacity, min(slots, max_positions))
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        param = next(self.model.parameters())
         self.scratch = slots  # slots 0..slots-1 hold positions; the last one is scratch
-        shape = (num_rows, getattr(config, "num_key_value_heads", None) or heads, slots + 1, head_dim)
-        if self.cache is not None and self.cache.keys[0].shape == shape:
-            self.cache.reset()  # same shapes: reuse the buffers (and what was compiled for them)
+        cache = self.cache
+        if cache is not None and (cache.rows, cache.num_slots) == (num_rows, slots + 1):
+            cache.reset()  # same shapes: reuse the buffers (and what was compiled for them)
         else:
-            self.cache = SlotCache(config.num_hidden_layers, *shape, param.dtype, param.device)
+            self.cache = SlotCache(config.num_hidden_layers, num_rows, slots + 1)
+            self._probe()
+
+    def _probe(self) -> None:
+        """The cache's first forward: one padding token per row (scratch slot only, no state), which
+        allocates every layer's buffers at its first ``update``. A model must call ``update`` exactly
+        once per layer: one that shares K/V across layers (or skips the cache) would read K/V this
+        cache does not hold (docs/design.md, "Caches that follow the model")."""
+        cache = self.cache
+        assert cache is not None
+        device = next(self.model.parameters()).device
+        zeros = torch.zeros(cache.rows, 1, dtype=torch.int64, device=device)  # [B, 1]
+        cache.calls = [0] * len(cache)
+        try:
+            with torch.no_grad():
+                self.forward(FedBlock(zeros, zeros, zeros.bool()), 1)
+            calls = cache.calls
+        finally:
+            cache.calls = None
+        if calls != [1] * len(cache):
+            self.cache = None
+            raise ValueError(
+                f"{type(self.model).__name__}: its forward called Cache.update {calls} times per layer "
+                f"index (expected once for each of its {len(cache)} layers): models that share K/V "
+                "across layers or keep other state are not supported"
+            )
 
     def forward(self, block: FedBlock, num_outputs: int) -> torch.Tensor:
         cache = self.cache
         assert cache is not None, "prepare() first"
-        slot_ids = torch.arange(cache.keys[0].shape[2], device=block.positions.device)  # [S]
-        write_slot = torch.where(block.valid, block.positions, self.scratch)  # [B, L]
-        # A real token at position t sees slots 0..t (slot = position); padding sees the scratch slot.
-        sees = torch.where(
-            block.valid[..., None],
-            slot_ids <= block.positions[..., None],
-            slot_ids == self.scratch,
-        )  # [B, L, S]
-        dtype = cache.keys[0].dtype
-        mask = torch.zeros(sees.shape, dtype=dtype, device=sees.device).masked_fill(
-            ~sees, torch.finfo(dtype).min
-        )
-        cache.slots = write_slot
+        slot_ids = torch.arange(cache.num_slots, device=block.positions.device)  # [S]
+        cache.slots = torch.where(block.valid, block.positions, self.scratch)  # [B, L] write slots
+        masks = {t: self._mask(block, slot_ids, w) for t, w in self.windows.items()}  # [B, 1, L, S] each
         out = self.model(
             input_ids=block.input_ids,
-            attention_mask=mask[:, None],  # [B, 1, L, S]
+            attention_mask=masks if len(masks) > 1 else next(iter(masks.values())),
             position_ids=block.positions,
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=num_outputs,
+            **({"logits_to_keep": num_outputs} if self.keeps_logits else {}),
         )
-        return out.logits[..., : self.vocab_size]  # [B, O, V]
+        return out.logits[:, -num_outputs:, : self.vocab_size]  # [B, O, V]
+
+    def _mask(self, block: FedBlock, slot_ids: torch.Tensor, window: int | None) -> torch.Tensor:
+        """The additive mask ``[B, 1, L, S]`` of one attention window (None: full): a real token at
+        position q sees the slots k <= q (k > q - window too, for a sliding window); padding sees the
+        scratch slot only."""
+        query = block.positions[..., None]  # [B, L, 1]
+        sees = slot_ids <= query  # [B, L, S]
+        if window is not None:
+            sees = sees & (slot_ids > query - window)
+        sees = torch.where(block.valid[..., None], sees, slot_ids == self.scratch)
+        mask = torch.zeros(sees.shape, dtype=self.dtype, device=sees.device)
+        return mask.masked_fill(~sees, torch.finfo(self.dtype).min)[:, None]

@@ -2,10 +2,9 @@
 architectures, batch invariance and the sampled distribution in batch. (Streaming via `wrap`:
 tests/test_wrapper.py.)"""
 
-import itertools
-
 import pytest
 import torch
+from enumerated import exact_distribution
 from hf_models import ARCHS, derived_drafts, noisy_copy, tiny_model
 
 import hsd_fast
@@ -76,24 +75,11 @@ def test_sampling_in_batch_matches_the_target_distribution() -> None:
         prompt.expand(samples, -1), custom_generate=hsd_fast.generate, drafts=drafts, T=[2, 2],
         do_sample=True, temperature=0.8, top_k=5, max_new_tokens=steps, eos_token_id=None,
     )  # fmt: skip
-    exact = _exact_distribution(target, prompt, vocab, steps, temperature=0.8, top_k=5)
+    exact = exact_distribution(target, prompt, vocab, steps, temperature=0.8, top_k=5)
     assert sum(exact.values()) == pytest.approx(1.0)
     assert sum(p == 0 for p in exact.values()) == vocab**steps - 5**steps  # top-5 of 6: one cut per step
     result = pooled_chi_square([tuple(r) for r in out[:, len(prompt) :].tolist()], exact)
     assert result.p_value > 1e-3, result
-
-
-def _exact_distribution(target, prompt, vocab: int, steps: int, temperature: float, top_k: int) -> dict:
-    """P(continuation) of every continuation of ``steps`` tokens under the sampling transform (the
-    logits divided by ``temperature``, then all but the ``top_k`` largest masked), in float64."""
-    conts = torch.tensor(list(itertools.product(range(vocab), repeat=steps)))
-    with torch.no_grad():
-        logits = target(torch.cat([prompt.expand(len(conts), -1), conts], 1)).logits.double() / temperature
-    kth = logits.topk(top_k, dim=-1).values[..., -1:]
-    logp = torch.log_softmax(logits.masked_fill(logits < kth, -float("inf")), -1)
-    at = len(prompt) - 1
-    total = sum(logp[torch.arange(len(conts)), at + k, conts[:, k]] for k in range(steps))
-    return {tuple(c.tolist()): float(p) for c, p in zip(conts, total.exp(), strict=True)}
 
 
 def test_num_return_sequences_draws_distinct_rows() -> None:

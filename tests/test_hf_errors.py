@@ -3,7 +3,7 @@
 import pytest
 import torch
 from hf_models import noisy_copy, tiny_model
-from transformers import OPTConfig, OPTForCausalLM, T5Config, T5ForConditionalGeneration
+from transformers import MambaConfig, MambaForCausalLM, T5Config, T5ForConditionalGeneration
 
 import hsd_fast
 from hsd_fast.hf_generate import generate
@@ -64,16 +64,10 @@ def test_encoder_decoder() -> None:
 
 
 def test_unsupported_architecture(target) -> None:
-    config = OPTConfig(vocab_size=96, hidden_size=16, num_hidden_layers=1, ffn_dim=32, num_attention_heads=2)
-    opt = OPTForCausalLM(config)
-    with pytest.raises(ValueError, match="architecture not supported"):
-        _run(target, drafts=[opt], T=[2])
-
-
-def test_sliding_window_refused() -> None:
-    sliding = tiny_model("qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=0)
-    with pytest.raises(ValueError, match="sliding-window"):
-        _run(sliding)
+    config = MambaConfig(vocab_size=96, hidden_size=16, num_hidden_layers=1, state_size=4)
+    mamba = MambaForCausalLM(config)
+    with pytest.raises(ValueError, match="architecture not supported: layers with state"):
+        _run(target, drafts=[mamba], T=[2])
 
 
 def test_unsupported_attention(target) -> None:
