@@ -48,13 +48,19 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--steps", type=positive_int, default=4, help="--tables: tokens generated per row")
     demo.add_argument("--seed", type=int, default=0)
     from hsd_fast.bench.command import add_parser as add_bench_parser
+    from hsd_fast.doctor import add_parser as add_doctor_parser
     from hsd_fast.select_command import add_parser as add_select_parser
     from hsd_fast.zoo.commands import add_parser as add_zoo_parser
 
     select = add_select_parser(sub)
     add_zoo_parser(sub)
     add_bench_parser(sub)
+    add_doctor_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "doctor":
+        from hsd_fast.doctor import run as run_doctor
+
+        return run_doctor(args)
     if args.command == "bench":
         from hsd_fast.bench.command import run as run_bench
 

@@ -1,0 +1,152 @@
+"""``hsd-fast doctor [--target PATH --drafts PATH ...]``: what a user checks before the first run.
+
+Prints the versions (Python, torch, triton, transformers, CUDA), whether the Triton kernels or the
+torch references will run, and for each given model (a checkpoint directory or a zoo name) whether
+it is admitted (and why not), its vocabulary, dtype and device; then whether the given models can
+form one hierarchy (one vocabulary, one device); last, every causal LM family the installed
+transformers registers that the rule refuses, with the reason (docs/design.md, "Architectures by
+rule"). Exit status 1 when a given model or the hierarchy is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import platform
+from pathlib import Path
+
+import torch
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "doctor", help="versions, kernels or references, and whether given models are admitted (and why not)"
+    )
+    p.add_argument("--target", help="checkpoint directory or zoo name")
+    p.add_argument(
+        "--drafts", nargs="+", default=[], help="checkpoint directories or zoo names, smallest first"
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="load the models in this dtype (default: the checkpoint's own)",
+    )
+    p.add_argument("--device", default="cpu", help="load the models on this device (default: cpu)")
+    p.add_argument(
+        "--no-families", action="store_true", help="skip the list of refused transformers families (slow)"
+    )
+    return p
+
+
+def versions() -> list[str]:
+    """One line per component: Python, torch, triton, transformers, CUDA."""
+    lines = [f"python       {platform.python_version()}", f"torch        {torch.__version__}"]
+    for package in ("triton", "transformers"):
+        try:
+            lines.append(f"{package:<12} {importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            lines.append(f"{package:<12} not installed")
+    if torch.version.cuda is None:
+        lines.append("CUDA         none (a CPU build of torch)")
+    elif not torch.cuda.is_available():
+        lines.append(f"CUDA         {torch.version.cuda} (torch built for it; no device visible)")
+    else:
+        names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
+        lines.append(
+            f"CUDA         {torch.version.cuda}, {torch.cuda.device_count()} device(s): {', '.join(names)}"
+        )
+    return lines
+
+
+def ops_line() -> str:
+    """Which implementation of the ops (verify, sample) a run here uses (docs/design.md, "The house rule
+    for ops"): the Triton kernels on CUDA tensors in eager steps, the torch references elsewhere and
+    inside compiled steps (traced by torch.compile)."""
+    if not torch.cuda.is_available():
+        return "ops          torch references (no CUDA device: the Triton kernels run on CUDA tensors only)"
+    try:
+        importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return "ops          torch references (CUDA is here but triton is not installed)"
+    return "ops          Triton kernels on CUDA tensors (compiled steps trace the torch references instead)"
+
+
+def model_lines(role: str, name: str, model: torch.nn.Module) -> tuple[list[str], bool]:
+    """What ``generate`` would say about one model: admitted or why not, then vocabulary, dtype and
+    device. Returns the lines and whether it is admitted."""
+    from hsd_fast.compat import check_model
+    from hsd_fast.hf_runner import HFRunner
+
+    param = next(model.parameters())
+    vocab = model.get_output_embeddings().weight.shape[0]
+    facts = f"vocab {vocab}, {str(param.dtype).removeprefix('torch.')}, {param.device}"
+    head = f"{role:<8} {name} ({type(model).__name__}, {model.config.model_type})"
+    try:
+        check_model(model, role)
+        HFRunner(model, vocab).prepare(1, 2)  # the first forward: one Cache.update per layer
+    except ValueError as err:
+        return [head, f"         refused: {err}", f"         {facts}"], False
+    return [head, "         admitted", f"         {facts}"], True
+
+
+def hierarchy_line(models: list[torch.nn.Module]) -> tuple[str, bool]:
+    from hsd_fast.compat import check_devices, common_vocab_size
+
+    target, *drafts = models
+    try:
+        vocab = common_vocab_size(target, drafts)
+        check_devices(
+            target, drafts, torch.zeros(1, dtype=torch.int64, device=next(target.parameters()).device)
+        )
+    except ValueError as err:
+        return f"hierarchy    refused: {err}", False
+    return f"hierarchy    one vocabulary ({vocab} tokens) and one device: can run together", True
+
+
+def family_lines() -> list[str]:
+    """The refused families of the installed transformers, one line each with the reason."""
+    import transformers
+
+    from hsd_fast.architectures import families
+
+    entries = families()
+    refused = [f for f in entries if not f.admitted]
+    lines = [
+        f"transformers {transformers.__version__} registers {len(entries)} causal LMs: "
+        f"{len(entries) - len(refused)} admitted by the rule, {len(refused)} refused:"
+    ]
+    lines += [f"  {f.model_type} ({f.class_name}): {f.reason}" for f in refused]
+    return lines
+
+
+def load_model(name: str, dtype: torch.dtype | None, device: str) -> torch.nn.Module:
+    """A checkpoint directory (in its own dtype when ``dtype`` is None) or a zoo model."""
+    from hsd_fast import zoo
+
+    if Path(name).is_dir():
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(name, dtype=dtype or "auto").to(device).eval()
+    return zoo.load(name, dtype, device)
+
+
+def run(args: argparse.Namespace) -> int:
+    print("\n".join([*versions(), ops_line()]))
+    named = ([("target", args.target)] if args.target else []) + [
+        (f"draft {i}", name) for i, name in enumerate(args.drafts)
+    ]
+    dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
+    ok, models = True, []
+    for role, name in named:
+        model = load_model(name, dtype, args.device)
+        lines, admitted = model_lines(role, name, model)
+        print("\n".join(lines))
+        ok, models = ok and admitted, [*models, model]
+    if args.target and args.drafts:
+        line, fits = hierarchy_line(models)
+        print(line)
+        ok = ok and fits
+    if not args.no_families:
+        print("\n".join(family_lines()))
+    return 0 if ok else 1

@@ -1,0 +1,63 @@
+"""`hsd-fast doctor`: versions, which ops run, and for given checkpoints whether each is admitted
+(and why not), vocabulary, dtype and device; whether they form one hierarchy; the refused families."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from arch_configs import VOCAB, tiny_model
+from transformers import MambaConfig, MambaForCausalLM
+
+from hsd_fast.architectures import families
+from hsd_fast.cli import main
+
+pytestmark = pytest.mark.hf
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, str]:
+    """A sliding-window target (admitted), a draft of its vocabulary (admitted) and a Mamba draft of
+    another vocabulary (refused), saved as checkpoint directories."""
+    root = tmp_path_factory.mktemp("checkpoints")
+    models = {
+        "mistral": tiny_model("mistral"),
+        "llama": tiny_model("llama"),
+        "mamba": MambaForCausalLM(
+            MambaConfig(vocab_size=96, hidden_size=16, num_hidden_layers=1, state_size=4)
+        ),
+    }
+    for name, model in models.items():
+        model.save_pretrained(root / name)
+    return {name: str(root / name) for name in models}
+
+
+def test_doctor_on_admitted_models(checkpoints, capsys) -> None:
+    code = main(
+        ["doctor", "--target", checkpoints["mistral"], "--drafts", checkpoints["llama"], "--no-families"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for part in ("python ", "torch ", "triton ", "transformers ", "CUDA ", "ops "):
+        assert any(line.startswith(part) for line in out.splitlines()), part
+    expected_ops = "Triton kernels" if torch.cuda.is_available() else "torch references"
+    assert expected_ops in out
+    assert f"target   {checkpoints['mistral']} (MistralForCausalLM, mistral)\n         admitted\n" in out
+    assert f"vocab {VOCAB}, float32, cpu" in out
+    assert f"hierarchy    one vocabulary ({VOCAB} tokens) and one device" in out
+    assert "registers" not in out  # --no-families
+
+
+def test_doctor_names_what_is_refused_and_lists_the_refused_families(checkpoints, capsys) -> None:
+    code = main(["doctor", "--target", checkpoints["mistral"], "--drafts", checkpoints["mamba"]])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert (
+        "draft 0" in out
+        and "refused: draft 0 (MambaForCausalLM): architecture not supported: layers with state" in out
+    )
+    assert "vocab 96, float32, cpu" in out
+    assert "hierarchy    refused: target and drafts have different vocabularies" in out
+    refused = [f for f in families() if not f.admitted]
+    assert f"{len(refused)} refused:" in out
+    for family in refused:
+        assert f"  {family.model_type} ({family.class_name}): {family.reason}\n" in out
