@@ -99,6 +99,12 @@ def refusal(model_cls: type, config: Any, source: str | None = None) -> str | No
             "does not go through transformers' attention interface), so it may build its own causal mask "
             "over the cache"
         )
+    if getattr(config, "num_kv_shared_layers", 0):
+        return (
+            f"K/V shared across layers: its last {config.num_kv_shared_layers} layers read the K/V of "
+            "earlier ones (the runner also refuses, at its first forward, any model that does not call "
+            "Cache.update once per layer)"
+        )
     if SLIDING in types and not source:
         return "unreadable code: sliding-window layers, but no source to confirm how it masks them"
     if len(set(types)) > 1 and not _TAKES_MASK_DICT.search(source):
@@ -221,5 +227,35 @@ def category(reason: str) -> str:
     return reason.split(":")[0]
 
 
+README_BEGIN = "<!-- support table: `python -m hsd_fast.architectures --readme README.md` writes it -->"
+README_END = "<!-- end of the support table -->"
+
+
+def readme_table(text: str) -> str | None:
+    """The support table inside a README's text (between the markers), or None."""
+    if README_BEGIN not in text or README_END not in text:
+        return None
+    return text.split(README_BEGIN, 1)[1].split(README_END, 1)[0].strip("\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description="the support table of the installed transformers")
+    parser.add_argument("--readme", type=Path, help="write it between the markers of this README instead")
+    args = parser.parse_args(argv)
+    table = support_table()
+    if args.readme is None:
+        print(table)
+        return 0
+    text = args.readme.read_text()
+    if readme_table(text) is None:
+        parser.error(f"{args.readme} has no support-table markers ({README_BEGIN} ... {README_END})")
+    head, rest = text.split(README_BEGIN, 1)
+    args.readme.write_text(f"{head}{README_BEGIN}\n{table}\n{README_END}{rest.split(README_END, 1)[1]}")
+    return 0
+
+
 if __name__ == "__main__":
-    print(support_table())
+    sys.exit(main())

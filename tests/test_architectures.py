@@ -9,6 +9,8 @@ covered without edits here (a new family whose tiny config cannot be built fails
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import transformers
@@ -17,7 +19,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 import hsd_fast
-from hsd_fast.architectures import FULL, SLIDING, refusal
+from hsd_fast.architectures import FULL, SLIDING, readme_table, refusal, support_table
 from hsd_fast.compat import check_model
 from hsd_fast.hf_runner import HFRunner
 from hsd_fast.stats import HSDStats
@@ -137,3 +139,13 @@ def test_the_suite_covers_sliding_and_hybrid_families() -> None:
     for model_type, windows in expected.items():
         if model_type in CONFIG_MAPPING:
             assert HFRunner(tiny_model(model_type), VOCAB).windows == windows, model_type
+
+
+def test_the_readme_shows_the_generated_support_table() -> None:
+    """README.md's table is ``python -m hsd_fast.architectures`` run on the transformers it names
+    (on another version the registry differs: nothing to compare)."""
+    table = readme_table((Path(__file__).parents[1] / "README.md").read_text())
+    assert table is not None, "README.md lost its support-table markers"
+    if f"on transformers {transformers.__version__}:" not in table.splitlines()[0]:
+        pytest.skip(f"README table generated on another transformers ({table.splitlines()[0]})")
+    assert table == support_table(), "regenerate it: python -m hsd_fast.architectures --readme README.md"
