@@ -1,4 +1,5 @@
-"""The architecture rule against the installed transformers (docs/design.md, "The conformance suite").
+"""The architecture rule against the installed transformers
+(docs/design.md, "The conformance suite, doctor and the support table").
 
 One parametrised test over every causal LM family transformers registers: a family the rule admits
 must decode exactly (greedy HSD == the model's own greedy at batch 1 and in a left-padded batch of 3

@@ -85,8 +85,9 @@ def test_sampling_with_a_window_shorter_than_the_sequence() -> None:
 
 
 def test_buffers_follow_each_layers_keys_and_values() -> None:
-    """Multi-head latent attention (DeepSeek V3) caches keys and values of different head dims: the
-    buffers are allocated from what the model writes, not from the config's head_dim."""
+    """Multi-head latent attention (DeepSeek V3) caches its compressed latent in the key slot and the
+    rotary part of its keys in the value slot, one head each of different widths: the buffers are
+    allocated from what the model writes, not from the config's heads and head_dim."""
     model = tiny_model("deepseek_v3", num_key_value_heads=4, v_head_dim=8)
     runner = HFRunner(model, VOCAB)
     runner.prepare(3, 10)
