@@ -35,10 +35,10 @@ _BUILDS_SLIDING_MASKS = "create_sliding_window_causal_mask"
 
 
 def layer_types(config: Any, source: str) -> list[str]:
-    """The attention type of every layer of a decoder whose forward has this ``source`` code:
+    """The attention type of every layer of a model whose modeling module has this ``source`` code:
     ``config.layer_types`` where the config has them, else every layer slides when
     ``config.sliding_window`` is set (Mistral, Phi-3, Starcoder2 build one sliding mask for all
-    layers). A layer slides only where the decoder builds sliding-window masks at all: Moshi's config
+    layers). A layer slides only where the module builds sliding-window masks at all: Moshi's config
     has a window its SDPA and eager paths never apply. Without source code the config is taken as it is
     (``refusal`` then refuses sliding layers)."""
     num_layers = config.num_hidden_layers
@@ -60,10 +60,11 @@ def window(config: Any, layer_type: str) -> int | None:
     return int(config.sliding_window) if layer_type == SLIDING else None
 
 
-def refusal(model_cls: type, config: Any, source: str | None = None) -> str | None:
+def refusal(model_cls: type, config: Any, decoder_code: str | None = None) -> str | None:
     """Why hsd_fast cannot run a model of this class and config exactly, or None when it can: a short
-    category, a colon, the details. ``source``: the code of its decoder's forward (default: its whole
-    modeling module), which says whether it builds sliding-window masks and takes a dict of masks."""
+    category, a colon, the details. Which layers slide is read from the class's modeling module;
+    whether a hybrid model takes a dict of masks from ``decoder_code``, the code of its decoder's
+    forward (default: the whole module)."""
     if getattr(config, "is_encoder_decoder", False):
         return "encoder-decoder: only decoder-only causal LMs are supported"
     if not is_transformers_causal_lm(model_cls):
@@ -80,7 +81,7 @@ def refusal(model_cls: type, config: Any, source: str | None = None) -> str | No
     if getattr(config, "num_hidden_layers", None) is None:
         parts = ", ".join(getattr(config, "sub_configs", {})) or "none"
         return f"no single decoder stack: its config has no num_hidden_layers (sub-configs {parts})"
-    source = module_source(model_cls) if source is None else source
+    source = module_source(model_cls)
     types = layer_types(config, source)
     unknown = sorted(set(types) - set(ATTENTION_LAYER_TYPES))
     if model_cls._is_stateful or any(_keeps_state(t) for t in unknown):
@@ -107,7 +108,7 @@ def refusal(model_cls: type, config: Any, source: str | None = None) -> str | No
         )
     if SLIDING in types and not source:
         return "unreadable code: sliding-window layers, but no source to confirm how it masks them"
-    if len(set(types)) > 1 and not _TAKES_MASK_DICT.search(source):
+    if len(set(types)) > 1 and not _TAKES_MASK_DICT.search(source if decoder_code is None else decoder_code):
         return "hybrid without masks per layer type: its forward builds its own full and sliding masks"
     return None
 

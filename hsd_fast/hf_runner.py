@@ -20,7 +20,7 @@ import weakref
 import torch
 from transformers.cache_utils import Cache
 
-from hsd_fast.architectures import decoder_source, layer_types, window
+from hsd_fast.architectures import layer_types, module_source, window
 from hsd_fast.layout import FedBlock, capacity_bucket
 
 
@@ -98,7 +98,7 @@ class HFRunner:
         # One mask per layer type, each with its window (None: full attention). A model with one
         # layer type gets one 4D mask; a hybrid one a dict keyed by layer type, which its forward uses
         # as is (admitted only then: architectures.refusal).
-        types = layer_types(config, decoder_source(model))
+        types = layer_types(config, module_source(type(model)))
         self.windows = {t: window(config, t) for t in dict.fromkeys(types)}
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 

@@ -8,6 +8,7 @@ import pytest
 import transformers
 from arch_configs import tiny_config, tiny_model
 
+from hsd_fast import architectures
 from hsd_fast.architectures import FULL, SLIDING, layer_types, model_refusal, module_source, refusal
 
 pytestmark = pytest.mark.hf
@@ -16,7 +17,7 @@ SLIDING_CODE = "mask = create_sliding_window_causal_mask(**mask_kwargs)"
 DICT_CODE = "if not isinstance(causal_mask_mapping := attention_mask, dict):"
 
 
-def test_a_layer_slides_only_where_the_decoder_builds_sliding_masks() -> None:
+def test_a_layer_slides_only_where_the_modeling_module_builds_sliding_masks() -> None:
     config = tiny_config("mistral")  # no layer types, a window: every layer slides
     assert layer_types(config, SLIDING_CODE) == [SLIDING, SLIDING]
     assert layer_types(config, "mask = create_causal_mask(**mask_kwargs)") == [FULL, FULL]
@@ -28,12 +29,14 @@ def test_a_layer_slides_only_where_the_decoder_builds_sliding_masks() -> None:
     assert layer_types(qwen3, module_source(transformers.Qwen3ForCausalLM)) == [FULL, SLIDING]
 
 
-def test_hybrid_models_need_a_forward_that_takes_masks_per_layer_type() -> None:
+def test_hybrid_models_need_a_forward_that_takes_masks_per_layer_type(monkeypatch) -> None:
     cls, config = transformers.Qwen3ForCausalLM, tiny_config("qwen3")
-    assert refusal(cls, config, SLIDING_CODE + DICT_CODE) is None
-    assert refusal(cls, config, SLIDING_CODE).startswith("hybrid without masks per layer type:")
-    assert refusal(cls, config, "").startswith("unreadable code:")
-    assert refusal(cls, tiny_config("qwen3", use_sliding_window=False), "") is None  # nothing slides
+    assert refusal(cls, config) is None  # Qwen3Model.forward takes a dict
+    assert refusal(cls, config, decoder_code=DICT_CODE) is None
+    assert refusal(cls, config, decoder_code=SLIDING_CODE).startswith("hybrid without masks per layer type:")
+    monkeypatch.setattr(architectures, "module_source", lambda _cls: "")  # no source installed
+    assert refusal(cls, config).startswith("unreadable code:")
+    assert refusal(cls, tiny_config("qwen3", use_sliding_window=False)) is None  # nothing slides
 
 
 def test_layers_with_state_are_refused_whether_or_not_the_class_says_so() -> None:
