@@ -132,7 +132,7 @@ def _refine_T(costs, alpha, chain, target: int, max_T: int) -> tuple[tuple[int, 
             for t in range(1, max_T + 1):
                 trial = tuple((m, t if i == level else old) for i, (m, old) in enumerate(best))
                 lat = _exact(costs, alpha, trial, target)
-                if lat < best_lat * (1 - 1e-12):
+                if lat < best_lat - 1e-12 * abs(best_lat):  # strictly better, whatever the sign
                     best, best_lat, improved = trial, lat, True
     return best
 

@@ -78,3 +78,22 @@ def test_prefers_a_deeper_hierarchy_when_it_pays() -> None:
 def test_bad_alpha_matrix() -> None:
     with pytest.raises(ValueError, match="alpha"):
         select([AffineCost(0.1), AffineCost(1.0)], [[1.0]])
+
+
+def test_ends_when_a_noisy_profile_predicts_negative_latencies() -> None:
+    """Costs fitted on a busy machine can come out negative; the T search must still end (it once
+    cycled forever: ``lat < best * (1 - eps)`` holds for equal negative latencies)."""
+    import signal
+
+    def too_slow(*_):
+        raise TimeoutError("select did not end")
+
+    previous = signal.signal(signal.SIGALRM, too_slow)
+    signal.alarm(20)
+    try:
+        costs = [AffineCost(0.01, -0.02), AffineCost(0.02, -0.05), AffineCost(1.0, -0.3)]
+        pick = select(costs, [[1.0, 0.8, 0.6], [0.8, 1.0, 0.7], [0.6, 0.7, 1.0]], max_T=6)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert pick.chain[-1] == 2
