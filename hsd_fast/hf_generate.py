@@ -18,7 +18,7 @@ import torch
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from hsd_fast.compat import check_devices, check_model, common_vocab_size
+from hsd_fast.compat import check_devices, check_model, hierarchy_vocab_size
 from hsd_fast.engine import run_hsd
 from hsd_fast.hf_runner import HFRunner
 from hsd_fast.hierarchy import Hierarchy
@@ -73,7 +73,7 @@ def generate(
     T = [DEFAULT_T] * len(drafts) if T is None else list(T)
     _check_request(model, drafts, T, input_ids, config, stopping_criteria)
 
-    vocab = common_vocab_size(model, drafts)
+    vocab = hierarchy_vocab_size(model, drafts)
     transform = LogitsTransform(list(logits_processor or []))
     runners = [HFRunner.of(m, vocab) for m in (*drafts, model)]
     prompts = _prompts(input_ids, model_kwargs.get("attention_mask"))

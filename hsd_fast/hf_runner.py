@@ -17,6 +17,7 @@ import weakref
 import torch
 from transformers.cache_utils import Cache
 
+from hsd_fast.compat import embeddable_ids, fit_logits
 from hsd_fast.layout import FedBlock, capacity_bucket
 
 
@@ -74,7 +75,10 @@ class HFRunner:
 
     def __init__(self, model: torch.nn.Module, vocab_size: int) -> None:
         self.model = model
-        self.vocab_size = vocab_size  # the hierarchy's common vocabulary (extra logits are cut)
+        # The hierarchy's vocabulary: the target's. A draft's logits are cut or padded to it, and ids
+        # it cannot embed are fed as a stand-in (docs/design.md, "Vocabularies").
+        self.vocab_size = vocab_size
+        self.stand_in = model.get_input_embeddings().weight.shape[0] < vocab_size
         self.dtype = next(model.parameters()).dtype
         self.cache: SlotCache | None = None
         self.scratch = 0
@@ -125,12 +129,13 @@ class HFRunner:
             ~sees, torch.finfo(dtype).min
         )
         cache.slots = write_slot
+        input_ids = embeddable_ids(self.model, block.input_ids) if self.stand_in else block.input_ids
         out = self.model(
-            input_ids=block.input_ids,
+            input_ids=input_ids,
             attention_mask=mask[:, None],  # [B, 1, L, S]
             position_ids=block.positions,
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=num_outputs,
         )
-        return out.logits[..., : self.vocab_size]  # [B, O, V]
+        return fit_logits(out.logits, self.vocab_size)  # [B, O, V]
