@@ -8,6 +8,7 @@ often but not always."""
 from __future__ import annotations
 
 import copy
+import itertools
 
 import torch
 from transformers import (
@@ -117,3 +118,18 @@ def derived_drafts(target: torch.nn.Module, count: int) -> list[torch.nn.Module]
         noisy_copy(target, 0.05, seed=3),
     ]
     return pool[len(pool) - count :] if count else []
+
+
+def continuation_probs(
+    model: torch.nn.Module, prompt: torch.Tensor, steps: int
+) -> dict[tuple[int, ...], float]:
+    """``model``'s exact distribution over every continuation of ``steps`` tokens after ``prompt``
+    ([L] ids), enumerated: one forward over all vocab**steps sequences (tiny vocabularies only)."""
+    vocab = model.get_output_embeddings().weight.shape[0]
+    conts = torch.tensor(list(itertools.product(range(vocab), repeat=steps)))  # [vocab**steps, steps]
+    seqs = torch.cat([prompt.expand(len(conts), -1), conts], 1)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(seqs).logits.double(), -1)
+    at = len(prompt) - 1
+    total = sum(logp[torch.arange(len(conts)), at + k, conts[:, k]] for k in range(steps))
+    return {tuple(c.tolist()): float(p) for c, p in zip(conts, total.exp(), strict=True)}

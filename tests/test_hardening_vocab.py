@@ -9,11 +9,9 @@ and an id it cannot embed is fed to it as a fixed stand-in (docs/design.md, "Voc
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
-from hf_models import noisy_copy, tiny_model
+from hf_models import continuation_probs, noisy_copy, tiny_model
 from planted_bugs import vocabulary_cut_to_the_smallest
 
 import hsd_fast
@@ -54,15 +52,8 @@ def models() -> list[torch.nn.Module]:
 
 @pytest.fixture(scope="module")
 def exact(models) -> dict[tuple[int, ...], float]:
-    """The target's distribution over all continuations of STEPS tokens, enumerated."""
-    vocab = V + EXTRA
-    conts = torch.tensor(list(itertools.product(range(vocab), repeat=STEPS)))  # [vocab**STEPS, STEPS]
-    seqs = torch.cat([PROMPT.expand(len(conts), -1), conts], 1)
-    with torch.no_grad():
-        logp = torch.log_softmax(models[-1](seqs).logits.double(), -1)
-    at = len(PROMPT) - 1
-    total = sum(logp[torch.arange(len(conts)), at + k, conts[:, k]] for k in range(STEPS))
-    return {tuple(c.tolist()): float(p) for c, p in zip(conts, total.exp(), strict=True)}
+    """The target's distribution over all continuations, enumerated."""
+    return continuation_probs(models[-1], PROMPT, STEPS)
 
 
 def test_the_target_gives_its_extra_id_mass(models, exact) -> None:

@@ -1,11 +1,9 @@
 """Sampled HSD on tiny HF models matches the target's exact distribution, and the known
 residual-as-q bug fails the same test at the same sample count (significance 1e-3)."""
 
-import itertools
-
 import pytest
 import torch
-from hf_models import noisy_copy, tiny_model
+from hf_models import continuation_probs, noisy_copy, tiny_model
 from planted_bugs import residual_stored_as_q
 
 import hsd_fast
@@ -26,14 +24,8 @@ def models() -> list[torch.nn.Module]:
 
 @pytest.fixture(scope="module")
 def exact(models) -> dict[tuple[int, ...], float]:
-    """The target's distribution over all V**3 continuations, enumerated."""
-    conts = torch.tensor(list(itertools.product(range(V), repeat=STEPS)))  # [V**3, 3]
-    seqs = torch.cat([PROMPT.expand(len(conts), -1), conts], 1)
-    with torch.no_grad():
-        logp = torch.log_softmax(models[-1](seqs).logits.double(), -1)
-    at = len(PROMPT) - 1
-    total = sum(logp[torch.arange(len(conts)), at + k, conts[:, k]] for k in range(STEPS))
-    return {tuple(c.tolist()): float(p) for c, p in zip(conts, total.exp(), strict=True)}
+    """The target's distribution over all continuations, enumerated."""
+    return continuation_probs(models[-1], PROMPT, STEPS)
 
 
 def test_generate_samples_the_target_distribution(models, exact) -> None:
