@@ -38,10 +38,13 @@ def check_model(model: torch.nn.Module, role: str) -> None:
         )
 
 
-def common_vocab_size(target: torch.nn.Module, drafts: Sequence[torch.nn.Module]) -> int:
-    """The vocabulary every level samples from. Equal sizes, or sizes that differ only by embedding
-    padding (within VOCAB_PADDING_TOLERANCE, identical special-token ids inside the smaller size):
-    then the extra logits are cut at every level, target included."""
+def hierarchy_vocab_size(target: torch.nn.Module, drafts: Sequence[torch.nn.Module]) -> int:
+    """The vocabulary every level samples over: the target's logit size, whole (docs/design.md,
+    "Vocabularies"). Drafts must share the target's tokenizer: equal logit sizes, or sizes that differ
+    only by embedding padding (within VOCAB_PADDING_TOLERANCE, identical special-token ids inside the
+    smaller size). A draft's logits are then padded with -inf (q = 0 beyond its vocabulary) or cut
+    to the target's size (``fit_logits``), and an id it cannot embed is fed to it as a stand-in
+    (``embeddable_ids``): the target's distribution is never touched."""
     sizes = [m.get_output_embeddings().weight.shape[0] for m in (target, *drafts)]
     smallest = min(sizes)
     if max(sizes) == smallest:
@@ -57,7 +60,35 @@ def common_vocab_size(target: torch.nn.Module, drafts: Sequence[torch.nn.Module]
             f"{ids}); they must share one tokenizer: equal sizes, or sizes differing only by "
             f"embedding padding (<= {VOCAB_PADDING_TOLERANCE:.0%}) with identical special tokens"
         )
-    return smallest
+    return sizes[0]
+
+
+def fit_logits(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[..., V_model] -> [..., vocab]: extra logits cut (a draft's beyond the target's vocabulary),
+    missing ones -inf (a draft that cannot emit the target's extra ids: q = 0 there)."""
+    size = logits.shape[-1]
+    if size >= vocab:
+        return logits[..., :vocab]
+    return torch.nn.functional.pad(logits, (0, vocab - size), value=float("-inf"))
+
+
+def stand_in_id(model: torch.nn.Module) -> int:
+    """The id fed to ``model`` in place of one it cannot embed: its pad id, else its first EOS id,
+    else 0 (any fixed id in its vocabulary keeps the hierarchy exact; a draft fed it only accepts
+    less often)."""
+    size = model.get_input_embeddings().weight.shape[0]
+    for name in ("pad_token_id", "eos_token_id"):
+        ids = _as_tuple(getattr(model.config, name, None))
+        if ids and 0 <= ids[0] < size:
+            return ids[0]
+    return 0
+
+
+def embeddable_ids(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """``ids`` with every id that ``model`` cannot embed (its input vocabulary is smaller than the
+    target's) replaced by ``stand_in_id(model)``; ``ids`` itself when all fit."""
+    size = model.get_input_embeddings().weight.shape[0]
+    return torch.where(ids < size, ids, stand_in_id(model))
 
 
 def _as_tuple(value: int | list[int] | None) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ distribution is the ``q`` the next level up verifies against.
 from __future__ import annotations
 
 import functools
+import operator
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -38,12 +39,48 @@ class HSDResult:
     stats: HSDStats
 
 
-def speculative_window(block_sizes: Sequence[int]) -> int:
+MAX_BLOCK_SIZE = 64
+"""The largest block size T_i accepted. A verification gains at most 1 / (1 - alpha) tokens on
+average (20 at alpha = 0.95), so a longer block only adds drafting that is thrown away, while the
+ring of draft distributions grows with the block sizes (``speculative_window``)."""
+
+
+def check_block_sizes(block_sizes: Sequence[int], num_drafts: int, name: str = "block_sizes") -> list[int]:
+    """``block_sizes`` as a list of ints, one per draft level, each in [1, MAX_BLOCK_SIZE]; otherwise
+    a TypeError or ValueError naming the argument (``name``: ``T`` on the Hugging Face API)."""
+    if isinstance(block_sizes, (str, bytes)):
+        raise TypeError(f"{name} must be a list of ints (one block size per draft), got a string")
+    try:
+        values = list(block_sizes)
+    except TypeError:
+        raise TypeError(f"{name} must be a list of ints (one block size per draft), got "
+                        f"{type(block_sizes).__name__}") from None  # fmt: skip
+    sizes = []
+    for value in values:
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            sizes.append(operator.index(value))  # ints, numpy ints, integer 0-d tensors; not 2.0
+        except TypeError:
+            raise TypeError(f"{name} must hold ints, got {value!r} in {values}") from None
+    if len(sizes) != num_drafts:
+        raise ValueError(f"{name} needs one block size per draft ({num_drafts}), got {len(sizes)}: {sizes}")
+    if any(not 1 <= t <= MAX_BLOCK_SIZE for t in sizes):
+        raise ValueError(f"every block size in {name} must be >= 1 and <= {MAX_BLOCK_SIZE}, got {sizes}")
+    return sizes
+
+
+def speculative_window(block_sizes: Sequence[int], max_new_tokens: int | None = None) -> int:
     """Ring size for per-position draft distributions. Level 0 holds at most T_0 pending tokens;
     a verification by level i adds at most (pending of level i-1) + 1 to a level that held fewer
-    than T_i, so level i holds at most T_0 + ... + T_i. +2 covers the bonus slot and one beyond."""
-    prefix = np.cumsum(block_sizes)
-    return int(prefix.sum()) + 2
+    than T_i, so level i holds at most T_0 + ... + T_i. +2 covers the bonus slot and one beyond.
+    The live positions of a row lie in [prompt, prompt + max_new_tokens] (docs/design.md, "Caches
+    and slots"), so ``max_new_tokens + 1`` slots always suffice; the cap is rounded up to a power of
+    two so that requests of similar lengths share the ring's shape (it is in every compiled step)."""
+    window = int(np.cumsum(block_sizes).sum()) + 2
+    if max_new_tokens is not None:
+        window = min(window, 1 << int(max_new_tokens + 1).bit_length())
+    return window
 
 
 def run_hsd(
@@ -80,26 +117,32 @@ def run_hsd(
     vocab = runners[-1].vocab_size
     if any(r.vocab_size != vocab for r in runners):
         raise ValueError(f"runners disagree on vocab_size: {[r.vocab_size for r in runners]}")
-    budget = np.broadcast_to(np.asarray(max_new_tokens, dtype=np.int64), (num_rows,))
+    block_sizes = check_block_sizes(block_sizes, num_levels - 1)
+    if not prompts:
+        raise ValueError("the batch needs at least one row (prompts is empty)")
+    budget = np.broadcast_to(_token_counts(max_new_tokens, "max_new_tokens"), (num_rows,))
     prompt_lens = np.array([p.numel() for p in prompts], dtype=np.int64)
     budget_end = prompt_lens + budget  # [B] where each row's length budget ends
-    ledger = Ledger(num_levels, list(block_sizes), prompt_lens.tolist(), budget.tolist(), policy)
-    # +1: a bonus drawn past the length budget is written before the ledger drops it
-    capacity = int((prompt_lens + budget).max()) + 1
-    positions = capacity_bucket(capacity)  # in every compiled step's shapes: a few sizes only
+    ledger = Ledger(num_levels, block_sizes, prompt_lens.tolist(), budget.tolist(), policy)
     sampling = SamplingMetadata.build(
         num_rows, prompts[0].device, seeds, temperature, eos_token_id, greedy, use_kernel
     )
+    # Every check is done and the runners have refused what their models cannot hold before the
+    # run's buffers are allocated. A level feeds positions up to budget_end - 1 (the last draft of a
+    # full budget, for the bonus after it): budget_end positions per row in each cache.
+    for runner in runners:
+        runner.prepare(num_rows, int(budget_end.max()))
+    # +1: a bonus drawn past the length budget is written to the token buffer before the ledger drops it
+    capacity = int(budget_end.max()) + 1
+    positions = capacity_bucket(capacity)  # in every compiled step's shapes: a few sizes only
     transform = transform or LogitsTransform()
     keep_q = num_levels > 1 and not greedy
     ring_dtype = torch.float32 if transform.processors else _widest(r.dtype for r in runners)
-    window = speculative_window(block_sizes)
+    window = speculative_window(block_sizes, int(budget.max()))
     state = DecodeState(prompts, positions, window, vocab, ring_dtype, sampling, transform, keep_q)
     compiled = _decide_compile(compile, runners, block_sizes)
     steps = [LevelStep.of(runner, level, num_levels - 1, compiled) for level, runner in enumerate(runners)]
     draft_count = block_sizes[0] if num_levels > 1 else TOKENS_PER_DECODE_STEP  # most drawn per step
-    for runner in runners:
-        runner.prepare(num_rows, capacity)
 
     log = _RoundLog(num_levels)
     emitted = prompt_lens.copy()  # per row: tokens already handed to on_commit
@@ -233,6 +276,16 @@ def _check_logits(level: int, rows: np.ndarray, broken: np.ndarray) -> None:
             f"level {level} produced NaN or +inf logits for rows {where}: its model (or its inputs) is "
             "numerically broken, and nothing sampled from them can be trusted"
         )
+
+
+def _token_counts(value: int | Sequence[int], name: str) -> np.ndarray:
+    """Non-negative integer counts (one, or one per row) as int64, or a TypeError/ValueError naming them."""
+    counts = np.asarray(value)
+    if counts.dtype == bool or not np.issubdtype(counts.dtype, np.integer) or counts.ndim > 1:
+        raise TypeError(f"{name} must be an int or one int per row, got {value!r}")
+    if (counts < 0).any():
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return counts.astype(np.int64)
 
 
 def _widest(dtypes) -> torch.dtype:

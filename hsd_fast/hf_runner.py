@@ -21,6 +21,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from hsd_fast.architectures import layer_types, module_source, window
+from hsd_fast.compat import embeddable_ids, fit_logits
 from hsd_fast.layout import FedBlock, capacity_bucket
 
 
@@ -90,7 +91,10 @@ class HFRunner:
 
     def __init__(self, model: torch.nn.Module, vocab_size: int) -> None:
         self.model = model
-        self.vocab_size = vocab_size  # the hierarchy's common vocabulary (extra logits are cut)
+        # The hierarchy's vocabulary: the target's. A draft's logits are cut or padded to it, and ids
+        # it cannot embed are fed as a stand-in (docs/design.md, "Vocabularies").
+        self.vocab_size = vocab_size
+        self.stand_in = model.get_input_embeddings().weight.shape[0] < vocab_size
         self.dtype = next(model.parameters()).dtype
         self.cache: SlotCache | None = None
         self.scratch = 0
@@ -161,14 +165,14 @@ class HFRunner:
         cache.slots = torch.where(block.valid, block.positions, self.scratch)  # [B, L] write slots
         masks = {t: self._mask(block, slot_ids, w) for t, w in self.windows.items()}  # [B, 1, L, S] each
         out = self.model(
-            input_ids=block.input_ids,
+            input_ids=embeddable_ids(self.model, block.input_ids) if self.stand_in else block.input_ids,
             attention_mask=masks if len(masks) > 1 else next(iter(masks.values())),
             position_ids=block.positions,
             past_key_values=cache,
             use_cache=True,
             **({"logits_to_keep": num_outputs} if self.keeps_logits else {}),
         )
-        return out.logits[:, -num_outputs:, : self.vocab_size]  # [B, O, V]
+        return fit_logits(out.logits[:, -num_outputs:], self.vocab_size)  # [B, O, V]
 
     def _mask(self, block: FedBlock, slot_ids: torch.Tensor, window: int | None) -> torch.Tensor:
         """The additive mask ``[B, 1, L, S]`` of one attention window (None: full): a real token at

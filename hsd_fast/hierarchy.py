@@ -7,14 +7,16 @@ meet models.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 from tqdm.auto import tqdm
 
 from hsd_fast.processors import generation_sampling
-from hsd_fast.profile import ProfileCache, measured_latency
+from hsd_fast.profile import ProfileCache, ProfileNoiseWarning, measured_latency
 from hsd_fast.selector import Selection, select
 
 SAMPLING_KWARGS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p")
@@ -31,7 +33,9 @@ class Hierarchy:
     T: tuple[int, ...]
     selection: Selection
     runner_ups: tuple[Hierarchy, ...] = ()
-    measured_latency: float | None = None  # seconds per token measured with the engine
+    measured_latency: float | None = None  # seconds per token measured with the engine (NaN: too noisy)
+    cost_noise: float = 0.0  # relative standard error of the step costs it was chosen on (0: unknown)
+    within_noise: bool = False  # its predicted advantage is smaller than that noise can resolve
 
     @classmethod
     def bind(cls, selection: Selection, models: Sequence[torch.nn.Module]) -> Hierarchy:
@@ -72,6 +76,7 @@ def select_hierarchy(
     max_new_tokens: int = 64,
     progress: bool = True,
     compile: bool = False,
+    clock: Callable[[], float] = time.perf_counter,
     **generation_kwargs,
 ) -> Hierarchy:
     """Profile ``candidates`` and ``target`` (costs at ``context`` cached tokens, default the prompt
@@ -79,7 +84,13 @@ def select_hierarchy(
     ``target.generate(**generation_kwargs)`` applies: do_sample, temperature, top_k, ...), pick the
     latency-optimal hierarchy, and with ``measure=True`` time it with the engine on ``prompts[:1]``.
     ``compile``: select for compiled steps (``generate(compile=True)``, and ``"auto"`` once warm)
-    rather than eager ones: each candidate's steps are then compiled to be timed."""
+    rather than eager ones: each candidate's steps are then compiled to be timed. ``clock``: what
+    every timing reads (tests inject a fake one).
+
+    A profile is only as good as the machine was quiet: the returned ``Hierarchy`` carries the
+    costs' relative noise (``cost_noise``), and when the pick's predicted speed-up over
+    autoregressive decoding or over the best single draft is within ``NOISE_MARGIN`` standard
+    errors of it, ``within_noise`` is set and a ``ProfileNoiseWarning`` says so."""
     unknown = set(generation_kwargs) - set(SAMPLING_KWARGS)
     if unknown:
         raise ValueError(f"select_hierarchy: unsupported {sorted(unknown)}; supported: {SAMPLING_KWARGS}")
@@ -88,15 +99,42 @@ def select_hierarchy(
     context = context or prompts.shape[1]
     transform, greedy = generation_sampling(target, **generation_kwargs)
     costs = [
-        cache.costs(m, context, compile, transform, greedy)
+        cache.costs(m, context, compile, transform, greedy, clock=clock)
         for m in tqdm(models, desc="step costs", disable=not progress)
     ]
     alpha = cache.acceptance(models, prompts, transform, greedy, progress)
     cache.save()
     pick = Hierarchy.bind(select(costs, alpha, max_T=max_T), models)
+    noise = max(c.noise for c in costs)
+    doubt = _doubt(pick.selection, noise)
+    if doubt is not None:
+        warnings.warn(f"select_hierarchy: {doubt}", ProfileNoiseWarning, stacklevel=2)
+    pick = replace(pick, cost_noise=noise, within_noise=doubt is not None)
     if measure:
         seconds = measured_latency(
-            target, pick, prompts[:1], max_new_tokens, compile=compile, **generation_kwargs
+            target, pick, prompts[:1], max_new_tokens, compile=compile, clock=clock, **generation_kwargs
         )
         pick = replace(pick, measured_latency=seconds)
     return pick
+
+
+NOISE_MARGIN = 3.0
+"""How many standard errors of the costs a predicted advantage must exceed to count. Both latencies
+of a ratio carry the costs' noise (their ratio about sqrt(2) times it): three standard errors keep a
+choice made on noise rare."""
+
+
+def _doubt(selection: Selection, noise: float) -> str | None:
+    """Why the pick's predicted advantage over the baselines it is reported against (autoregressive
+    decoding, the best single draft) cannot be told from the costs' noise; None when it can."""
+    margin = NOISE_MARGIN * noise
+    baselines = [("autoregressive decoding", selection.speedup_over_ar, 2)]
+    baselines += [("the best single draft", selection.speedup_over_best_single, 3)]
+    for name, speedup, min_levels in baselines:
+        if len(selection.chain) >= min_levels and speedup - 1 < margin:
+            return (
+                f"the pick's predicted speed-up over {name} ({speedup:.3f}x) is within the noise of the "
+                f"measured step costs (+-{margin:.1%} at {NOISE_MARGIN:g} standard errors): the choice "
+                "may be noise; profile on a quieter machine or with more repeats"
+            )
+    return None

@@ -21,7 +21,10 @@ block follow from a DP over the running sum. Our derivation, checked by Monte Ca
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -30,13 +33,34 @@ Cost = Callable[[int], float]
 
 @dataclass(frozen=True)
 class AffineCost:
-    """c(n) = fixed + per_token * n: close to a CPU forward; on a GPU per_token is nearly 0."""
+    """c(n) = fixed + per_token * n: close to a CPU forward; on a GPU per_token is nearly 0. Both
+    are >= 0: a step never costs less than nothing, nor less for more tokens."""
 
     fixed: float
     per_token: float = 0.0
 
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.fixed) and math.isfinite(self.per_token)):
+            raise ValueError(f"a cost must be finite, got fixed={self.fixed}, per_token={self.per_token}")
+        if self.fixed < 0 or self.per_token < 0:
+            raise ValueError(f"a cost must be >= 0, got fixed={self.fixed}, per_token={self.per_token}")
+
     def __call__(self, n: int) -> float:
         return self.fixed + self.per_token * n
+
+    @classmethod
+    def fit(cls, sizes: Sequence[int], seconds: Sequence[float]) -> AffineCost:
+        """A robust, monotone, non-negative fit of timings: the slope is the median of the pairwise
+        slopes (Theil-Sen: one timing spoiled by load moves it little), at least 0; the intercept
+        the median of ``seconds - slope * size``, at least 0 (docs/design.md, "Measuring costs on a
+        busy machine"). A single size gives a constant."""
+        if len(sizes) != len(seconds) or not sizes:
+            raise ValueError(f"need as many timings as sizes (>= 1), got {len(sizes)} and {len(seconds)}")
+        pairs = list(itertools.combinations(zip(sizes, seconds, strict=True), 2))
+        slopes = [(s2 - s1) / (n2 - n1) for (n1, s1), (n2, s2) in pairs if n2 != n1]
+        slope = max(0.0, statistics.median(slopes)) if slopes else 0.0
+        fixed = max(0.0, statistics.median(s - slope * n for n, s in zip(sizes, seconds, strict=True)))
+        return cls(float(fixed), float(slope))
 
 
 def draft_seconds(cost: Cost, k: int) -> float:

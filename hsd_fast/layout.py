@@ -5,7 +5,7 @@ not cached yet. Spans are ragged; a step works on a ``[B, L]`` block with L a *b
 widths), right-aligned: column c of row r holds position ``ends[r] - L + c``, valid when it is
 ``>= starts[r]`` (and the row takes part). Right alignment puts every row's last positions in the
 last columns, so the logits a step needs (the last O positions of each row) are the block's last O
-columns. Padding columns feed token 0 at a clamped position and write to the scratch slot of the
+columns. Padding columns feed token 0 at position 0 and write to the scratch slot of the
 cache (docs/design.md, "Padding and rows that sit out"). Everything here is static in shape once
 B, L and O are fixed: what a compiled step needs (no data-dependent shapes, no host syncs).
 """
@@ -64,7 +64,9 @@ def fed_block(
     columns = torch.arange(width, device=tokens.device)  # [L]
     positions = ends[:, None] - width + columns  # [B, L]
     valid = (positions >= starts[:, None]) & active[:, None]  # [B, L]
-    positions = positions.clamp(min=0)
+    # Padding at position 0: a row that stopped early in a multi-token draft step keeps counting
+    # past its end, beyond the token buffer and a learned position table (GPT-2) near the limit.
+    positions = torch.where(valid, positions, 0)
     input_ids = torch.where(valid, tokens.gather(1, positions), 0)  # [B, L]
     return FedBlock(input_ids, positions, valid)
 

@@ -38,9 +38,7 @@ class SamplingMetadata:
     ) -> SamplingMetadata:
         """``seeds``: one int (row seeds derived from it) or one int64 per row; ``temperature``: one
         float or one per row; ``eos_token_id``: none, one or several ids."""
-        seeds = row_seeds(seeds, num_rows) if isinstance(seeds, int) else torch.as_tensor(seeds)
-        if seeds.shape != (num_rows,):
-            raise ValueError(f"seed: one int, or one per row ({num_rows}), got shape {tuple(seeds.shape)}")
+        seeds = seed_tensor(seeds, num_rows)
         temperature = torch.as_tensor(temperature, dtype=torch.float32, device=device)
         eos = [] if eos_token_id is None else np.atleast_1d(eos_token_id).tolist()
         return cls(
@@ -50,6 +48,49 @@ class SamplingMetadata:
             greedy=greedy,
             use_kernel=use_kernel,
         )
+
+
+SEED_RANGE = (-(2**63), 2**64)
+"""Seeds are 64-bit: ``[-2**63, 2**64)`` as ``torch.manual_seed`` takes them. A seed outside is
+refused, never silently reduced (two different seeds would then key the same randomness)."""
+
+
+def seed_tensor(seed: int | Sequence[int] | torch.Tensor | np.ndarray, num_rows: int) -> torch.Tensor:
+    """[B] int64 row seeds from one int (derived per row, ``row_seeds``) or one per row, or a
+    TypeError/ValueError naming ``seed``. A seed in [2**63, 2**64) is kept as the int64 with the same
+    64 bits."""
+    if isinstance(seed, (torch.Tensor, np.ndarray)) and seed.ndim == 0:
+        seed = seed.item()
+    if _is_int(seed):
+        return row_seeds(_in_range(int(seed)), num_rows)
+    if isinstance(seed, torch.Tensor):
+        if seed.dtype.is_floating_point or seed.dtype.is_complex or seed.dtype == torch.bool:
+            raise TypeError(f"seed must hold ints, got a tensor of {seed.dtype}")
+        values = seed.flatten().tolist() if seed.dim() == 1 else None
+    elif isinstance(seed, (Sequence, np.ndarray)) and not isinstance(seed, (str, bytes)):
+        values = list(seed) if np.ndim(seed) == 1 else None
+    else:
+        raise TypeError(f"seed must be an int or one int per row, got {type(seed).__name__}")
+    if values is None or len(values) != num_rows:
+        raise ValueError(f"seed: one int, or one per row ({num_rows}), got shape {tuple(np.shape(seed))}")
+    if not all(_is_int(v) for v in values):
+        raise TypeError(f"seed must hold ints, got {values}")
+    return torch.tensor([_as_int64(_in_range(int(v))) for v in values], dtype=torch.int64)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _in_range(seed: int) -> int:
+    low, high = SEED_RANGE
+    if not low <= seed < high:
+        raise ValueError(f"seed must lie in [-2**63, 2**64) (64 bits), got {seed}")
+    return seed
+
+
+def _as_int64(seed: int) -> int:
+    return seed - 2**64 if seed >= 2**63 else seed
 
 
 def row_seeds(seed: int, num_rows: int) -> torch.Tensor:

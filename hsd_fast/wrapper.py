@@ -1,9 +1,11 @@
-"""`hsd_fast.wrap(target, drafts)`: a model-like object whose `.generate` runs HSD and can stream.
+"""`hsd_fast.wrap(target, drafts)`: a model-like object whose `.generate` runs HSD and streams.
 
 HF drops the ``streamer`` before it calls a ``custom_generate`` callable (docs/design.md, "The streamer
-is dropped"), so streaming is offered here: the wrapper takes the streamer out of the kwargs, hands it
-to ``hsd_fast.generate`` under its own name, and the engine feeds it the prompt, then each committed
-token in order, then ``end()``: HF's streamer contract."""
+is dropped"). ``hsd_fast.generate`` finds it in HF's call all the same, but the wrapper does not rely on
+that: it takes the streamer out of the kwargs, hands it to ``hsd_fast.generate`` under its own name,
+and the engine feeds it the prompt, then each committed token in order, then ``end()``: HF's streamer
+contract. ``end()`` comes whatever happens, an error raised by HF's own checks included. The drafts
+and the block sizes are checked when the wrapper is made."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from typing import Any
 
 import torch
 
-from hsd_fast.hf_generate import DEFAULT_T, generate
+from hsd_fast.engine import check_block_sizes
+from hsd_fast.hf_generate import DEFAULT_T, EndOnce, check_drafts, check_input_ids, generate
 from hsd_fast.hierarchy import Hierarchy
 
 
@@ -32,9 +35,11 @@ class HSDModel:
             if drafts or T is not None:
                 raise ValueError("pass either hierarchy= or drafts=/T=, not both")
             drafts, T = hierarchy.drafts, hierarchy.T
+        if not isinstance(target, torch.nn.Module):
+            raise TypeError(f"target must be a model (torch.nn.Module), got {type(target).__name__}")
         self.target = target
-        self.drafts = list(drafts)
-        self.T = [DEFAULT_T] * len(self.drafts) if T is None else list(T)
+        self.drafts = check_drafts(drafts)
+        self.T = check_block_sizes([DEFAULT_T] * len(self.drafts) if T is None else T, len(self.drafts), "T")
         self.compile = compile
 
     def __getattr__(self, name: str) -> Any:
@@ -49,19 +54,25 @@ class HSDModel:
         for name in ("custom_generate", "assistant_model", "drafts", "T", "hierarchy"):
             if kwargs.get(name) is not None:
                 raise ValueError(f"HSDModel.generate: {name}= is set by the wrapper, not per call")
-        streamer = kwargs.pop("streamer", None)
-        if streamer is not None:
-            ids = inputs if inputs is not None else kwargs.get("input_ids")
-            if ids is not None and ids.ndim == 2 and ids.shape[0] > 1:
+        # HF's own errors for a list or a 1-D tensor are an AttributeError and an IndexError: say what
+        # is wrong before handing over
+        check_input_ids(inputs if inputs is not None else kwargs.get("input_ids"), kwargs)
+        streamer = EndOnce.of(kwargs.pop("streamer", None))
+        try:
+            ids = inputs if inputs is not None else kwargs["input_ids"]
+            if streamer is not None and ids.shape[0] > 1:
                 raise ValueError("a streamer only supports batch size 1 (as in HF)")
-        return self.target.generate(
-            inputs,
-            custom_generate=generate,
-            drafts=self.drafts,
-            T=self.T,
-            hsd_streamer=streamer,
-            **{"compile": self.compile, **kwargs},  # compile= may be given per call
-        )
+            return self.target.generate(
+                inputs,
+                custom_generate=generate,
+                drafts=self.drafts,
+                T=self.T,
+                hsd_streamer=streamer,
+                **{"compile": self.compile, **kwargs},  # compile= may be given per call
+            )
+        finally:  # whatever failed, and wherever (HF's checks included), the consumer is told
+            if streamer is not None:
+                streamer.end()
 
 
 def wrap(

@@ -37,6 +37,7 @@ def tiny_model(
     attn: str = "sdpa",
     lm_head_scale: float = 6.0,
     seed: int = 0,
+    max_positions: int = 256,
     **overrides,
 ) -> torch.nn.Module:
     config_cls, model_cls = ARCHS[arch]
@@ -51,7 +52,7 @@ def tiny_model(
         hidden_size=64,
         num_hidden_layers=layers,
         num_attention_heads=4,
-        max_position_embeddings=256,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=False,
         bos_token_id=1,
         eos_token_id=2,

@@ -38,3 +38,18 @@ def residual_stored_as_q() -> Iterator[None]:
 
     with mock.patch.object(steps, "keep_emitted", buggy):
         yield
+
+
+@contextlib.contextmanager
+def vocabulary_cut_to_the_smallest() -> Iterator[None]:
+    """The old padded-vocabulary rule: every level, the target included, samples over the smallest
+    vocabulary of the hierarchy. The target's extra ids are then never drawn: its output is not its
+    own when it gives them mass."""
+    from hsd_fast import compat, hf_generate
+
+    def smallest(target, drafts) -> int:
+        compat.hierarchy_vocab_size(target, drafts)  # the same refusals
+        return min(m.get_output_embeddings().weight.shape[0] for m in (target, *drafts))
+
+    with mock.patch.object(hf_generate, "hierarchy_vocab_size", smallest):
+        yield

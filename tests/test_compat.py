@@ -7,7 +7,15 @@ import torch
 from hf_models import ARCHS, tiny_model
 from transformers import MambaConfig, MambaForCausalLM, T5Config, T5ForConditionalGeneration
 
-from hsd_fast.compat import VOCAB_PADDING_TOLERANCE, check_devices, check_model, common_vocab_size
+from hsd_fast.compat import (
+    VOCAB_PADDING_TOLERANCE,
+    check_devices,
+    check_model,
+    embeddable_ids,
+    fit_logits,
+    hierarchy_vocab_size,
+    stand_in_id,
+)
 
 pytestmark = pytest.mark.hf
 
@@ -78,7 +86,7 @@ def test_layers_that_keep_state_or_other_patterns_are_refused() -> None:
         check_model(model, "draft 0")
 
 
-# ----------------------------------------------------------------------------- common_vocab_size
+# ----------------------------------------------------------------------------- hierarchy_vocab_size
 def _vocab(size: int, seed: int = 0, **special) -> torch.nn.Module:
     model = _small(vocab_size=size, seed=seed)
     for name, value in special.items():
@@ -87,21 +95,38 @@ def _vocab(size: int, seed: int = 0, **special) -> torch.nn.Module:
 
 
 def test_equal_vocabularies() -> None:
-    assert common_vocab_size(_vocab(96), [_vocab(96, 1), _vocab(96, 2)]) == 96
-    assert common_vocab_size(_vocab(96), []) == 96
+    assert hierarchy_vocab_size(_vocab(96), [_vocab(96, 1), _vocab(96, 2)]) == 96
+    assert hierarchy_vocab_size(_vocab(96), []) == 96
 
 
-def test_padded_vocabularies_are_cut_to_the_smallest() -> None:
+def test_padded_vocabularies_keep_the_targets() -> None:
     target, drafts = _vocab(1008), [_vocab(1000, 1), _vocab(1004, 2)]
-    assert common_vocab_size(target, drafts) == 1000
-    assert common_vocab_size(_vocab(1000), [_vocab(1008, 1)]) == 1000  # the target may be the smaller
+    assert hierarchy_vocab_size(target, drafts) == 1008
+    assert hierarchy_vocab_size(_vocab(1000), [_vocab(1008, 1)]) == 1000  # the target may be the smaller
+
+
+def test_fit_logits_pads_with_minus_inf_or_cuts() -> None:
+    logits = torch.arange(6.0).reshape(2, 3)
+    assert torch.equal(fit_logits(logits, 3), logits)
+    assert fit_logits(logits, 2).tolist() == [[0.0, 1.0], [3.0, 4.0]]
+    padded = fit_logits(logits, 5)
+    assert padded[:, :3].tolist() == logits.tolist() and (padded[:, 3:] == float("-inf")).all()
+
+
+def test_ids_a_draft_cannot_embed_are_fed_as_its_stand_in() -> None:
+    draft = _vocab(1000, pad_token_id=7)
+    ids = torch.tensor([[5, 999, 1000, 1007]])
+    assert stand_in_id(draft) == 7
+    assert embeddable_ids(draft, ids).tolist() == [[5, 999, 7, 7]]
+    draft.config.pad_token_id, draft.config.eos_token_id = None, [2000, 4]  # neither usable: 0
+    assert stand_in_id(draft) == 0
 
 
 def test_padding_tolerance_is_inclusive() -> None:
     limit = int(VOCAB_PADDING_TOLERANCE * 1000)  # 10 extra rows on 1000
-    assert common_vocab_size(_vocab(1000), [_vocab(1000 + limit, 1)]) == 1000
+    assert hierarchy_vocab_size(_vocab(1000), [_vocab(1000 + limit, 1)]) == 1000
     with pytest.raises(ValueError, match=r"different vocabularies \(logit sizes \[1000, 1011\]"):
-        common_vocab_size(_vocab(1000), [_vocab(1000 + limit + 1, 1)])
+        hierarchy_vocab_size(_vocab(1000), [_vocab(1000 + limit + 1, 1)])
 
 
 @pytest.mark.parametrize(
@@ -116,20 +141,20 @@ def test_padding_tolerance_is_inclusive() -> None:
 )
 def test_padded_vocabularies_need_identical_special_tokens(special: dict) -> None:
     with pytest.raises(ValueError, match="identical special tokens"):
-        common_vocab_size(_vocab(1000), [_vocab(1008, 1, **special)])
+        hierarchy_vocab_size(_vocab(1000), [_vocab(1008, 1, **special)])
 
 
 def test_special_tokens_compare_as_id_lists() -> None:
     eos = {"eos_token_id": [2, 5]}
-    assert common_vocab_size(_vocab(1000, **eos), [_vocab(1008, 1, **eos)]) == 1000
+    assert hierarchy_vocab_size(_vocab(1000, **eos), [_vocab(1008, 1, **eos)]) == 1000
     # one id, given as an int or as a one-element list, is the same special token
-    assert common_vocab_size(_vocab(1000, eos_token_id=2), [_vocab(1008, 1, eos_token_id=[2])]) == 1000
+    assert hierarchy_vocab_size(_vocab(1000, eos_token_id=2), [_vocab(1008, 1, eos_token_id=[2])]) == 1000
 
 
 def test_special_tokens_must_lie_inside_the_smaller_vocabulary() -> None:
     # identical on both sides, but id 1003 would be cut: not mere padding
     with pytest.raises(ValueError, match="different vocabularies"):
-        common_vocab_size(_vocab(1000, eos_token_id=1003), [_vocab(1008, 1, eos_token_id=1003)])
+        hierarchy_vocab_size(_vocab(1000, eos_token_id=1003), [_vocab(1008, 1, eos_token_id=1003)])
 
 
 # ----------------------------------------------------------------------------- check_devices

@@ -50,10 +50,12 @@ def test_generate_samples_the_target_distribution(models, exact) -> None:
 
 def test_residual_as_q_fails_the_same_test(models, exact) -> None:
     *drafts, target = models
+    # eager: the planted bug indexes by a data-dependent mask, which torch.compile cannot trace, and
+    # compile="auto" compiles after AUTO_COMPILE_AFTER_SECONDS of decoding, which a busy machine reaches
     with residual_stored_as_q():
         out = target.generate(
             PROMPT.expand(SAMPLES, -1), custom_generate=hsd_fast.generate, drafts=drafts, T=[2, 2],
-            do_sample=True, top_k=None, max_new_tokens=STEPS, eos_token_id=None, seed=0,
+            do_sample=True, top_k=None, max_new_tokens=STEPS, eos_token_id=None, seed=0, compile=False,
         )  # fmt: skip
     samples = [tuple(row) for row in out[:, len(PROMPT) :].tolist()]
     assert pooled_chi_square(samples, exact).p_value < 1e-6

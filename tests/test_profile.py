@@ -1,56 +1,86 @@
-"""The profiler's arithmetic (fake clock), acceptance rates, and select_hierarchy end to end."""
+"""The profiler's arithmetic (fake clock), acceptance rates, select_hierarchy end to end, and
+profiling on a busy machine (issue 20, item 8): robust fits, interleaved repeats, noise reported.
+Every timing here reads a fake clock; nothing depends on the real machine's speed."""
 
 import copy
+import functools
 import json
+import math
+import random
+import warnings
 
 import pytest
 import torch
 from hf_models import layer_dropped_copy, noisy_copy, tiny_model
 
 import hsd_fast
+from hsd_fast.latency import AffineCost
 from hsd_fast.processors import LogitsTransform, generation_sampling
-from hsd_fast.profile import ProfileCache, acceptance, forward_costs, measured_latency, model_identity
+from hsd_fast.profile import (
+    ProfileCache,
+    ProfileNoiseWarning,
+    acceptance,
+    forward_costs,
+    measured_latency,
+    model_identity,
+)
 
 pytestmark = pytest.mark.hf
 
 
 class FakeClock:
-    """Time that only the model's forwards advance: the k-th forward takes ``durations[k]``. The
-    profiler may read the clock as often as it likes; only the forwards inside a reading pair count."""
+    """Time that only the models' forwards advance: a forward over w fed columns of a model
+    attached with ``scale`` takes ``scale * (fixed + per_column * w) * load(k)`` seconds, k counting
+    the forwards of all models. The profiler may read the clock as often as it likes; only the
+    forwards inside a reading pair count. Nothing here reads the real time."""
 
-    def __init__(self, durations: list[float]) -> None:
-        self.now, self.durations, self.forwards = 0.0, durations, 0
+    def __init__(self, fixed: float = 0.002, per_column: float = 0.001, load=lambda k: 1.0) -> None:
+        self.now, self.forwards = 0.0, 0
+        self.fixed, self.per_column, self.load = fixed, per_column, load
 
     def __call__(self) -> float:
         return self.now
 
-    def forward_hook(self, module, args) -> None:  # a forward pre-hook on the model
-        self.now += self.durations[self.forwards]
+    def attach(self, model: torch.nn.Module, scale: float = 1.0) -> torch.nn.Module:
+        model.register_forward_pre_hook(functools.partial(self._forward, scale), with_kwargs=True)
+        return model
+
+    def _forward(self, scale: float, module, args, kwargs) -> None:
+        width = (kwargs["input_ids"] if "input_ids" in kwargs else args[0]).shape[1]
+        self.now += scale * (self.fixed + self.per_column * width) * self.load(self.forwards)
         self.forwards += 1
 
 
-def test_forward_costs_arithmetic_with_a_fake_clock() -> None:
-    """A forward over n tokens 'takes' 2 ms + 1 ms * n, the prefill 100 s and every warm-up 1 s: a
-    median holding the prefill, a warm-up or two forwards would be off by a second or more. A draft
-    step of k tokens makes k forwards (one over its fed token, k - 1 over the token drawn last)."""
-    spans, drafts, warmup, repeats = (1, 2, 4, 8), (1, 2, 4), 3, 3  # as many warm-ups as repeats
-    durations = [100.0]  # the prefill of the context
-    for n in spans:
-        durations += [1.0] * warmup + [0.002 + 0.001 * n] * repeats
-    for k in drafts:
-        durations += [1.0 / k] * k * warmup + [0.003] * k * repeats
-    clock = FakeClock(durations)
-    model = tiny_model("llama")
-    model.register_forward_pre_hook(clock.forward_hook)
-    profile = forward_costs(
-        model, spans=spans, drafts=drafts, context=16, repeats=repeats, warmup=warmup, clock=clock
+SPANS, DRAFTS, WARMUP, REPEATS = (1, 2, 4, 8), (1, 2, 4), 3, 5
+
+
+def _warm_up_forwards(spans=SPANS, drafts=DRAFTS, warmup=WARMUP) -> int:
+    """Forwards before the first timed one: the context's prefill, then ``warmup`` calls of each
+    step (constant times settle at once); a draft step of k tokens makes k forwards."""
+    return 1 + warmup * (len(spans) + sum(drafts))
+
+
+def _profile(clock: FakeClock, spans=SPANS, drafts=DRAFTS):
+    model = clock.attach(tiny_model("llama"))
+    return forward_costs(
+        model, spans=spans, drafts=drafts, context=16, repeats=REPEATS, warmup=WARMUP, clock=clock
     )
+
+
+def test_forward_costs_arithmetic_with_a_fake_clock() -> None:
+    """A forward over n tokens 'takes' 2 ms + 1 ms * n; the prefill and every warm-up call take 1000
+    times that: a median holding one of them, or two forwards, would be far off. A draft step of k
+    tokens makes k one-token forwards."""
+    slow = _warm_up_forwards()
+    clock = FakeClock(load=lambda k: 1000.0 if k < slow else 1.0)
+    profile = _profile(clock)
     assert profile.seconds == pytest.approx([0.003, 0.004, 0.006, 0.010])
     assert profile.fit.fixed == pytest.approx(0.002) and profile.fit.per_token == pytest.approx(0.001)
     assert profile(16) == pytest.approx(0.018)
     assert profile.draft_seconds == pytest.approx([0.003, 0.006, 0.012])
     assert profile.draft(8) == pytest.approx(0.024) and profile.decode() == pytest.approx(0.003)
-    assert clock.forwards == len(durations)  # one forward per measurement, none extra
+    assert profile.noise == 0.0  # every repeat took the same time
+    assert clock.forwards == slow + REPEATS * (len(SPANS) + sum(DRAFTS))  # none extra
 
 
 def test_acceptance_is_one_against_itself_and_symmetric() -> None:
@@ -64,13 +94,26 @@ def test_acceptance_is_one_against_itself_and_symmetric() -> None:
         assert alpha[0][1] == pytest.approx(alpha[0][2])
 
 
-def test_select_hierarchy_end_to_end() -> None:
-    target = tiny_model("llama", layers=6)
-    candidates = [layer_dropped_copy(target, 1), layer_dropped_copy(target, 3)]
+def _select_on_fake_time(clock: FakeClock, measure: bool = False) -> tuple:
+    """select_hierarchy over a target and two noisy copies of it that agree with it often, on fake
+    time where the copies cost a sixth and a third of the target."""
+    target = tiny_model("llama")
+    candidates = [clock.attach(noisy_copy(target, 0.1 / k, seed=k), scale=2 * k) for k in (1, 2)]
+    clock.attach(target, scale=6)  # after copying it: a copy would inherit the hook
     prompts = torch.randint(3, 96, (2, 16), generator=torch.Generator().manual_seed(1))
-    pick = hsd_fast.select_hierarchy(target, candidates, prompts, measure=True, max_new_tokens=16)
+    pick = hsd_fast.select_hierarchy(
+        target, candidates, prompts, measure=measure, max_new_tokens=16, clock=clock, progress=False
+    )
+    return pick, target, prompts
+
+
+def test_select_hierarchy_end_to_end() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ProfileNoiseWarning)  # quiet fake time: no doubt about the pick
+        pick, target, prompts = _select_on_fake_time(FakeClock(), measure=True)
     assert pick.chain[-1] == 2 and len(pick.T) == len(pick.drafts) == len(pick.chain) - 1
-    assert pick.speedup_over_ar >= 1.0 and pick.measured_latency > 0
+    assert pick.speedup_over_ar > 1.0 and pick.measured_latency > 0
+    assert pick.cost_noise == 0.0 and not pick.within_noise
     expected = target.generate(prompts[:1], do_sample=False, max_new_tokens=16)
     out = target.generate(prompts[:1], custom_generate=hsd_fast.generate, hierarchy=pick, max_new_tokens=16)
     assert out.tolist() == expected.tolist()
@@ -148,5 +191,88 @@ def test_measured_latency_excludes_the_prefill_with_a_fake_clock() -> None:
     prompts = torch.randint(3, 96, (2, 8), generator=torch.Generator().manual_seed(0))
     # readings: warm-up (0, 5), then per row: long run 10 s, one-token run 2 s
     ticks = iter([0.0, 5.0, 0.0, 10.0, 0.0, 2.0, 0.0, 10.0, 0.0, 2.0])
-    seconds = measured_latency(target, None, prompts, max_new_tokens=5, clock=lambda: next(ticks))
+    seconds = measured_latency(target, None, prompts, max_new_tokens=5, clock=lambda: next(ticks), repeats=1)
     assert seconds == pytest.approx((8.0 + 8.0) / (2 * 4))
+
+
+def _ticks(durations: list[float]):
+    """A clock that returns 0, d0, 0, d1, ...: each reading pair measures the next duration."""
+    readings = iter([x for d in durations for x in (0.0, d)])
+    return lambda: next(readings)
+
+
+def test_measured_latency_keeps_the_median_pair() -> None:
+    """Three (long, short) pairs per row: one spoiled by load (the short run took 30 s) is outvoted."""
+    target = tiny_model("llama")
+    prompts = torch.randint(3, 96, (1, 8), generator=torch.Generator().manual_seed(0))
+    clock = _ticks([5.0, 10.0, 2.0, 10.0, 30.0, 11.0, 2.0])  # warm-up, then (long, short) x 3
+    assert measured_latency(target, None, prompts, max_new_tokens=5, clock=clock) == pytest.approx(8.0 / 4)
+
+
+def test_measured_latency_is_nan_with_a_warning_when_noise_swamps_it() -> None:
+    target = tiny_model("llama")
+    prompts = torch.randint(3, 96, (1, 8), generator=torch.Generator().manual_seed(0))
+    clock = _ticks([5.0, 2.0, 3.0, 2.0, 3.0, 9.0, 3.0])  # the long runs mostly took less
+    with pytest.warns(ProfileNoiseWarning, match="too busy"):
+        assert math.isnan(measured_latency(target, None, prompts, max_new_tokens=5, clock=clock))
+    with pytest.raises(ValueError, match="max_new_tokens >= 2"):
+        measured_latency(target, None, prompts, max_new_tokens=1)
+
+
+# ----------------------------------------------------------------------------- a busy machine
+def test_cost_fit_is_robust_monotone_and_non_negative() -> None:
+    sizes = [1, 2, 4, 8, 16]
+    exact = [0.002 + 0.001 * n for n in sizes]
+    assert AffineCost.fit(sizes, exact) == pytest.approx(AffineCost(0.002, 0.001))
+    spoiled = [*exact[:3], 10 * exact[3], exact[4]]  # one timing taken under load
+    fit = AffineCost.fit(sizes, spoiled)
+    assert fit.fixed == pytest.approx(0.002, rel=0.2) and fit.per_token == pytest.approx(0.001, rel=0.2)
+    # least squares gave these a negative slope (decreasing) or a negative intercept (steep)
+    assert AffineCost.fit(sizes, [0.010, 0.009, 0.008, 0.007, 0.006]).per_token == 0.0
+    steep = AffineCost.fit(sizes, [0.001, 0.001, 0.001, 0.030, 0.070])
+    assert steep.fixed >= 0.0 and steep.per_token >= 0.0 and steep(1) > 0.0
+    assert AffineCost.fit([4], [0.01]) == AffineCost(0.01)
+    for bad in ((-0.001, 0.0), (0.001, -1e-6), (math.nan, 0.0)):
+        with pytest.raises(ValueError, match="cost must be"):
+            AffineCost(*bad)
+
+
+def test_load_that_comes_and_goes_spoils_no_median() -> None:
+    """Six timed forwards in a row run 20 times slower (a burst of load). Timed step after step, one
+    step got five of them and its median was 20 times too large; rounds over all steps give every
+    step at most two of them, which its median of five ignores."""
+    spans, drafts = (1, 2, 4, 8), (1,)
+    start = _warm_up_forwards(spans, drafts)
+    clock = FakeClock(load=lambda k: 20.0 if start + 5 <= k < start + 11 else 1.0)
+    profile = _profile(clock, spans, drafts)
+    assert profile.seconds == pytest.approx([0.003, 0.004, 0.006, 0.010])
+    assert profile.draft_seconds == pytest.approx([0.003])
+
+
+def _wandering_load(seed: int):
+    """A machine whose speed wanders between 0.5 and 1.5 times its own, changing every 10 forwards
+    (steady enough for warm-ups to settle, different from one round of timings to the next)."""
+    rng = random.Random(seed)
+    factors = [rng.uniform(0.5, 1.5) for _ in range(100_000)]
+    return lambda k: factors[k // 10]
+
+
+def test_noisy_costs_are_reported() -> None:
+    """The profile says how uncertain its medians are, and the selector warns that its pick cannot
+    be told from noise."""
+    profile = _profile(FakeClock(load=_wandering_load(0)))
+    assert 0.05 < profile.noise < 0.5
+    with pytest.warns(ProfileNoiseWarning, match="within the noise"):
+        pick, _, _ = _select_on_fake_time(FakeClock(load=_wandering_load(1)))
+    assert pick.within_noise and pick.cost_noise > 0.05
+    assert pick.predicted_latency > 0 and all(h.predicted_latency > 0 for h in pick.runner_ups)
+
+
+def test_profile_cache_keeps_the_noise(tmp_path) -> None:
+    clock = FakeClock(load=_wandering_load(2))
+    model = clock.attach(tiny_model("llama"))
+    cache = ProfileCache(tmp_path / "profiles.json")
+    measured = cache.costs(model, 12, clock=clock, repeats=3, warmup=0)
+    cache.save()
+    again = ProfileCache(tmp_path / "profiles.json").costs(model, 12)
+    assert again == measured and again.noise > 0

@@ -10,12 +10,13 @@
 
 from hsd_fast.profile.acceptance_rates import acceptance
 from hsd_fast.profile.cache import ProfileCache, ids_hash, model_identity, sampling_key
-from hsd_fast.profile.costs import CostProfile, forward_costs
+from hsd_fast.profile.costs import CostProfile, ProfileNoiseWarning, forward_costs
 from hsd_fast.profile.measure import measured_latency
 
 __all__ = [
     "CostProfile",
     "ProfileCache",
+    "ProfileNoiseWarning",
     "acceptance",
     "forward_costs",
     "ids_hash",

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 from tqdm.auto import tqdm
 
+from hsd_fast.compat import embeddable_ids, fit_logits
 from hsd_fast.processors import LogitsTransform
 
 
@@ -22,13 +23,15 @@ def acceptance(
     greedy: bool = False,
     progress: bool = True,
 ) -> list[list[float]]:
-    """The symmetric matrix alpha[j][m] over ``models`` (all sharing one vocabulary) under the
-    sampling ``transform`` (default: none, temperature 1)."""
+    """The symmetric matrix alpha[j][m] over ``models`` (sharing one tokenizer; the last one's
+    vocabulary, the target's, is the one decoding samples over) under the sampling ``transform``
+    (default: none, temperature 1)."""
     transform = transform or LogitsTransform()
-    vocab = min(m.get_output_embeddings().weight.shape[0] for m in models)
+    vocab = models[-1].get_output_embeddings().weight.shape[0]  # the target's, as decoding uses it
     dists = []
     for model in tqdm(models, desc="teacher-forced forwards", disable=not progress):
-        logits = model(calibration_ids.to(next(model.parameters()).device)).logits[..., :vocab]
+        ids = embeddable_ids(model, calibration_ids.to(next(model.parameters()).device))
+        logits = fit_logits(model(ids).logits, vocab)  # [N, L, V]
         flat = transform(logits.reshape(-1, vocab)).float() / transform.temperature  # [N * L, V]
         dists.append(flat.argmax(-1) if greedy else torch.softmax(flat, -1))
     alpha = [[1.0] * len(models) for _ in models]

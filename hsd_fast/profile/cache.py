@@ -175,9 +175,13 @@ class ProfileCache:
                 model, context=context, compile=compile, greedy=greedy, transform=transform, **kwargs
             )
             self.entries[key] = {field: list(getattr(profile, field)) for field in COST_FIELDS}
+            self.entries[key]["noise"] = profile.noise
             self.changed = True
         entry = self.entries[key]
-        return CostProfile(*(tuple(entry[field]) for field in COST_FIELDS))
+        noise = entry.get("noise", 0.0)  # absent from entries written before it was measured: unknown
+        return CostProfile(
+            *(tuple(entry[field]) for field in COST_FIELDS), noise if _is_number(noise) else 0.0
+        )
 
     def acceptance(
         self,

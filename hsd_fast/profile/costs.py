@@ -5,9 +5,16 @@ transform, the draft or verification op, and the host's part of a step):
 - ``c(n)``: a verification step over n fed tokens (n - 1 drafts), for n in ``spans``;
 - ``d(k)``: a draft step that draws k tokens, for k in ``drafts``;
 
-medians after warm-up, each fitted as ``a + b n``. Autoregressive decoding (K = 0) draws
-``TOKENS_PER_DECODE_STEP`` tokens per step: its cost per token is ``d(that) / that``. The clock is
-injectable (tests use a fake one); on CUDA every timing is synchronised.
+each fitted as ``a + b n`` with ``a, b >= 0`` (``AffineCost.fit``). Autoregressive decoding (K = 0)
+draws ``TOKENS_PER_DECODE_STEP`` tokens per step: its cost per token is ``d(that) / that``.
+
+A busy machine makes single timings meaningless (docs/design.md, "Measuring costs on a busy
+machine"): every step is warmed up until its time settles, then all steps are timed in ``repeats``
+rounds, one call each per round in a rotated order (a slow spell hits different steps in different
+rounds, not all repeats of one), and each keeps its median. ``noise`` records how far the repeats
+spread: the relative standard error of the medians, which ``select_hierarchy`` compares with the
+differences it chooses between. The clock is injectable (tests use a fake one); on CUDA every timing
+is synchronised.
 """
 
 from __future__ import annotations
@@ -29,21 +36,26 @@ from hsd_fast.sampling_metadata import SamplingMetadata
 from hsd_fast.steps import DecodeState, LevelStep
 
 
+class ProfileNoiseWarning(UserWarning):
+    """The timings vary more than the differences they are used to tell apart."""
+
+
 @dataclass(frozen=True)
 class CostProfile:
     spans: tuple[int, ...]
     seconds: tuple[float, ...]  # median seconds of a verification step over each span
     drafts: tuple[int, ...]
     draft_seconds: tuple[float, ...]  # median seconds of a step drafting that many tokens
+    noise: float = 0.0  # relative standard error of the medians (the largest over steps); 0: unknown
 
     @functools.cached_property
     def fit(self) -> AffineCost:
-        """Least-squares c(n) = fixed + per_token * n over the verification steps."""
-        return _fit(self.spans, self.seconds)
+        """c(n) = fixed + per_token * n over the verification steps (robust, non-negative)."""
+        return AffineCost.fit(self.spans, self.seconds)
 
     @functools.cached_property
     def draft_fit(self) -> AffineCost:
-        return _fit(self.drafts, self.draft_seconds)
+        return AffineCost.fit(self.drafts, self.draft_seconds)
 
     def __call__(self, n: int) -> float:
         return self.fit(n)
@@ -84,53 +96,64 @@ def forward_costs(
     verify = LevelStep(runner, level=1, top=2, compile=compile)  # keeps its p, as a middle level
     draft = LevelStep(runner, level=0, top=1, compile=compile)
     row = np.zeros(1, dtype=np.int64)
-
-    def timed(run: Callable[[], object]) -> float:
-        return _settled_median(run, clock, device, warmup, repeats)
-
+    steps = [lambda n=n: verify(state, row, row + context, row + context + n, row + context) for n in spans]
+    steps += [
+        lambda k=k: draft(state, row, row + context, row + context + 1, row + context, row + k)
+        for k in drafts
+    ]
     with torch.inference_mode():
         verify(state, row, row, row + context, row + context - 1)  # prefill the context once
-        verify_seconds = [
-            timed(lambda n=n: verify(state, row, row + context, row + context + n, row + context))
-            for n in spans
-        ]
-        draft_seconds = [
-            timed(lambda k=k: draft(state, row, row + context, row + context + 1, row + context, row + k))
-            for k in drafts
-        ]
-    return CostProfile(tuple(spans), tuple(verify_seconds), tuple(drafts), tuple(draft_seconds))
+        medians, noise = _interleaved_medians(steps, clock, device, warmup, repeats)
+    return CostProfile(
+        tuple(spans), tuple(medians[: len(spans)]), tuple(drafts), tuple(medians[len(spans) :]), noise
+    )
 
 
 SETTLE_CALLS = 30
-"""Most warm-up calls spent waiting for a step's time to settle (see ``_settled_median``)."""
+"""Most warm-up calls spent waiting for a step's time to settle (see ``_interleaved_medians``)."""
+MAD_TO_STD = 1.4826
+"""Median absolute deviation to standard deviation (normal noise): a spread that ignores outliers."""
+MEDIAN_STD_ERROR = 1.2533
+"""The standard error of a median of n normal samples is about this times sigma / sqrt(n)."""
 
 
-def _settled_median(
-    run: Callable[[], object], clock: Callable[[], float], device: torch.device, warmup: int, repeats: int
-) -> float:
-    """Median seconds of ``repeats`` calls of ``run`` after warm-up. Warm-up is at least ``warmup``
-    calls and lasts until three calls in a row agree within 20 %: right after ``torch.compile``
-    has built a step (with the C++ wrapper, on a CPU), its calls can run 100x slower for a while."""
+def _interleaved_medians(
+    steps: Sequence[Callable[[], object]],
+    clock: Callable[[], float],
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+) -> tuple[list[float], float]:
+    """Median seconds of each step over ``repeats`` rounds, and the noise of those medians.
 
-    def once() -> float:
+    Warm-up: each step at least ``warmup`` calls, until three calls in a row agree within 20 %
+    (right after ``torch.compile`` has built a step, with the C++ wrapper on a CPU, its calls can run
+    100x slower for a while). Then round r times every step once, starting from step r: load that
+    comes and goes lands on different steps in different rounds. Noise: the largest relative
+    standard error of a median, from the spread of its repeats (median absolute deviation)."""
+
+    def once(run: Callable[[], object]) -> float:
         synchronize(device)
         begin = clock()
         run()  # rewrites the same slots each time
         synchronize(device)
         return clock() - begin
 
-    recent = [once() for _ in range(warmup)]
-    while len(recent) < SETTLE_CALLS and (len(recent) < 3 or max(recent[-3:]) > 1.2 * min(recent[-3:])):
-        recent.append(once())
-    return statistics.median(once() for _ in range(repeats))
-
-
-def _fit(spans: Sequence[int], seconds: Sequence[float]) -> AffineCost:
-    """Least-squares c(n) = fixed + per_token * n (a constant with a single span)."""
-    if len(spans) == 1:
-        return AffineCost(seconds[0])
-    per_token, fixed = np.polyfit(np.asarray(spans, float), np.asarray(seconds), 1)
-    return AffineCost(float(fixed), float(per_token))
+    for run in steps:
+        recent = [once(run) for _ in range(warmup)]
+        while len(recent) < SETTLE_CALLS and (len(recent) < 3 or max(recent[-3:]) > 1.2 * min(recent[-3:])):
+            recent.append(once(run))
+    samples: list[list[float]] = [[] for _ in steps]
+    for r in range(repeats):
+        for i in [*range(r % len(steps), len(steps)), *range(r % len(steps))]:
+            samples[i].append(once(steps[i]))
+    medians = [statistics.median(times) for times in samples]
+    noise = 0.0
+    for times, median in zip(samples, medians, strict=True):
+        spread = MAD_TO_STD * statistics.median(abs(t - median) for t in times)
+        if median > 0:
+            noise = max(noise, MEDIAN_STD_ERROR * spread / median / len(times) ** 0.5)
+    return medians, noise
 
 
 def synchronize(device: torch.device) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
-from hsd_fast.profile.costs import synchronize
+from hsd_fast.profile.costs import ProfileNoiseWarning, synchronize
 
 if TYPE_CHECKING:
     from hsd_fast.hierarchy import Hierarchy
@@ -20,13 +23,22 @@ def measured_latency(
     prompts: torch.Tensor,  # [N, L]: each row is generated alone (batch 1)
     max_new_tokens: int = 64,
     clock: Callable[[], float] = time.perf_counter,
+    repeats: int = 3,
     **generation_kwargs,
 ) -> float:
     """Seconds per generated token with the engine (``hierarchy=None``: autoregressive, K = 0), the
     prefill excluded: (time for ``max_new_tokens`` - time for 1 token) / (``max_new_tokens`` - 1),
-    summed over the prompt rows. EOS is ignored so every run has the same length."""
+    the median of ``repeats`` such pairs per prompt row (timed one after the other, so that load
+    that comes and goes spoils a pair, not a whole side), summed over the rows. EOS is ignored so
+    every run has the same length. NaN, with a ``ProfileNoiseWarning``, when the machine was too
+    busy to tell: the long runs took no longer than the short ones."""
     from hsd_fast.hf_generate import generate
 
+    if max_new_tokens < 2 or repeats < 1:
+        raise ValueError(
+            "measured_latency needs max_new_tokens >= 2 (the first token is the prefill's) and "
+            f"repeats >= 1, got {max_new_tokens} and {repeats}"
+        )
     levels = {"hierarchy": hierarchy} if hierarchy is not None else {"drafts": [], "T": []}
     kwargs = {"eos_token_id": None, "seed": 0, **generation_kwargs, **levels}
     device = next(target.parameters()).device
@@ -39,5 +51,16 @@ def measured_latency(
         return clock() - start
 
     timed(prompts[:1], max_new_tokens)  # warm-up: every step shape of the run (compiled steps compile now)
-    total = sum(timed(row[None], max_new_tokens) - timed(row[None], 1) for row in prompts)
+    total = sum(
+        statistics.median(timed(row[None], max_new_tokens) - timed(row[None], 1) for _ in range(repeats))
+        for row in prompts
+    )
+    if total <= 0:
+        warnings.warn(
+            f"measured_latency: generating {max_new_tokens} tokens took no longer than generating 1 "
+            "(median of the repeats): the machine is too busy to measure; returning NaN",
+            ProfileNoiseWarning,
+            stacklevel=2,
+        )
+        return math.nan
     return total / (len(prompts) * (max_new_tokens - 1))
