@@ -320,8 +320,16 @@ class LevelStep:
     until then it runs eagerly (the same code). Prefills and steps wider than ``COMPILED_MAX_WIDTH``
     always run eagerly: a graph per prompt length would cost more to compile than it could save."""
 
-    def __init__(self, runner: Runner, level: int, top: int, compile: bool = False) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        level: int,
+        top: int,
+        compile: bool = False,
+        compile_after_uses: int = COMPILE_AFTER_USES,
+    ) -> None:
         self.runner, self.level, self.top, self.compile = runner, level, top, compile
+        self.compile_after_uses = compile_after_uses  # 1: every shape compiles at once (profiling)
         self.functions: dict[tuple, Callable] = {}
         self.compiled: dict[tuple, list[tuple[int, int]]] = {}  # (kind, structure) -> compiled shapes
         self.uses: dict[tuple, int] = {}  # shape key -> uses so far
@@ -357,7 +365,7 @@ class LevelStep:
             return self.function(kind, *covering[0], state, compiled=True)  # its own graph comes first
         key = (*family, width, out_width)
         self.uses[key] = self.uses.get(key, 0) + 1
-        if self.uses[key] >= COMPILE_AFTER_USES:
+        if self.uses[key] >= self.compile_after_uses:
             compiled.append((width, out_width))
             return self.function(kind, width, out_width, state, compiled=True)
         if covering:
