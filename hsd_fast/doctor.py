@@ -91,11 +91,11 @@ def model_lines(role: str, name: str, model: torch.nn.Module) -> tuple[list[str]
 
 
 def hierarchy_line(models: list[torch.nn.Module]) -> tuple[str, bool]:
-    from hsd_fast.compat import check_devices, common_vocab_size
+    from hsd_fast.compat import check_devices, hierarchy_vocab_size
 
     target, *drafts = models
     try:
-        vocab = common_vocab_size(target, drafts)
+        vocab = hierarchy_vocab_size(target, drafts)
         check_devices(
             target, drafts, torch.zeros(1, dtype=torch.int64, device=next(target.parameters()).device)
         )

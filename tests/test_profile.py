@@ -55,9 +55,10 @@ SPANS, DRAFTS, WARMUP, REPEATS = (1, 2, 4, 8), (1, 2, 4), 3, 5
 
 
 def _warm_up_forwards(spans=SPANS, drafts=DRAFTS, warmup=WARMUP) -> int:
-    """Forwards before the first timed one: the context's prefill, then ``warmup`` calls of each
-    step (constant times settle at once); a draft step of k tokens makes k forwards."""
-    return 1 + warmup * (len(spans) + sum(drafts))
+    """Forwards before the first timed one: the cache's probe (HFRunner.prepare), the context's
+    prefill, then ``warmup`` calls of each step (constant times settle at once); a draft step of k
+    tokens makes k forwards."""
+    return 2 + warmup * (len(spans) + sum(drafts))
 
 
 def _profile(clock: FakeClock, spans=SPANS, drafts=DRAFTS):
