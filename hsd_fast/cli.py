@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--max-new-tokens", type=positive_int, default=128)
     demo.add_argument("--threads", type=positive_int, help="torch CPU threads")
     demo.add_argument(
+        "--eager", action="store_true", help="HSD uncompiled (default: compiled first, 1-2 min on a CPU)"
+    )
+    demo.add_argument(
         "--tables", action="store_true", help="instead: sampled HSD on table models vs the exact distribution"
     )
     demo.add_argument(
@@ -87,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         check_length(prompt, args.max_new_tokens)
     except ValueError as err:
         demo.error(str(err))
-    return zoo_demo(prompt, args.max_new_tokens, args.threads)
+    return zoo_demo(prompt, args.max_new_tokens, args.threads, compile=not args.eager)
 
 
 if __name__ == "__main__":
