@@ -5,7 +5,7 @@ process, a warm-up pass, rotated interleaved passes, contended passes redone, gr
 compared with HF's). The full ``hsd-fast bench`` adds profiling, a grid search and every baseline:
 on 2 CPU cores its compilation alone takes over an hour.
 
-    python bench/bench_e2e_headline.py [--do-sample] [--batch 1 16]
+    python bench/bench_e2e_headline.py [--scenario zoo|twin] [--do-sample] [--batch 1 16]
 """
 
 from __future__ import annotations
@@ -22,11 +22,16 @@ from hsd_fast.bench.scenarios import SCENARIOS
 from hsd_fast.bench.timing import CpuMeter
 from hsd_fast.report import run_metadata
 
-HIERARCHIES = {("xxs",): (3,), ("xxs", "xs"): (2, 3)}
+HIERARCHIES = {  # scenario -> {drafts: T}
+    "zoo": {("xxs",): (3,), ("xxs", "xs"): (2, 3)},
+    # the target costs ~100x xxs there, sm 5-20x: one draft of each kind, and both stacked
+    "twin": {("xxs",): (4,), ("sm",): (4,), ("xxs", "sm"): (3, 3)},
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", choices=sorted(HIERARCHIES), default="zoo")
     parser.add_argument("--do-sample", action="store_true", help="temperature 0.8 (default: greedy)")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--prompts", type=int, default=4, help="code prompts (repeated to fill a batch)")
@@ -34,7 +39,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
-    scenario = SCENARIOS["zoo"]()
+    scenario = SCENARIOS[args.scenario]()
     sampling = {"do_sample": True, "temperature": 0.8} if args.do_sample else {"do_sample": False}
     n, target, drafts = args.max_new_tokens, scenario.target, scenario.drafts
     rows, redone, meter = [], 0, CpuMeter()
@@ -43,7 +48,8 @@ def main() -> None:
         if batch == 1:
             configs.append(cfg.hf_assisted(target, "xxs", drafts["xxs"], sampling, n))
         configs.append(cfg.ours(target, drafts, [], [], sampling, n, True, "ours, no draft"))
-        configs += [cfg.ours(target, drafts, chain, T, sampling, n, True) for chain, T in HIERARCHIES.items()]
+        hierarchies = HIERARCHIES[args.scenario].items()
+        configs += [cfg.ours(target, drafts, chain, T, sampling, n, True) for chain, T in hierarchies]
         work = _batches(scenario.prompt_sets["code"][: args.prompts], batch)
         print(f"batch {batch}: {len(configs)} configurations, warm-up (compiles) then {args.passes} passes")
         batch_rows, passes_redone = _measure(configs, work, args, meter, sampling, scenario)
@@ -51,7 +57,7 @@ def main() -> None:
         rows += [{"batch": batch, "prompt_set": "code", **row} for row in batch_rows]
     label = "temperature 0.8" if args.do_sample else "greedy"
     meta = run_metadata(
-        "cpu", scenario="zoo (headline)", models=scenario.description, sampling_label=label,
+        "cpu", scenario=f"{args.scenario} (headline)", models=scenario.description, sampling_label=label,
         sampling=sampling, compiled=True, dtype="float32", batches=args.batch, prompts=args.prompts,
         max_new_tokens=n,
         passes=args.passes, redone_passes=redone, threads=torch.get_num_threads(),
@@ -61,7 +67,7 @@ def main() -> None:
         f"1 warm-up pass (compilation) + {args.passes} counted, rotated; {redone} passes redone because "
         "other processes took more than 10% of the CPU.",
     ]
-    stem = args.out / f"e2e_zoo_headline{'_sampled' if args.do_sample else ''}_cpu"
+    stem = args.out / f"e2e_{args.scenario}_headline{'_sampled' if args.do_sample else ''}_cpu"
     for path in write(stem, meta, rows, notes):
         print(f"wrote {path}")
 
