@@ -1,11 +1,14 @@
-"""The exact distribution of short continuations under a tiny HF model, by enumeration: what the
-sampled tests compare HSD's samples with (a chi-square test)."""
+"""The exact distribution of short continuations under a tiny HF model, by enumeration, and HSD's
+samples of the same continuations: what the sampled tests compare (a chi-square test)."""
 
 from __future__ import annotations
 
 import itertools
 
 import torch
+
+import hsd_fast
+from hsd_fast.stats import HSDStats
 
 
 def exact_distribution(
@@ -29,3 +32,17 @@ def exact_distribution(
     at = len(prompt) - 1
     total = sum(logp[torch.arange(len(conts)), at + k, conts[:, k]] for k in range(steps))
     return {tuple(c.tolist()): float(p) for c, p in zip(conts, total.exp(), strict=True)}
+
+
+def hsd_samples(
+    target: torch.nn.Module, drafts: list[torch.nn.Module], prompt: torch.Tensor, samples: int, steps: int
+) -> tuple[list[tuple[int, ...]], HSDStats]:
+    """``samples`` continuations of ``steps`` tokens after ``prompt`` ([P]) drawn by HSD in one batch
+    (T = 2 at every level, HF's default top-k off, seed 0, eager: a planted bug may not compile),
+    and the run's statistics."""
+    out = target.generate(
+        prompt.expand(samples, -1), custom_generate=hsd_fast.generate, drafts=drafts, T=[2] * len(drafts),
+        do_sample=True, top_k=None, max_new_tokens=steps, eos_token_id=None, seed=0, compile=False,
+        output_hsd_stats=True,
+    )  # fmt: skip
+    return [tuple(row) for row in out.sequences[:, len(prompt) :].tolist()], out.hsd_stats

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from enumerated import exact_distribution
+from enumerated import exact_distribution, hsd_samples
 from hf_models import noisy_copy, tiny_model
 from planted_bugs import vocabulary_cut_to_the_smallest
 
@@ -81,25 +81,16 @@ def test_greedy_equals_the_target_where_it_prefers_an_extra_id(models, levels) -
 
 def test_sampling_is_exact_over_the_targets_vocabulary(models, exact) -> None:
     *drafts, target = models
-    out = target.generate(
-        PROMPT.expand(SAMPLES, -1), custom_generate=hsd_fast.generate, drafts=drafts, T=[2, 2],
-        do_sample=True, top_k=None, max_new_tokens=STEPS, eos_token_id=None, seed=0, compile=False,
-        output_hsd_stats=True,
-    )  # fmt: skip
-    samples = [tuple(row) for row in out.sequences[:, len(PROMPT) :].tolist()]
+    samples, stats = hsd_samples(target, drafts, PROMPT, SAMPLES, STEPS)
     assert pooled_chi_square(samples, exact).p_value > 1e-3
-    assert all(0 < out.hsd_stats.acceptance_rate(level) < 1 for level in (1, 2))
+    assert all(0 < stats.acceptance_rate(level) < 1 for level in (1, 2))
 
 
 def test_the_old_rule_fails_the_same_test(models, exact) -> None:
     """Cutting the target to the drafts' vocabulary never draws its extra id: caught at p < 1e-6."""
     *drafts, target = models
     with vocabulary_cut_to_the_smallest():
-        out = target.generate(
-            PROMPT.expand(SAMPLES, -1), custom_generate=hsd_fast.generate, drafts=drafts, T=[2, 2],
-            do_sample=True, top_k=None, max_new_tokens=STEPS, eos_token_id=None, seed=0, compile=False,
-        )  # fmt: skip
-    samples = [tuple(row) for row in out[:, len(PROMPT) :].tolist()]
+        samples, _ = hsd_samples(target, drafts, PROMPT, SAMPLES, STEPS)
     assert pooled_chi_square(samples, exact).p_value < 1e-6
 
 

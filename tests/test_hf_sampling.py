@@ -3,7 +3,7 @@ residual-as-q bug fails the same test at the same sample count (significance 1e-
 
 import pytest
 import torch
-from enumerated import exact_distribution
+from enumerated import exact_distribution, hsd_samples
 from hf_models import noisy_copy, tiny_model
 from planted_bugs import residual_stored_as_q
 
@@ -53,9 +53,5 @@ def test_residual_as_q_fails_the_same_test(models, exact) -> None:
     # eager: the planted bug indexes by a data-dependent mask, which torch.compile cannot trace, and
     # compile="auto" compiles after AUTO_COMPILE_AFTER_SECONDS of decoding, which a busy machine reaches
     with residual_stored_as_q():
-        out = target.generate(
-            PROMPT.expand(SAMPLES, -1), custom_generate=hsd_fast.generate, drafts=drafts, T=[2, 2],
-            do_sample=True, top_k=None, max_new_tokens=STEPS, eos_token_id=None, seed=0, compile=False,
-        )  # fmt: skip
-    samples = [tuple(row) for row in out[:, len(PROMPT) :].tolist()]
+        samples, _ = hsd_samples(target, drafts, PROMPT, SAMPLES, STEPS)
     assert pooled_chi_square(samples, exact).p_value < 1e-6
