@@ -89,6 +89,12 @@ def refusal(model_cls: type, config: Any, decoder_code: str | None = None) -> st
             "layers with state: recurrent, linear-attention, state-space or convolution layers, whose "
             "state cannot be rolled back after a rejected draft"
         )
+    loops = {k: v for k, v in vars(config).items() if "loop" in k and type(v) is int and v > 1}
+    if loops:
+        return (
+            f"looped layers: {', '.join(f'{k}={v}' for k, v in sorted(loops.items()))}; layers that run "
+            "several times per forward write copies of their cache layers the runner's cache does not hold"
+        )
     if unknown:
         return (
             f"another attention pattern: layer types {unknown}; the runner's masks implement full and "

@@ -104,7 +104,12 @@ class HFRunner:
         # as is (admitted only then: architectures.refusal).
         types = layer_types(config, module_source(type(model)))
         self.windows = {t: window(config, t) for t in dict.fromkeys(types)}
-        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        parameters = inspect.signature(model.forward).parameters
+        self.keeps_logits = "logits_to_keep" in parameters
+        # transformers 5.24 renamed the forward's cache argument `past_key_values` to `cache` (the old
+        # name stays a deprecated alias on most classes, not all: a class without the alias would drop
+        # the cache into **kwargs unread).
+        self.cache_keyword = "cache" if "cache" in parameters else "past_key_values"
 
     @classmethod
     def of(cls, model: torch.nn.Module, vocab_size: int) -> HFRunner:
@@ -148,6 +153,19 @@ class HFRunner:
             with torch.no_grad():
                 self.forward(FedBlock(zeros, zeros, zeros.bool()), 1)
             calls = cache.calls
+        except torch.OutOfMemoryError:
+            self.cache = None
+            raise
+        except (RuntimeError, IndexError, TypeError, AttributeError) as err:
+            # A forward that manages its cache its own way (copies of cache layers for looped layers,
+            # a cache object of its own) breaks on this one before it can be counted.
+            self.cache = None
+            first_line = (str(err).strip().splitlines() or [""])[0]
+            raise ValueError(
+                f"{type(self.model).__name__}: its forward fails on hsd_fast's slot cache "
+                f"({type(err).__name__}: {first_line}): models whose layers do not each write one "
+                "cache layer once per forward are not supported"
+            ) from err
         finally:
             cache.calls = None
         if calls != [1] * len(cache):
@@ -168,8 +186,8 @@ class HFRunner:
             input_ids=embeddable_ids(self.model, block.input_ids) if self.stand_in else block.input_ids,
             attention_mask=masks if len(masks) > 1 else next(iter(masks.values())),
             position_ids=block.positions,
-            past_key_values=cache,
             use_cache=True,
+            **{self.cache_keyword: cache},
             **({"logits_to_keep": num_outputs} if self.keeps_logits else {}),
         )
         return fit_logits(out.logits[:, -num_outputs:], self.vocab_size)  # [B, O, V]

@@ -71,6 +71,13 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "cohere_compass_text": {
         "rope_parameters": {FULL: {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 2, 4]}}
     },
+    # their default rotary_dim (64) is wider than the tiny heads (16), which fails in 5.24's forward:
+    # a partial rotation, as in their checkpoints
+    "codegen": {"rotary_dim": 8},
+    "gptj": {"rotary_dim": 8},
+    # looped (recurrent-depth) layers: one layer before the looped one, as its checkpoints have a
+    # few (the runner refuses it at its first forward)
+    "dory": {"n_input_layers": 1, "n_recurrent_layers": 1, "n_output_layers": 0},
     "dbrx": {
         "d_model": 64,
         "n_heads": 4,

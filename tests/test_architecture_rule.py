@@ -71,6 +71,12 @@ def test_other_refusals_name_their_category() -> None:
         num_kv_shared_layers=2,
     )
     assert refusal(transformers.Gemma3nForCausalLM, shared).startswith("K/V shared across layers:")
+    looped = tiny_config("llama")
+    looped.n_recurrent_loops = 2  # as Dory's (transformers 5.24) config says its layers loop
+    assert refusal(transformers.LlamaForCausalLM, looped) == (
+        "looped layers: n_recurrent_loops=2; layers that run several times per forward write copies "
+        "of their cache layers the runner's cache does not hold"
+    )
 
 
 def test_an_encoder_used_without_is_decoder_is_refused_when_loaded() -> None:

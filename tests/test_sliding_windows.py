@@ -123,6 +123,16 @@ def test_a_model_sharing_kv_across_layers_is_refused() -> None:
         model.generate(torch.tensor([[5, 6, 7]]), custom_generate=hsd_fast.generate, max_new_tokens=3)
 
 
+def test_a_model_whose_forward_breaks_on_the_cache_is_refused() -> None:
+    """Layer 1 writes to a cache layer the model does not have (as looped models write to copies of
+    their layers): the first forward fails inside the model, and generate refuses it with the reason
+    instead of the model's shape error."""
+    model = tiny_model("llama")
+    model.model.layers[1].self_attn.layer_idx = 5
+    with pytest.raises(ValueError, match=r"its forward fails on hsd_fast's slot cache \(RuntimeError"):
+        model.generate(torch.tensor([[5, 6, 7]]), custom_generate=hsd_fast.generate, max_new_tokens=3)
+
+
 @pytest.mark.slow
 def test_compiled_steps_take_a_dict_of_masks() -> None:
     """The compiled level steps trace the runner's masks per layer type (fullgraph: a graph break
