@@ -108,8 +108,8 @@ included) whose tag is >= l, so ``frontier[:, 0]`` is the sequence length and ``
 committed length. ``cached[row, l]`` = leading positions level l's KV cache holds validly.
 
 Loop: ``level = next_level()``; ``rows = rows_for(level)``; ``spans(level, rows)`` says what to feed;
-then ``commit_draft`` (level 0) or ``commit_verify`` (level >= 1). Invalid arguments raise ValueError
-before any state changes.
+then ``commit_draft`` or ``commit_proposal`` (level 0) or ``commit_verify`` (level >= 1). Invalid
+arguments raise ValueError before any state changes.
 )doc")
       .def(py::init(&make_ledger), py::arg("num_levels"), py::arg("block_sizes"),
            py::arg("prompt_lens"), py::arg("max_new_tokens"), py::arg("policy") = "most_rows",
@@ -199,6 +199,19 @@ distribution of token t + 1). Every row must want `level`.
           },
           py::arg("rows"), py::arg("is_eos"),
           "Level 0 fed its span and drew one token (tag 0) per row at position seq_len.")
+      .def(
+          "commit_proposal",
+          [](Ledger& self, const py::object& rows, const py::object& counts,
+             const py::object& last_is_eos) {
+            self.commit_proposal(to_ints(rows, "rows"), to_ints(counts, "counts"),
+                                 to_ints(last_is_eos, "last_is_eos"));
+          },
+          py::arg("rows"), py::arg("counts"), py::arg("last_is_eos"), R"doc(
+Level 0 proposed counts[i] tokens at once (0 up to the room left in its block of T_0 and in the
+length budget), the last an EOS where last_is_eos[i], and closed its block: the row wants level 1
+next, which verifies whatever is pending, even nothing. Equivalent to counts[i] commit_draft calls
+followed by the close.
+)doc")
       .def(
           "commit_verify",
           [](Ledger& self, int64_t level, const py::object& rows, const py::object& num_accepted,

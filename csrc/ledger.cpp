@@ -82,6 +82,7 @@ Ledger::Ledger(int64_t num_levels, const Ints& block_sizes, const Ints& prompt_l
     std::fill_n(frontier_.begin() + r * num_levels_, num_levels_, prompt_lens[r]);
   cached_.assign(num_rows_ * num_levels_, 0);
   eos_pos_.assign(num_rows_, -1);
+  closed_.assign(num_rows_, 0);
 }
 
 Ledger::Ledger(int64_t num_levels, const Ints& block_sizes, const Ints& prompt_lens,
@@ -121,6 +122,8 @@ int64_t Ledger::wanted_at(int64_t row) const {
   // A drawn EOS or a full budget stops drafting: flush the speculative tokens upward. The row is
   // not finished, so its last tag is below K and the flush level exists.
   if (eos_pos_[row] >= 0 || frontier(row, 0) >= budget_end_[row]) return last_tag_at(row) + 1;
+  // Level 0 closed its block early (it proposed all it had): level 1 verifies what is pending.
+  if (closed_[row]) return 1;
   return 0;
 }
 
@@ -254,6 +257,30 @@ void Ledger::commit_draft(const Ints& rows, const Ints& is_eos) {
   }
 }
 
+void Ledger::commit_proposal(const Ints& rows, const Ints& counts, const Ints& last_is_eos) {
+  if (num_levels_ < 2) throw error("commit_proposal needs a level above level 0 to verify it");
+  check_rows(0, rows);
+  check_same_length("counts", counts, rows);
+  check_same_length("last_is_eos", last_is_eos, rows);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t r = rows[i];
+    const int64_t room = std::min(block_sizes_[0] - pending_at(r, 0), budget_end_[r] - frontier(r, 0));
+    if (counts[i] < 0 || counts[i] > room)
+      throw error("row ", r, ": count ", counts[i], " outside [0, ", room,
+                  "] (room in its block and its length budget)");
+    if (last_is_eos[i] && counts[i] == 0)
+      throw error("row ", r, ": last_is_eos set for an empty proposal");
+  }
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t r = rows[i];
+    const int64_t end = frontier(r, 0) + counts[i];
+    if (counts[i] > 0) cached(r, 0) = end - 1;  // as commit_draft leaves it after the last token
+    frontier(r, 0) = end;
+    if (last_is_eos[i]) eos_pos_[r] = end - 1;
+    closed_[r] = 1;
+  }
+}
+
 Ledger::Verified Ledger::commit_verify(int64_t level, const Ints& rows, const Ints& num_accepted,
                                        const Ints& extra_is_eos) {
   if (level < 1)
@@ -296,6 +323,7 @@ Ledger::Verified Ledger::commit_verify(int64_t level, const Ints& rows, const In
     if (keep && extra_is_eos[i]) eos_pos_[r] = new_len - 1;
     // Every token up to new_len now carries a tag >= level.
     for (int64_t l = 0; l <= level; ++l) frontier(r, l) = new_len;
+    closed_[r] = 0;  // level 0's block was verified (or cut away): it proposes anew
     out.kept_extra[i] = keep;
   }
   return out;

@@ -73,6 +73,12 @@ class Ledger {
   // Level 0 fed its span and drew one token (tag 0) at position seq_len.
   void commit_draft(const Ints& rows, const Ints& is_eos);
 
+  // Level 0 proposed counts[i] tokens at once (0 up to the room left in its block and in the length
+  // budget), the last one an EOS where last_is_eos[i], and closed its block: the row wants level 1
+  // next, which verifies whatever is pending, even nothing. The same as counts[i] commit_draft calls
+  // followed by the close (a model-free level 0: context lookup, docs/design.md, "The lookup level").
+  void commit_proposal(const Ints& rows, const Ints& counts, const Ints& last_is_eos);
+
   // Level fed its span and verified its block [frontier(level), seq_len) of tag level-1:
   // num_accepted drafts passed, then a correction (on a rejection) or a bonus token follows.
   struct Verified {
@@ -106,6 +112,7 @@ class Ledger {
   Ints frontier_;    // [num_rows * num_levels]
   Ints cached_;      // [num_rows * num_levels]
   Ints eos_pos_;     // [num_rows]: position of the drawn EOS, -1 if none
+  Ints closed_;      // [num_rows]: 1 from commit_proposal until the next commit_verify
 };
 
 }  // namespace hsd

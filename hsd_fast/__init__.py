@@ -14,6 +14,7 @@ except ImportError as err:  # pragma: no cover - exercised only by broken instal
     ) from err
 
 from hsd_fast.engine import HSDResult, run_hsd
+from hsd_fast.lookup import LookupDraft
 from hsd_fast.stats import HSDStats
 from hsd_fast.steps import Runner
 
@@ -24,6 +25,7 @@ __all__ = [
     "HSDResult",
     "HSDStats",
     "Hierarchy",
+    "LookupDraft",
     "Runner",
     "__version__",
     "generate",

@@ -26,6 +26,7 @@ import torch
 
 from hsd_fast._C import Ledger
 from hsd_fast.layout import capacity_bucket
+from hsd_fast.lookup import LookupDraft, LookupProposer
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.sampling_metadata import SamplingMetadata
 from hsd_fast.stats import HSDStats
@@ -84,7 +85,7 @@ def speculative_window(block_sizes: Sequence[int], max_new_tokens: int | None = 
 
 
 def run_hsd(
-    runners: Sequence[Runner],
+    runners: Sequence[Runner | LookupDraft],
     prompts: Sequence[torch.Tensor],
     *,
     block_sizes: Sequence[int],
@@ -99,7 +100,8 @@ def run_hsd(
     transform: LogitsTransform | None = None,
     compile: bool | str = "auto",
 ) -> HSDResult:
-    """Generate with the hierarchy ``runners`` (level 0 drafts, the last is the target).
+    """Generate with the hierarchy ``runners`` (level 0 drafts, the last is the target). The first
+    may be a ``LookupDraft``: a model-free level 0 that proposes from each row's own context.
 
     ``block_sizes[i]`` is T_i: level i+1 verifies once level i has emitted at least T_i tokens.
     ``seeds``: one int (row seeds derived from it) or one int64 per row. ``temperature``: one float
@@ -114,9 +116,13 @@ def run_hsd(
     num_levels, num_rows = len(runners), len(prompts)
     if num_levels < 1:
         raise ValueError("need at least one runner (the target)")
+    lookup_spec = runners[0] if isinstance(runners[0], LookupDraft) else None
+    models = runners[1:] if lookup_spec is not None else runners  # the levels that run a model
+    if not models or any(isinstance(r, LookupDraft) for r in models):
+        raise ValueError("a LookupDraft can only be the first level, under at least one model")
     vocab = runners[-1].vocab_size
-    if any(r.vocab_size != vocab for r in runners):
-        raise ValueError(f"runners disagree on vocab_size: {[r.vocab_size for r in runners]}")
+    if any(r.vocab_size != vocab for r in models):
+        raise ValueError(f"runners disagree on vocab_size: {[r.vocab_size for r in models]}")
     block_sizes = check_block_sizes(block_sizes, num_levels - 1)
     if not prompts:
         raise ValueError("the batch needs at least one row (prompts is empty)")
@@ -130,19 +136,25 @@ def run_hsd(
     # Every check is done and the runners have refused what their models cannot hold before the
     # run's buffers are allocated. A level feeds positions up to budget_end - 1 (the last draft of a
     # full budget, for the bonus after it): budget_end positions per row in each cache.
-    for runner in runners:
+    for runner in models:
         runner.prepare(num_rows, int(budget_end.max()))
     # +1: a bonus drawn past the length budget is written to the token buffer before the ledger drops it
     capacity = int(budget_end.max()) + 1
     positions = capacity_bucket(capacity)  # in every compiled step's shapes: a few sizes only
     transform = transform or LogitsTransform()
     keep_q = num_levels > 1 and not greedy
-    ring_dtype = torch.float32 if transform.processors else _widest(r.dtype for r in runners)
+    ring_dtype = torch.float32 if transform.processors else _widest(r.dtype for r in models)
     window = speculative_window(block_sizes, int(budget.max()))
     state = DecodeState(prompts, positions, window, vocab, ring_dtype, sampling, transform, keep_q)
     compiled = _decide_compile(compile, runners, block_sizes)
-    steps = [LevelStep.of(runner, level, num_levels - 1, compiled) for level, runner in enumerate(runners)]
+    steps = [
+        None if runner is lookup_spec else LevelStep.of(runner, level, num_levels - 1, compiled)
+        for level, runner in enumerate(runners)
+    ]
     draft_count = block_sizes[0] if num_levels > 1 else TOKENS_PER_DECODE_STEP  # most drawn per step
+    lookup = None
+    if lookup_spec is not None:
+        lookup = LookupProposer(lookup_spec, num_rows, sampling.eos_ids.tolist())
 
     log = _RoundLog(num_levels)
     emitted = prompt_lens.copy()  # per row: tokens already handed to on_commit
@@ -151,7 +163,16 @@ def run_hsd(
         while (level := ledger.next_level()) >= 0:
             rows = ledger.rows_for(level)
             starts, ends, outs = ledger.spans(level, rows)
-            if level == 0:
+            if level == 0 and lookup is not None:
+                wanted = _drafts_wanted(ledger, rows, budget_end, block_sizes)
+                started = time.perf_counter()
+                proposals, last_is_eos = lookup.propose(state.tokens, rows, ends, wanted)
+                state.write_proposals(rows, ends, proposals)
+                counts = np.array([len(p) for p in proposals], dtype=np.int64)
+                ledger.commit_proposal(rows, counts, last_is_eos)
+                inside = time.perf_counter() - started
+                log.proposed(counts)
+            elif level == 0:
                 wanted = _drafts_wanted(ledger, rows, budget_end, block_sizes)
                 (drawn, last_is_eos, broken), inside = steps[0](
                     state, rows, starts, ends, outs, wanted, count=draft_count
@@ -166,6 +187,8 @@ def run_hsd(
                 _check_logits(level, rows, broken)
                 kept, cascaded = ledger.commit_verify(level, rows, accepted, is_eos)
                 log.verified(level, starts, ends, outs, accepted, kept, cascaded)
+                if lookup is not None:  # the emitted token replaced whatever stood at its position
+                    lookup.invalidate(rows, outs + 1 + accepted)
             if on_commit is not None and level == num_levels - 1:
                 lens = ledger.output_lens()
                 for r in np.flatnonzero(lens > emitted):
@@ -194,10 +217,16 @@ class _RoundLog:
         self.spans: list[list[np.ndarray]] = [[] for _ in range(num_levels)]  # fed tokens per row
         self.verifies: list[list[tuple]] = [[] for _ in range(num_levels)]
         self.times: list[list[tuple[float, float]]] = [[] for _ in range(num_levels)]
+        self.lookups: list[int] = []  # tokens proposed per lookup round
 
     def drafted(self, starts: np.ndarray, ends: np.ndarray, drawn: np.ndarray) -> None:
         for k in range(int(drawn.max())):  # one lockstep forward per token drawn
             self.spans[0].append(ends - starts if k == 0 else np.ones(int((drawn > k).sum()), dtype=np.int64))
+
+    def proposed(self, counts: np.ndarray) -> None:
+        """A lookup round: no forward, ``counts`` [R] tokens proposed."""
+        self.spans[0].append(np.zeros(len(counts), dtype=np.int64))
+        self.lookups.append(int(counts.sum()))
 
     def verified(self, level: int, starts, ends, outs, accepted, kept, cascaded) -> None:
         self.spans[level].append(ends - starts)
@@ -211,7 +240,9 @@ class _RoundLog:
         for level in range(self.num_levels):
             for fed in self.spans[level]:
                 stats.record_forward(level, len(fed), int(fed.sum()))
-            if level == 0:
+            if level == 0 and self.lookups:  # a lookup level: its rounds, no forwards
+                stats.record_draft(sum(self.lookups))
+            elif level == 0:
                 stats.record_draft(int(sum(len(fed) for fed in self.spans[0])))
             elif self.verifies[level]:
                 stats.record_verify(

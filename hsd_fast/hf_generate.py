@@ -6,7 +6,8 @@
 transformers prepares the generation config, the logits processors and the stopping criteria, then calls
 this function. Extra arguments (``drafts``, ``T``, ``seed``) must be named parameters here or HF rejects
 them (docs/design.md, "Named extra kwargs"). ``drafts`` are ordered smallest first; level 0 drafts, the
-target verifies last. ``T[i]`` is the block size: the tokens level i must emit before level i+1
+target verifies last; the first may be ``"lookup"`` (a ``LookupDraft``: proposals found in the row's own
+context, no model). ``T[i]`` is the block size: the tokens level i must emit before level i+1
 verifies; the default is ``DEFAULT_T`` at every level."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from hsd_fast.compat import check_devices, check_model, hierarchy_vocab_size
 from hsd_fast.engine import check_block_sizes, run_hsd
 from hsd_fast.hf_runner import HFRunner
 from hsd_fast.hierarchy import Hierarchy
+from hsd_fast.lookup import LookupDraft
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.stats import HSDStats
 
@@ -100,8 +102,10 @@ def _generate(
         if drafts or T is not None:
             raise ValueError("pass either hierarchy= or drafts=/T=, not both")
         drafts, T = hierarchy.drafts, hierarchy.T
-    drafts = check_drafts(drafts)
-    T = check_block_sizes([DEFAULT_T] * len(drafts) if T is None else T, len(drafts), "T")
+    lookup, drafts = check_drafts(drafts)
+    bottom = [] if lookup is None else [lookup]  # a lookup level sits below the draft models
+    num_drafts = len(bottom) + len(drafts)
+    T = check_block_sizes([DEFAULT_T] * num_drafts if T is None else T, num_drafts, "T")
     check_input_ids(input_ids, model_kwargs)
     _check_request(model, drafts, input_ids, config, stopping_criteria)
     vocab = hierarchy_vocab_size(model, drafts)
@@ -110,7 +114,7 @@ def _generate(
     _check_positions(model, drafts, max(p.numel() for p in prompts) + max_new_tokens)
 
     transform = LogitsTransform(list(logits_processor or []))
-    runners = [HFRunner.of(m, vocab) for m in (*drafts, model)]
+    runners = [*bottom, *(HFRunner.of(m, vocab) for m in (*drafts, model))]
     eos_ids = _eos_ids(config)
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item())  # host value by design: keys the hash
@@ -183,14 +187,27 @@ def _streamer_hf_dropped(caller: types.FrameType | None):
         del caller  # a frame held from a local would keep every object of the call alive
 
 
-def check_drafts(drafts) -> list[torch.nn.Module]:
-    """``drafts`` as a list of modules, or a TypeError naming it."""
+def check_drafts(drafts) -> tuple[LookupDraft | None, list[torch.nn.Module]]:
+    """``drafts`` as its lookup level (``"lookup"`` or a ``LookupDraft``, first only; None without
+    one) and its list of models, or a TypeError / ValueError naming the entry."""
     if isinstance(drafts, (torch.nn.Module, str)) or not isinstance(drafts, Sequence):
         raise TypeError(f"drafts must be a list of models (smallest first), got {type(drafts).__name__}")
+    drafts = list(drafts)
+    lookup = None
     for i, d in enumerate(drafts):
-        if not isinstance(d, torch.nn.Module):
-            raise TypeError(f"drafts[{i}] must be a model (torch.nn.Module), got {type(d).__name__}")
-    return list(drafts)
+        if isinstance(d, LookupDraft) or (isinstance(d, str) and d == "lookup"):
+            if i > 0:
+                raise ValueError(
+                    f"drafts[{i}] is a lookup level: it has no model to verify anything, so it can only "
+                    "be the first (smallest) level"
+                )
+            lookup = d if isinstance(d, LookupDraft) else LookupDraft()
+        elif not isinstance(d, torch.nn.Module):
+            raise TypeError(
+                f"drafts[{i}] must be a model (torch.nn.Module), 'lookup' or a LookupDraft, got "
+                f"{type(d).__name__}"
+            )
+    return lookup, drafts[1:] if lookup is not None else drafts
 
 
 def check_input_ids(input_ids, model_kwargs: dict) -> None:

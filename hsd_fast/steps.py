@@ -93,6 +93,26 @@ class DecodeState:
         self.q_logits[rows, slots] = logits.to(self.q_logits.dtype)
         self.q_lse[rows, slots] = lse
 
+    def write_proposals(self, rows: np.ndarray, ends: np.ndarray, proposals: Sequence[Sequence[int]]) -> None:
+        """Put a lookup level's proposals (row ``rows[i]``'s at positions ``ends[i]``, ``ends[i] + 1``,
+        ...) into the token buffer and, when the ring is kept, their distribution: a point mass,
+        logits 0 at the token and -inf elsewhere, log-sum-exp 0 (docs/design.md, "The lookup level")."""
+        counts = [len(p) for p in proposals]
+        if sum(counts) == 0:
+            return
+        device = self.tokens.device
+        at_row = torch.from_numpy(np.repeat(rows, counts)).to(device)  # [N] over all proposed tokens
+        positions = torch.from_numpy(
+            np.concatenate([np.arange(end, end + n) for end, n in zip(ends.tolist(), counts, strict=True)])
+        ).to(device)  # [N]
+        tokens = torch.tensor([t for p in proposals for t in p], dtype=torch.int64, device=device)  # [N]
+        self.tokens[at_row, positions] = tokens
+        if self.q_logits is not None and self.q_lse is not None:
+            slots = positions % self.window  # [N]
+            self.q_logits[at_row, slots] = float("-inf")
+            self.q_logits[at_row, slots, tokens] = 0.0
+            self.q_lse[at_row, slots] = 0.0
+
 
 def _processed(runner: Runner, state: DecodeState, block: FedBlock, num_outputs: int) -> torch.Tensor:
     logits = runner.forward(block, num_outputs)  # [B, O, V]

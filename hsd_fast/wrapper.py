@@ -38,7 +38,8 @@ class HSDModel:
         if not isinstance(target, torch.nn.Module):
             raise TypeError(f"target must be a model (torch.nn.Module), got {type(target).__name__}")
         self.target = target
-        self.drafts = check_drafts(drafts)
+        lookup, models = check_drafts(drafts)
+        self.drafts = [*([] if lookup is None else [lookup]), *models]  # "lookup" as its LookupDraft
         self.T = check_block_sizes([DEFAULT_T] * len(self.drafts) if T is None else T, len(self.drafts), "T")
         self.compile = compile
 

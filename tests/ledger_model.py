@@ -79,6 +79,7 @@ class LedgerModel:
         self.frontier = [[p] * num_levels for p in prompt_lens]
         self.cached = [[0] * num_levels for _ in prompt_lens]
         self.eos_pos = [-1] * self.num_rows
+        self.closed = [False] * self.num_rows  # from commit_proposal until the next commit_verify
 
     # ------------------------------------------------------------ read-only
     @property
@@ -150,6 +151,8 @@ class LedgerModel:
                 return level
         if self.eos_pos[row] >= 0 or self.seq_len(row) >= self.budget_end[row]:
             return self.last_tag(row) + 1  # flush upward
+        if self.closed[row]:  # level 0 proposed all it had: level 1 verifies what is pending
+            return 1
         return 0
 
     # Bulk views, as the extension returns them (numpy int64).
@@ -215,6 +218,31 @@ class LedgerModel:
             if eos:
                 self.eos_pos[r] = n
 
+    def commit_proposal(self, rows: Sequence[int], counts: Sequence[int], last_is_eos: Sequence[int]) -> None:
+        """Level 0 proposed ``counts[r]`` tokens at once (tag 0), the last an EOS where flagged, and
+        closed its block: as that many ``commit_draft`` calls, after which the row wants level 1 even
+        with fewer than T_0 (or no) tokens pending."""
+        if self.num_levels < 2:
+            raise ValueError("commit_proposal needs a level above level 0 to verify it")
+        rows = _as_ints("rows", rows)
+        counts = _as_ints("counts", counts)
+        last_is_eos = _as_ints("last_is_eos", last_is_eos)
+        self._check_rows(0, rows)
+        self._check_same_length("counts", counts, rows)
+        self._check_same_length("last_is_eos", last_is_eos, rows)
+        for r, count, eos in zip(rows, counts, last_is_eos, strict=True):
+            room = min(self.block_sizes[0] - self.pending(r, 0), self.budget_end[r] - self.seq_len(r))
+            if not 0 <= count <= room:
+                raise ValueError(
+                    f"row {r}: count {count} outside [0, {room}] (room in its block and its length budget)"
+                )
+            if eos and count == 0:
+                raise ValueError(f"row {r}: last_is_eos set for an empty proposal")
+        for r, count, eos in zip(rows, counts, last_is_eos, strict=True):
+            for k in range(count):
+                self.commit_draft([r], [eos if k == count - 1 else 0])
+            self.closed[r] = True
+
     def commit_verify(
         self,
         level: int,
@@ -263,6 +291,7 @@ class LedgerModel:
                 self.eos_pos[r] = new_len - 1
             for lvl in range(level + 1):
                 f[lvl] = new_len
+            self.closed[r] = False  # level 0's block was verified (or cut away): it proposes anew
             kept.append(keep)
         return np.array(kept, np.int64), np.array(cascaded, np.int64)
 

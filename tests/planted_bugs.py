@@ -53,3 +53,27 @@ def vocabulary_cut_to_the_smallest() -> Iterator[None]:
 
     with mock.patch.object(hf_generate, "hierarchy_vocab_size", smallest):
         yield
+
+
+@contextlib.contextmanager
+def correction_drawn_from_p() -> Iterator[None]:
+    """Draw a rejection's correction from the verifier's p instead of the residual max(p - q, 0).
+    With a point-mass draft (a lookup proposal x) the residual is p with x removed: drawn from p,
+    the rejected x can come back as its own correction, and the output over-weights it."""
+    verify = steps.verify
+
+    def buggy(
+        verifier_logits, draft_logits, draft_lse, draft_tokens, num_drafts, temperature, *args, **kwargs
+    ):
+        result = verify(
+            verifier_logits, draft_logits, draft_lse, draft_tokens, num_drafts, temperature, *args, **kwargs
+        )
+        rows = torch.arange(len(num_drafts), device=num_drafts.device)
+        column = draft_tokens.shape[1] - num_drafts + result.num_accepted  # [B] the correction's
+        p = torch.softmax(verifier_logits[rows, column].float() / temperature[:, None], -1)  # [B, V]
+        from_p = torch.multinomial(p, 1)[:, 0]  # [B]
+        rejected = result.num_accepted < num_drafts
+        return result._replace(next_token=torch.where(rejected, from_p, result.next_token))
+
+    with mock.patch.object(steps, "verify", buggy):
+        yield

@@ -37,6 +37,7 @@ CALLS = {
     "rows_for": (0,),
     "spans": (0, [0, 1]),
     "commit_draft": ([0, 1], [0, 0]),
+    "commit_proposal": ([0, 1], [0, 0], [0, 0]),
     "commit_verify": (1, [0], [0], [0]),
 }
 PROPERTIES = ("num_levels", "num_rows", "block_sizes", "policy")

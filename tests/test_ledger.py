@@ -45,6 +45,7 @@ METHODS = (
     "rows_for",
     "spans",
     "commit_draft",
+    "commit_proposal",
     "commit_verify",
 )
 PROPERTIES = ("num_levels", "num_rows", "block_sizes", "policy")
@@ -131,8 +132,9 @@ def check_invariants(model: LedgerModel) -> None:
         if wanted == 0:  # drafting: below every block size, before any EOS and the budget
             assert eos == -1 and n < budget_end
             assert all(model.pending(r, lvl) < sizes[lvl] for lvl in range(top))
-        else:  # verifying: nothing pending below, a non-empty block, logits inside the feed
-            assert f[wanted - 1] == n and n - f[wanted] >= 1
+        else:  # verifying: nothing pending below, a non-empty block (empty only after an empty
+            # proposal: level 1 then decodes one token), logits inside the feed
+            assert f[wanted - 1] == n and (n - f[wanted] >= 1 or (wanted == 1 and model.closed[r]))
             assert c[wanted] <= f[wanted] - 1
             assert all(model.pending(r, lvl) < sizes[lvl] for lvl in range(wanted, top))
     for level in range(model.num_levels):
@@ -165,14 +167,24 @@ def max_ops(model: LedgerModel, row: int) -> int:
     return (progress + 1) * math.prod(t + 1 for t in model.block_sizes) - 1
 
 
+def proposal_room(model: LedgerModel, row: int) -> int:
+    """The most tokens a proposal of ``row`` may hold: the room left in level 0's block and in the
+    row's length budget."""
+    room_in_block = model.block_sizes[0] - model.pending(row, 0)
+    return min(room_in_block, model.budget_end[row] - model.seq_len(row))
+
+
 def snapshot(model: LedgerModel) -> dict[str, np.ndarray]:
     views = {name: getattr(model, name)() for name in BULK_VIEWS}
     views["finished"] = np.array([model.finished(r) for r in range(model.num_rows)])
     return views
 
 
-def check_transition(before: dict, model: LedgerModel, level: int, rows: list[int]) -> None:
-    """What one legal operation may change: only its rows, committed output only grows."""
+def check_transition(
+    before: dict, model: LedgerModel, level: int, rows: list[int], drawn: list[int] | None = None
+) -> None:
+    """What one legal operation may change: only its rows, committed output only grows. ``drawn``:
+    the tokens a level-0 operation added per row (a draft: one each)."""
     after = snapshot(model)
     others = np.setdiff1d(np.arange(model.num_rows), rows)
     for name in BULK_VIEWS:
@@ -182,10 +194,10 @@ def check_transition(before: dict, model: LedgerModel, level: int, rows: list[in
     assert np.all(after["output_lens"] >= before["output_lens"])
     assert np.all(after["finished"] >= before["finished"]), "a finished row restarted"
     # The op's tags above `level` are untouched; a draft adds exactly one token.
-    for r in rows:
+    for i, r in enumerate(rows):
         assert np.array_equal(after["frontiers"][r, level + 1 :], before["frontiers"][r, level + 1 :])
         if level == 0:
-            assert after["seq_lens"][r] == before["seq_lens"][r] + 1
+            assert after["seq_lens"][r] == before["seq_lens"][r] + (1 if drawn is None else drawn[i])
 
 
 # -------------------------------------------------------------------------- strategies
@@ -260,7 +272,16 @@ class LedgerMachine(RuleBasedStateMachine):
         seq_rows = as_sequence(kind, rows)
         assert_same_spans(model, self.ext, level, seq_rows)
         before = snapshot(model)
-        if level == 0:
+        drawn = None
+        if level == 0 and model.num_levels > 1 and data.draw(st.booleans(), label="proposal"):
+            drawn = [data.draw(st.integers(0, proposal_room(model, r)), label="count") for r in rows]
+            last_eos = [int(n > 0 and data.draw(EOS_FLAG, label="last is EOS")) for n in drawn]
+            note(f"commit_proposal({rows}, {drawn}, {last_eos})")
+            args = (seq_rows, as_sequence(kind, drawn), as_sequence(kind, last_eos))
+            model.commit_proposal(*args)
+            assert self.ext.commit_proposal(*args) is None
+            assert all(model.wanted_level(r) == 1 for r in rows)  # level 1 verifies, even nothing
+        elif level == 0:
             is_eos = data.draw(st.lists(EOS_FLAG, min_size=len(rows), max_size=len(rows)))
             seq_eos = np.array(is_eos, dtype=bool) if kind == "int32" else as_sequence(kind, is_eos)
             note(f"commit_draft({rows}, {is_eos})")
@@ -287,7 +308,7 @@ class LedgerMachine(RuleBasedStateMachine):
                     assert np.all(model.cached_lens()[r] <= new_len - 1)
                 else:
                     assert cascaded[i] == 0
-        check_transition(before, model, level, rows)
+        check_transition(before, model, level, rows, drawn)
         for r in rows:
             self.ops[r] += 1
 
@@ -295,7 +316,9 @@ class LedgerMachine(RuleBasedStateMachine):
         """Any call, mostly illegal: the model and the extension fail alike or succeed alike."""
         model, num_rows, num_levels = self.model, self.model.num_rows, self.model.num_levels
         method = data.draw(
-            st.sampled_from(["spans", "commit_draft", "commit_verify", "rows_for", "row query"])
+            st.sampled_from(
+                ["spans", "commit_draft", "commit_proposal", "commit_verify", "rows_for", "row query"]
+            )
         )
         level = data.draw(st.integers(-1, num_levels), label="level")
         rows = data.draw(st.lists(st.integers(-1, num_rows), max_size=num_rows + 1), label="rows")
@@ -308,6 +331,8 @@ class LedgerMachine(RuleBasedStateMachine):
             args = (level, rows)
         elif method == "commit_draft":
             args = (rows, values(-1, 2))
+        elif method == "commit_proposal":
+            args = (rows, values(-1, 5), values(0, 1))
         elif method == "commit_verify":
             args = (level, rows, values(-1, 5), values(0, 1))
         elif method == "rows_for":
@@ -456,6 +481,12 @@ def three_rows(impl):
         ("commit_draft", ([1, 1], [0, 0]), "duplicate"),
         ("commit_draft", ([1], []), "is_eos"),
         ("commit_draft", ([1], [0, 0]), "is_eos"),
+        ("commit_proposal", ([0], [0], [0]), "row 0 wants level 1"),
+        ("commit_proposal", ([1], [3], [0]), r"count 3 outside \[0, 2\]"),
+        ("commit_proposal", ([1], [-1], [0]), "count -1"),
+        ("commit_proposal", ([1], [0], [1]), "last_is_eos set for an empty proposal"),
+        ("commit_proposal", ([1], [], [0]), "counts"),
+        ("commit_proposal", ([1], [1], []), "last_is_eos"),
         ("commit_verify", (0, [1], [0], [0]), "level"),
         ("commit_verify", (-1, [0], [0], [0]), "level"),
         ("commit_verify", (3, [0], [0], [0]), "level"),
@@ -735,6 +766,25 @@ def test_eos_as_correction_and_as_bonus(impl) -> None:
     kept, _ = led.commit_verify(1, [0], [1], [1])
     assert kept.tolist() == [1] and led.eos_positions().tolist() == [3]
     assert led.finished(0) and led.output_len(0) == 4 and led.committed_len(0) == 4
+
+
+@IMPLS
+def test_a_proposal_closes_level_zeros_block(impl) -> None:
+    """A model-free level 0 proposes 0..T_0 tokens at once; level 1 then verifies what is pending,
+    and with nothing pending its forward is an ordinary decoding step whose bonus it keeps."""
+    led = impl(3, [4, 2], [3, 3], [10, 10])
+    led.commit_proposal([0, 1], [0, 2], [0, 0])
+    assert led.wanted_levels().tolist() == [1, 1] and led.frontiers().tolist() == [[3, 3, 3], [5, 3, 3]]
+    assert [a.tolist() for a in led.spans(1, [0, 1])] == [[0, 0], [3, 5], [2, 2]]
+    kept, cascaded = led.commit_verify(1, [0, 1], [0, 1], [0, 0])  # row 1 rejects at 4
+    assert (kept.tolist(), cascaded.tolist()) == ([1, 1], [0, 0])
+    assert led.frontiers().tolist() == [[4, 4, 3], [5, 5, 3]]
+    assert led.wanted_levels().tolist() == [0, 2]  # the block is open again; row 1's level 1 is full
+    led.commit_proposal([0], [3], [1])  # ends in an EOS: flushed upward
+    assert led.eos_positions().tolist() == [6, -1] and led.cached_lens()[0, 0] == 6
+    assert led.wanted_level(0) == 1
+    with pytest.raises(ValueError, match="needs a level above level 0"):
+        impl(1, [], [3], 4).commit_proposal([0], [0], [0])
 
 
 @IMPLS

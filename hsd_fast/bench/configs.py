@@ -5,7 +5,7 @@ its static cache (on a CPU, HF compiles only when told to: ``cache_implementatio
 ``CompileConfig`` marked for all devices, the way transformers' own tests do it), assisted
 generation with a draft (its default schedule, and a fixed number of draft tokens), and prompt
 lookup. Ours: the engine with no draft (``drafts=[]``: what compiling alone gives), and hierarchies
-(one draft or several, each with its block sizes T).
+(one draft or several, each with its block sizes T; ``"lookup"`` in a chain is the lookup level).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def ours(
     name: str | None = None,
 ) -> Config:
     kwargs = _hf_kwargs(sampling, max_new_tokens) | {"compile": compile, "output_hsd_stats": True, "seed": 0}
-    models = [drafts[d] for d in chain]
+    models = [d if d == "lookup" else drafts[d] for d in chain]  # "lookup": the model-free level
 
     def run(ids, mask):
         out = target.generate(

@@ -1,0 +1,85 @@
+"""The lookup level: a model-free level 0 that proposes continuations found in a row's own context
+(prompt lookup), verified by the smallest model above it (docs/design.md, "The lookup level").
+
+Terms:
+    proposal    the tokens that followed the most recent earlier occurrence of the row's longest
+                matching suffix (n-gram, n from ``max_ngram`` down to ``min_ngram``); 0..T_0 tokens
+    valid       per row, how many leading tokens of the index still equal the row's tokens: a
+                verification replaces the token at its cut and drops everything after it
+
+Why it is exact: a proposal is a deterministic function of tokens already drawn, so as a draft its
+distribution q is a point mass on the proposed token. Verification against a point mass accepts x
+with probability min(1, p(x) / 1) = p(x) and on a rejection draws from max(p - q, 0), which is p
+with x removed, renormalised: the verifier's p exactly, as for any draft. How many tokens a call
+proposes (0 when nothing matches) is decided from the same drawn tokens, so it cannot bias what is
+accepted either; with nothing proposed, level 1's verification is an ordinary decoding step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hsd_fast.lookup_index import LookupIndexes
+
+
+@dataclass(frozen=True)
+class LookupDraft:
+    """A lookup level, in the place of the smallest draft (``drafts=[LookupDraft(), d0, ...]``, or
+    the string ``"lookup"`` for the defaults). ``max_ngram`` / ``min_ngram``: the longest and the
+    shortest suffix matched; the longest that occurred before wins."""
+
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("max_ngram", "min_ngram"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"LookupDraft: {name} must be an int, got {value!r}")
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(
+                f"LookupDraft: need 1 <= min_ngram <= max_ngram, got min_ngram={self.min_ngram}, "
+                f"max_ngram={self.max_ngram}"
+            )
+
+
+class LookupProposer:
+    """The lookup level of one run: an incremental n-gram index per row, kept in step with the
+    rows' tokens (``invalidate`` after every verification, ``propose`` reads only what changed)."""
+
+    def __init__(self, spec: LookupDraft, num_rows: int, eos_ids: Iterable[int]) -> None:
+        self.indexes = LookupIndexes(num_rows, spec.max_ngram, spec.min_ngram)
+        self.valid = np.zeros(num_rows, dtype=np.int64)  # [B] leading tokens indexed and unchanged
+        self.eos_ids = frozenset(int(e) for e in eos_ids)
+
+    def invalidate(self, rows: np.ndarray, first_changed: np.ndarray) -> None:
+        """A verification of ``rows`` may have replaced the tokens from ``first_changed`` on ([R])."""
+        self.valid[rows] = np.minimum(self.valid[rows], first_changed)
+
+    def propose(
+        self,
+        tokens: torch.Tensor,  # [B, S + 1] the run's token buffer (DecodeState.tokens)
+        rows: np.ndarray,  # [R]
+        ends: np.ndarray,  # [R] sequence lengths: the proposals go to ends, ends + 1, ...
+        wanted: np.ndarray,  # [R] the most tokens each row may take
+    ) -> tuple[list[list[int]], np.ndarray]:
+        """Per row the proposed tokens (cut after an EOS) and whether the last one is an EOS ([R])."""
+        low, high = int(self.valid[rows].min()), int(ends.max())
+        window = tokens[torch.from_numpy(rows).to(tokens.device), low:high].cpu().numpy()  # [R, high - low]
+        proposals, last_is_eos = [], np.zeros(len(rows), dtype=bool)
+        for i, (r, end, k) in enumerate(zip(rows.tolist(), ends.tolist(), wanted.tolist(), strict=True)):
+            start = int(self.valid[r])
+            self.indexes.sync(r, start, window[i, start - low : end - low].tolist())
+            self.valid[r] = end
+            proposal = self.indexes.propose(r, int(k)) if k > 0 else []
+            for j, token in enumerate(proposal):
+                if token in self.eos_ids:  # nothing is proposed past an EOS
+                    proposal = proposal[: j + 1]
+                    last_is_eos[i] = True
+                    break
+            proposals.append(proposal)
+        return proposals, last_is_eos
