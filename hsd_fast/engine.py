@@ -274,8 +274,9 @@ def _decide_compile(compile: bool | str, runners: Sequence[Runner], block_sizes:
     return compile
 
 
-def _hierarchy_key(runners: Sequence[Runner], block_sizes: Sequence[int]) -> tuple:
-    return (*(id(r) for r in runners[:-1]), *block_sizes)
+def _hierarchy_key(runners: Sequence[Runner | LookupDraft], block_sizes: Sequence[int]) -> tuple:
+    # a lookup level by value: `drafts=["lookup"]` makes a new LookupDraft per request
+    return (*(r if isinstance(r, LookupDraft) else id(r) for r in runners[:-1]), *block_sizes)
 
 
 def _count_eager(runners: Sequence[Runner], block_sizes: Sequence[int], seconds: float) -> None:

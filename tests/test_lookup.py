@@ -13,7 +13,7 @@ from hf_models import derived_drafts, noisy_copy, tiny_model
 from planted_bugs import correction_drawn_from_p
 
 import hsd_fast
-from hsd_fast import LookupDraft, run_hsd
+from hsd_fast import LookupDraft, engine, run_hsd
 from hsd_fast.testing.exactness import pooled_chi_square
 from hsd_fast.testing.tables import TableRunner, table_family
 
@@ -145,3 +145,15 @@ def test_a_lookup_level_anywhere_but_first_is_refused(target) -> None:
         LookupDraft(min_ngram=0)
     with pytest.raises(ValueError, match="first level, under at least one model"):
         run_hsd([LookupDraft()], [torch.tensor([1, 2])], block_sizes=[], max_new_tokens=2)
+
+
+def test_compile_auto_knows_a_lookup_hierarchy_across_requests(monkeypatch) -> None:
+    """``drafts=["lookup"]`` builds a new LookupDraft per request: the rent-or-buy record of
+    ``compile="auto"`` keys it by value, so its eager seconds add up to a compile."""
+    target = TableRunner(table_family(VOCAB, ORDER, 1)[0])
+    monkeypatch.setattr(engine, "AUTO_COMPILE_AFTER_SECONDS", 1.0)
+    engine._count_eager([LookupDraft(), target], [3], 0.6)
+    assert not engine._decide_compile("auto", [LookupDraft(), target], [3])
+    engine._count_eager([LookupDraft(), target], [3], 0.6)
+    assert engine._decide_compile("auto", [LookupDraft(), target], [3])
+    assert not engine._decide_compile("auto", [LookupDraft(max_ngram=2), target], [3])
