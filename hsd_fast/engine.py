@@ -142,13 +142,17 @@ def run_hsd(
     capacity = int(budget_end.max()) + 1
     positions = capacity_bucket(capacity)  # in every compiled step's shapes: a few sizes only
     transform = transform or LogitsTransform()
-    keep_q = num_levels > 1 and not greedy
+    # The ring keeps a model level's p for the level above; a lookup level's q is implicit (point masses)
+    keep_q = len(models) > 1 and not greedy
     ring_dtype = torch.float32 if transform.processors else _widest(r.dtype for r in models)
     window = speculative_window(block_sizes, int(budget.max()))
     state = DecodeState(prompts, positions, window, vocab, ring_dtype, sampling, transform, keep_q)
     compiled = _decide_compile(compile, runners, block_sizes)
+    above_lookup = 1 if lookup_spec is not None else None  # the level that verifies point masses
     steps = [
-        None if runner is lookup_spec else LevelStep.of(runner, level, num_levels - 1, compiled)
+        None
+        if runner is lookup_spec
+        else LevelStep.of(runner, level, num_levels - 1, compiled, level == above_lookup)
         for level, runner in enumerate(runners)
     ]
     draft_count = block_sizes[0] if num_levels > 1 else TOKENS_PER_DECODE_STEP  # most drawn per step

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 from tqdm.auto import tqdm
 
+from hsd_fast.lookup import LookupDraft
 from hsd_fast.processors import generation_sampling
 from hsd_fast.profile import ProfileCache, ProfileNoiseWarning, measured_latency
 from hsd_fast.selector import Selection, select
@@ -29,7 +30,7 @@ class Hierarchy:
     ``selection.chain`` indexes the candidate list given to ``select_hierarchy`` (the target last);
     ``runner_ups`` are the next-best hierarchies, bound the same way."""
 
-    drafts: tuple[torch.nn.Module, ...]
+    drafts: tuple[torch.nn.Module | LookupDraft, ...]  # a LookupDraft only first
     T: tuple[int, ...]
     selection: Selection
     runner_ups: tuple[Hierarchy, ...] = ()
@@ -38,7 +39,7 @@ class Hierarchy:
     within_noise: bool = False  # its predicted advantage is smaller than that noise can resolve
 
     @classmethod
-    def bind(cls, selection: Selection, models: Sequence[torch.nn.Module]) -> Hierarchy:
+    def bind(cls, selection: Selection, models: Sequence[torch.nn.Module | LookupDraft]) -> Hierarchy:
         """``selection`` with its drafts taken from ``models`` (the candidates, the target last)."""
         return cls(
             drafts=tuple(models[i] for i in selection.chain[:-1]),
@@ -66,7 +67,7 @@ class Hierarchy:
 
 def select_hierarchy(
     target: torch.nn.Module,
-    candidates: Sequence[torch.nn.Module],
+    candidates: Sequence[torch.nn.Module | LookupDraft | str],
     prompts: torch.Tensor,  # [N, L] calibration token ids (no padding)
     measure: bool = False,
     *,
@@ -85,7 +86,10 @@ def select_hierarchy(
     latency-optimal hierarchy, and with ``measure=True`` time it with the engine on ``prompts[:1]``.
     ``compile``: select for compiled steps (``generate(compile=True)``, and ``"auto"`` once warm)
     rather than eager ones: each candidate's steps are then compiled to be timed. ``clock``: what
-    every timing reads (tests inject a fake one).
+    every timing reads (tests inject a fake one). One candidate may be a lookup level
+    (``"lookup"`` or a ``LookupDraft``): it is profiled by replaying the target's own continuations
+    of ``prompts`` (how much it offers, how much each model accepts, its host seconds per call) and
+    can only be level 0.
 
     A profile is only as good as the machine was quiet: the returned ``Hierarchy`` carries the
     costs' relative noise (``cost_noise``), and when the pick's predicted speed-up over
@@ -95,7 +99,15 @@ def select_hierarchy(
     if unknown:
         raise ValueError(f"select_hierarchy: unsupported {sorted(unknown)}; supported: {SAMPLING_KWARGS}")
     cache = cache if cache is not None else ProfileCache()
-    models = [*candidates, target]
+    strings = [c for c in candidates if isinstance(c, str) and c != "lookup"]
+    if strings:
+        raise ValueError(f"select_hierarchy: candidates are models, 'lookup' or a LookupDraft; got {strings}")
+    candidates = [LookupDraft() if isinstance(c, str) else c for c in candidates]
+    lookups = [i for i, c in enumerate(candidates) if isinstance(c, LookupDraft)]
+    if len(lookups) > 1:
+        raise ValueError(f"select_hierarchy: at most one lookup candidate, got {len(lookups)}")
+    everything = [*candidates, target]  # what the selection's indices refer to
+    models = [m for m in everything if not isinstance(m, LookupDraft)]
     context = context or prompts.shape[1]
     transform, greedy = generation_sampling(target, **generation_kwargs)
     costs = [
@@ -103,8 +115,24 @@ def select_hierarchy(
         for m in tqdm(models, desc="step costs", disable=not progress)
     ]
     alpha = cache.acceptance(models, prompts, transform, greedy, progress)
+    if lookups:  # put the lookup level in at its index: its cost, and its rates towards every model
+        at = lookups[0]
+        lookup_cost, rates = cache.lookup(
+            candidates[at],
+            models,
+            prompts,
+            transform,
+            greedy,
+            max_T,
+            progress,
+            generation_kwargs,
+            clock=clock,
+        )
+        costs.insert(at, lookup_cost)
+        alpha = [[*row[:at], rates[i], *row[at:]] for i, row in enumerate(alpha)]
+        alpha.insert(at, [*rates[:at], 1.0, *rates[at:]])
     cache.save()
-    pick = Hierarchy.bind(select(costs, alpha, max_T=max_T), models)
+    pick = Hierarchy.bind(select(costs, alpha, max_T=max_T), everything)
     noise = max(c.noise for c in costs)
     doubt = _doubt(pick.selection, noise)
     if doubt is not None:

@@ -8,6 +8,12 @@ level i (acceptance i.i.d. across positions and levels, the paper's assumption).
 verification of a block of b tokens feeds n = b + 1 tokens (the block and the token before it);
 catch-up tokens are ignored here and modelled only by ``simulate(..., engine=True)``.
 
+A lookup level (docs/design.md, "The lookup level") is a level 0 whose cost is a ``LookupCost``: a
+call costs host seconds only and proposes a random number of tokens (0 when nothing matches), and
+the rate its verifier accepts them with is given per position of the proposal (a tuple
+``(a_1, a_2, ...)``: a_j is the probability that token j is accepted given tokens 1..j-1 were),
+because a matched passage tends to be accepted whole or not at all.
+
 The loop of docs/design.md, "The one loop", as a recursion: level 0 returns exactly T_0 tokens for
 d_0(T_0) (one draft step); level i (0 < i < K) calls level i-1 and verifies its block b (gain
 G = min(A, b) + 1, P(A >= k) = a^k) until its running gain reaches T_i, and returns that gain. The
@@ -29,6 +35,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 Cost = Callable[[int], float]
+Acceptance = float | tuple[float, ...]
+"""One rate for every position of a block, or per position (a_1, a_2, ...): a_j the probability
+that the j-th token of a block is accepted given that the tokens before it were; positions past the
+tuple's end take its last rate."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,50 @@ class AffineCost:
         return cls(float(fixed), float(slope))
 
 
+@dataclass(frozen=True)
+class LookupCost:
+    """A lookup level's cost and output: ``seconds`` of host work per call (no forward), and
+    ``lengths[b]``, the fraction of calls whose match offers b tokens (b = 0..len - 1, the last
+    entry: at least that many); a call with block size T proposes min(b, T) of them. ``noise``: the
+    relative standard error of ``seconds``, as for a ``CostProfile``."""
+
+    seconds: float
+    lengths: tuple[float, ...]
+    noise: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.seconds) and self.seconds >= 0):
+            raise ValueError(f"a lookup cost must be finite and >= 0, got {self.seconds}")
+        if not self.lengths or any(not 0.0 <= p <= 1.0 for p in self.lengths):
+            raise ValueError(f"lengths must be probabilities, got {self.lengths}")
+        if abs(sum(self.lengths) - 1.0) > 1e-6:
+            raise ValueError(f"lengths must sum to 1, got {sum(self.lengths)}")
+
+    def __call__(self, n: int) -> float:  # what ordering by c(1) reads: the lookup is the cheapest
+        return self.seconds
+
+    def draft(self, k: int) -> float:
+        return self.seconds
+
+    def decode(self) -> float:
+        raise ValueError("a lookup level cannot decode on its own: it needs a model above it")
+
+    def block(self, T: int) -> dict[int, float]:
+        """The distribution of the number of tokens one call proposes with block size T."""
+        out: dict[int, float] = {}
+        for b, p in enumerate(self.lengths):
+            if p > 0:
+                out[min(b, T)] = out.get(min(b, T), 0.0) + p
+        return out
+
+
+def block_sizes(cost: Cost, T: int) -> dict[int, float]:
+    """The distribution of the block a level-0 call returns: exactly T for a model that drafts, a
+    random 0..T for a lookup level."""
+    block = getattr(cost, "block", None)
+    return block(T) if block is not None else {T: 1.0}
+
+
 def draft_seconds(cost: Cost, k: int) -> float:
     """Seconds for a level to draft k tokens: its measured draft step (``cost.draft``: one step
     draws them all) where known, else k one-token forwards."""
@@ -76,15 +130,38 @@ def decode_seconds(cost: Cost) -> float:
     return per_token() if per_token is not None else cost(1)
 
 
-def gain_probs(a: float, b: int) -> list[float]:
+def rate_at(a: Acceptance, j: int) -> float:
+    """The acceptance rate of the j-th token (j >= 1) of a block."""
+    if isinstance(a, tuple):
+        return a[min(j, len(a)) - 1]
+    return a
+
+
+def gain_probs(a: Acceptance, b: int) -> list[float]:
     """P(G = g) for g = 1..b+1 when b drafts are verified with acceptance a."""
-    probs = [a**k * (1.0 - a) for k in range(b)]
-    return [*probs, a**b]
+    probs, survive = [], 1.0  # survive: P(the first k tokens are accepted)
+    for k in range(b):
+        rate = rate_at(a, k + 1)
+        probs.append(survive * (1.0 - rate))
+        survive *= rate
+    return [*probs, survive]
 
 
-def expected_gain(a: float, b: int) -> float:
-    """E[G | b] = (1 - a^(b+1)) / (1 - a), with its limit b + 1 at a = 1."""
+def expected_gain(a: Acceptance, b: int) -> float:
+    """E[G | b] = sum_k P(A >= k) over k = 0..b; for one rate (1 - a^(b+1)) / (1 - a), with its
+    limit b + 1 at a = 1."""
+    if isinstance(a, tuple):
+        total, survive = 1.0, 1.0
+        for j in range(1, b + 1):
+            survive *= rate_at(a, j)
+            total += survive
+        return total
     return float(b + 1) if a >= 1.0 else (1.0 - a ** (b + 1)) / (1.0 - a)
+
+
+def mean_gain(a: Acceptance, block: dict[int, float]) -> float:
+    """E[G] over a distribution of block sizes."""
+    return sum(p * expected_gain(a, b) for b, p in block.items())
 
 
 @dataclass(frozen=True)
@@ -97,10 +174,12 @@ class LevelOutcome:
         return sum(p * f(b) for b, p in self.block.items())
 
 
-def level_outcomes(costs: Sequence[Cost], alphas: Sequence[float], T: Sequence[int]) -> list[LevelOutcome]:
+def level_outcomes(
+    costs: Sequence[Cost], alphas: Sequence[Acceptance], T: Sequence[int]
+) -> list[LevelOutcome]:
     """Outcomes of the draft levels 0..K-1 under the 'verify until at least T_i' rule."""
     _check(costs, alphas, T)
-    outcomes = [LevelOutcome({T[0]: 1.0}, draft_seconds(costs[0], T[0]), 1.0)]
+    outcomes = [LevelOutcome(block_sizes(costs[0], T[0]), draft_seconds(costs[0], T[0]), 1.0)]
     for i in range(1, len(costs) - 1):
         below, a, target = outcomes[-1], alphas[i - 1], T[i]
         step_cost = below.cost + below.mean(lambda b, c=costs[i]: c(b + 1))
@@ -122,7 +201,7 @@ def level_outcomes(costs: Sequence[Cost], alphas: Sequence[float], T: Sequence[i
     return outcomes
 
 
-def expected_latency(costs: Sequence[Cost], alphas: Sequence[float], T: Sequence[int]) -> float:
+def expected_latency(costs: Sequence[Cost], alphas: Sequence[Acceptance], T: Sequence[int]) -> float:
     """Expected seconds per committed token; K = 0 is plain autoregressive decoding."""
     if len(costs) == 1:
         return decode_seconds(costs[0])
@@ -131,21 +210,28 @@ def expected_latency(costs: Sequence[Cost], alphas: Sequence[float], T: Sequence
     return (below.cost + below.mean(lambda b: top(b + 1))) / below.mean(lambda b: expected_gain(a, b))
 
 
-def fixed_block_latency(costs: Sequence[Cost], alphas: Sequence[float], T: Sequence[int]) -> float:
-    """The decomposable form: as if every level returned exactly T_i tokens,
-    L = (1/g_K) [c_K + r_{K-1} (c_{K-1} + ... + r_1 (c_1 + T_0 c_0))], r_i = T_i / g_i."""
+def fixed_block_latency(costs: Sequence[Cost], alphas: Sequence[Acceptance], T: Sequence[int]) -> float:
+    """The decomposable form: as if every level above 0 returned exactly T_i tokens,
+    L = (1/g_K) [c_K + r_{K-1} (c_{K-1} + ... + r_1 (c_1 + T_0 c_0))], r_i = T_i / g_i (level 0's
+    block, random for a lookup level, averaged in g_1 and c_1)."""
     _check(costs, alphas, T)
     if len(costs) == 1:
         return decode_seconds(costs[0])
-    produce = draft_seconds(costs[0], T[0])  # seconds for level 0 to produce T_0 tokens
-    for i in range(1, len(costs) - 1):
-        produce = T[i] / expected_gain(alphas[i - 1], T[i - 1]) * (costs[i](T[i - 1] + 1) + produce)
-    return (costs[-1](T[-1] + 1) + produce) / expected_gain(alphas[-1], T[-1])
+    produce = draft_seconds(costs[0], T[0])  # seconds for level 0 to produce its block
+    block = block_sizes(costs[0], T[0])
+    for i in range(1, len(costs)):
+        verify = sum(p * costs[i](b + 1) for b, p in block.items())
+        gain = mean_gain(alphas[i - 1], block)
+        if i == len(costs) - 1:
+            return (verify + produce) / gain
+        produce = T[i] / gain * (verify + produce)
+        block = {T[i]: 1.0}
+    raise AssertionError("unreachable")
 
 
 def simulate(
     costs: Sequence[Cost],
-    alphas: Sequence[float],
+    alphas: Sequence[Acceptance],
     T: Sequence[int],
     rounds: int = 20_000,
     seed: int = 0,
@@ -159,13 +245,15 @@ def simulate(
     rng = random.Random(seed)
     top = len(costs) - 1
     behind = [0] * len(costs)  # per level: tokens it has not fed yet besides its block
+    blocks = list(block_sizes(costs[0], T[0]).items())  # level 0's block sizes and their probabilities
 
     def produce(i: int) -> tuple[int, float]:
         if i == 0:
-            fed = T[0] + (behind[0] if engine else 0)
+            b = rng.choices([b for b, _ in blocks], [p for _, p in blocks])[0]
+            fed = b + (behind[0] if engine else 0)
             behind[0] = 0
-            catch_up = costs[0](fed) - costs[0](T[0]) if engine else 0.0
-            return T[0], draft_seconds(costs[0], T[0]) + catch_up
+            catch_up = costs[0](fed) - costs[0](b) if engine else 0.0
+            return b, draft_seconds(costs[0], b) + catch_up
         total, spent = 0, 0.0
         while total < T[i]:
             b, c = produce(i - 1)
@@ -192,9 +280,9 @@ def simulate(
     return _ratio_with_error(per_round_cost, per_round_tokens)
 
 
-def _draw_gain(rng: random.Random, a: float, b: int) -> int:
+def _draw_gain(rng: random.Random, a: Acceptance, b: int) -> int:
     accepted = 0
-    while accepted < b and rng.random() < a:
+    while accepted < b and rng.random() < rate_at(a, accepted + 1):
         accepted += 1
     return accepted + 1
 
@@ -209,7 +297,7 @@ def _ratio_with_error(costs: list[float], tokens: list[int]) -> tuple[float, flo
     return ratio, (var / n) ** 0.5 / mean_t
 
 
-def _check(costs: Sequence[Cost], alphas: Sequence[float], T: Sequence[int]) -> None:
+def _check(costs: Sequence[Cost], alphas: Sequence[Acceptance], T: Sequence[int]) -> None:
     k = len(costs) - 1
     if k < 0:
         raise ValueError("need at least the target's cost")
@@ -217,7 +305,10 @@ def _check(costs: Sequence[Cost], alphas: Sequence[float], T: Sequence[int]) -> 
         raise ValueError(
             f"{k} draft level(s) need {k} alphas and {k} block sizes, got {len(alphas)} and {len(T)}"
         )
-    if any(not 0.0 <= a <= 1.0 for a in alphas):
+    rates = [r for a in alphas for r in (a if isinstance(a, tuple) else (a,))]
+    if any(not 0.0 <= r <= 1.0 for r in rates) or any(isinstance(a, tuple) and not a for a in alphas):
         raise ValueError(f"acceptance rates must lie in [0, 1], got {list(alphas)}")
+    if any(hasattr(c, "block") for c in costs[1:]):
+        raise ValueError("a lookup level can only be level 0")
     if any(t < 1 for t in T):
         raise ValueError(f"block sizes must be >= 1, got {list(T)}")

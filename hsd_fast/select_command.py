@@ -1,8 +1,9 @@
 """``hsd-fast select``: profile a target and candidate drafts, print the best hierarchies, and with
 ``--measure`` time each with the engine next to its prediction.
 
-Models are zoo names (``hsd_fast.zoo``) or local HF checkpoint directories; by default the largest
-zoo model is the target and the others are the candidates. Acceptance is measured on the zoo's
+Models are zoo names (``hsd_fast.zoo``) or local HF checkpoint directories, and ``lookup`` names the
+model-free lookup level; by default the largest zoo model is the target and the lookup level and the
+other zoo models are the candidates. Acceptance is measured on the zoo's
 held-out calibration windows; costs at ``--context`` cached tokens. Measurements are cached
 (``--cache``); the zoo's committed CPU profile (``zoo/profile_cpu.json``) is read as a fallback.
 
@@ -24,6 +25,7 @@ from hsd_fast.cli import non_negative_int, positive_float, positive_int, probabi
 from hsd_fast.report import markdown_table, run_metadata, write_report
 
 DEFAULT_CACHE = Path.home() / ".cache" / "hsd_fast" / "profiles.json"
+LOOKUP = "lookup"  # the candidate name of the lookup level
 
 
 def report_stem(text: str) -> Path:
@@ -53,7 +55,11 @@ def _device(text: str) -> str:
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("select", help="pick the latency-optimal hierarchy (optionally measure it)")
     p.add_argument("--target", help="zoo name or checkpoint directory (default: the largest zoo model)")
-    p.add_argument("--candidates", nargs="+", help="zoo names or checkpoint directories (default: the zoo)")
+    p.add_argument(
+        "--candidates",
+        nargs="+",
+        help="zoo names, checkpoint directories or 'lookup' (the lookup level) (default: lookup and the zoo)",
+    )
     p.add_argument("--do-sample", action="store_true", help="select for sampling (default: greedy)")
     p.add_argument("--temperature", type=positive_float, default=1.0)
     p.add_argument("--top-k", type=non_negative_int, help="0: no top-k")
@@ -118,6 +124,12 @@ def _model_names(args: argparse.Namespace) -> list[str]:
 def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Usage errors (``parser.error``) for arguments that cannot work together, before any model or
     measurement is loaded."""
+    if args.target == LOOKUP:
+        parser.error(
+            "--target lookup: the lookup level proposes for a model above it; it cannot be the target"
+        )
+    if args.candidates and args.candidates.count(LOOKUP) > 1:
+        parser.error("--candidates: name the lookup level once")
     if args.measure:
         _check_measured_run(args, parser)
     _check_positions(args, parser)
@@ -180,8 +192,8 @@ def run(args: argparse.Namespace) -> int:
     dtype = getattr(torch, args.dtype)
     names = zoo.names()
     target_name = args.target or names[-1]
-    candidate_names = args.candidates or [n for n in names if n != target_name]
-    models = {n: _load(n, dtype, args.device) for n in [*candidate_names, target_name]}
+    candidate_names = args.candidates or [LOOKUP, *(n for n in names if n != target_name)]
+    models = {n: _load(n, dtype, args.device) for n in [*candidate_names, target_name] if n != LOOKUP}
     windows = read_calibration(zoo.zoo_dir())
     calibration = torch.cat(list(windows.values())).to(args.device)  # [N, 128]
     prompts = torch.stack([w[0, : args.prompt_len] for w in windows.values()]).to(args.device)
@@ -196,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
         sampling |= {k: v for k, v in chosen.items() if v is not None}  # unset: HF's defaults
     pick = select_hierarchy(
         models[target_name],
-        [models[n] for n in candidate_names],
+        [models.get(n, n) for n in candidate_names],  # "lookup" as it is
         calibration,
         context=args.context,
         cache=cache,

@@ -7,7 +7,9 @@ Under the fixed-block (decomposable) form, producing T tokens at model m on top 
     V(m, T) = T / g(alpha(m', m), T') * (c_m(T' + 1) + V(m', T')),      V(m, T) = d_m(T) at level 0
 
 with c_m(n) a verification step over n tokens and d_m(T) a step that drafts T tokens: a
-generalized shortest path over nodes (model, T) with models in cost order. A k-best DP keeps the
+generalized shortest path over nodes (model, T) with models in cost order. A lookup level (its cost
+a ``LookupCost``) can only be level 0: its block is random, so g and c_m(T' + 1) above it are
+averaged over its block sizes. A k-best DP keeps the
 ``keep`` cheapest chains (of different models) per node; the best few at the target, autoregressive
 decoding and every single-draft configuration get their T's polished by coordinate descent on the
 exact recursion (``latency.expected_latency``) and are ranked by it, so the pick is never predicted
@@ -20,7 +22,15 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hsd_fast.latency import Cost, decode_seconds, draft_seconds, expected_gain, expected_latency
+from hsd_fast.latency import (
+    Acceptance,
+    Cost,
+    block_sizes,
+    decode_seconds,
+    draft_seconds,
+    expected_latency,
+    mean_gain,
+)
 
 
 @dataclass(frozen=True)
@@ -37,13 +47,14 @@ class Selection:
 
 def select(
     costs: Sequence[Cost],
-    alpha: Sequence[Sequence[float]],
+    alpha: Sequence[Sequence[Acceptance]],
     max_T: int = 8,
     keep: int = 4,
     rescore: int = 16,
 ) -> Selection:
     """Best hierarchy over candidates 0..n-1 (the last is the target) given per-model costs and the
-    symmetric pairwise acceptance matrix ``alpha``. Candidates are taken in cost order c(1)."""
+    symmetric pairwise acceptance matrix ``alpha`` (a lookup candidate's entries per position, see
+    ``latency.Acceptance``). Candidates are taken in cost order c(1), a lookup level first."""
     n = len(costs)
     if n < 1 or len(alpha) != n or any(len(row) != n for row in alpha):
         raise ValueError(f"need n >= 1 costs and an n x n alpha matrix, got {n} costs")
@@ -84,7 +95,7 @@ def select(
 
 
 def fixed_block_candidates(
-    costs: Sequence[Cost], alpha: Sequence[Sequence[float]], max_T: int = 8, keep: int = 4
+    costs: Sequence[Cost], alpha: Sequence[Sequence[Acceptance]], max_T: int = 8, keep: int = 4
 ) -> list[tuple[float, tuple[tuple[int, int], ...]]]:
     """The k-best DP: (decomposable latency, chain of (draft, T) smallest first), best first, one
     entry per model chain. The empty chain is autoregressive decoding."""
@@ -95,17 +106,31 @@ def fixed_block_candidates(
     for pos, m in enumerate(drafts):
         for t in range(1, max_T + 1):
             options = [(draft_seconds(costs[m], t), ((m, t),))]
-            for below in drafts[:pos]:
+            for below in drafts[:pos] if not _is_lookup(costs[m]) else ():
                 for t_below in range(1, max_T + 1):
-                    scale = t / expected_gain(alpha[below][m], t_below)
                     for value, chain in best[(below, t_below)]:
-                        options.append((scale * (costs[m](t_below + 1) + value), (*chain, (m, t))))
+                        verify, gain = _verify_and_gain(costs, alpha, chain, m)
+                        options.append((t / gain * (verify + value), (*chain, (m, t))))
             best[(m, t)] = _best_per_model_chain(options, keep)
     finals = [(decode_seconds(costs[target]), ())]
-    for (m, t), entries in best.items():
-        g = expected_gain(alpha[m][target], t)
-        finals += [((costs[target](t + 1) + value) / g, chain) for value, chain in entries]
+    for entries in best.values():
+        for value, chain in entries:
+            verify, gain = _verify_and_gain(costs, alpha, chain, target)
+            finals.append(((verify + value) / gain, chain))
     return _best_per_model_chain(finals, len(finals))
+
+
+def _verify_and_gain(costs, alpha, chain, m: int) -> tuple[float, float]:
+    """Expected seconds of m's verification of the block ``chain`` returns, and expected gain: the
+    block is T' for a chain of models, random for a lookup level alone."""
+    below, t_below = chain[-1]
+    block = block_sizes(costs[below], t_below) if len(chain) == 1 else {t_below: 1.0}
+    verify = sum(p * costs[m](b + 1) for b, p in block.items())
+    return verify, mean_gain(alpha[below][m], block)
+
+
+def _is_lookup(cost: Cost) -> bool:
+    return hasattr(cost, "block")
 
 
 def _best_per_model_chain(options, keep: int):
@@ -118,9 +143,11 @@ def _best_per_model_chain(options, keep: int):
 
 
 def _drafts_in_cost_order(costs: Sequence[Cost]) -> list[int]:
-    """Candidates cheaper than the target, cheapest first (a draft must be cheaper than its verifier)."""
+    """Candidates cheaper than the target, cheapest first (a draft must be cheaper than its
+    verifier), a lookup level before every model (it can only be level 0)."""
     target = len(costs) - 1
-    return sorted((m for m in range(target) if costs[m](1) < costs[target](1)), key=lambda m: costs[m](1))
+    cheaper = (m for m in range(target) if costs[m](1) < costs[target](1))
+    return sorted(cheaper, key=lambda m: (not _is_lookup(costs[m]), costs[m](1)))
 
 
 def _refine_T(costs, alpha, chain, target: int, max_T: int) -> tuple[tuple[int, int], ...]:
@@ -137,7 +164,7 @@ def _refine_T(costs, alpha, chain, target: int, max_T: int) -> tuple[tuple[int, 
     return best
 
 
-def _exact(costs: Sequence[Cost], alpha: Sequence[Sequence[float]], chain, target: int) -> float:
+def _exact(costs: Sequence[Cost], alpha: Sequence[Sequence[Acceptance]], chain, target: int) -> float:
     models = [m for m, _ in chain] + [target]
     alphas = [alpha[a][b] for a, b in itertools.pairwise(models)]
     return expected_latency([costs[m] for m in models], alphas, [t for _, t in chain])

@@ -95,8 +95,8 @@ class DecodeState:
 
     def write_proposals(self, rows: np.ndarray, ends: np.ndarray, proposals: Sequence[Sequence[int]]) -> None:
         """Put a lookup level's proposals (row ``rows[i]``'s at positions ``ends[i]``, ``ends[i] + 1``,
-        ...) into the token buffer and, when the ring is kept, their distribution: a point mass,
-        logits 0 at the token and -inf elsewhere, log-sum-exp 0 (docs/design.md, "The lookup level")."""
+        ...) into the token buffer. Their q, a point mass on each token, is not written: the level
+        above verifies them in the op's point-mass mode (docs/design.md, "The lookup level")."""
         counts = [len(p) for p in proposals]
         if sum(counts) == 0:
             return
@@ -107,11 +107,6 @@ class DecodeState:
         ).to(device)  # [N]
         tokens = torch.tensor([t for p in proposals for t in p], dtype=torch.int64, device=device)  # [N]
         self.tokens[at_row, positions] = tokens
-        if self.q_logits is not None and self.q_lse is not None:
-            slots = positions % self.window  # [N]
-            self.q_logits[at_row, slots] = float("-inf")
-            self.q_logits[at_row, slots, tokens] = 0.0
-            self.q_lse[at_row, slots] = 0.0
 
 
 def _processed(runner: Runner, state: DecodeState, block: FedBlock, num_outputs: int) -> torch.Tensor:
@@ -189,10 +184,12 @@ def verify_step(
     out_width: int,
     keep_q: bool,
     use_kernel: bool | None,
+    point_mass: bool = False,
 ) -> torch.Tensor:  # [2, B]
-    """Level >= 1: feed the block, verify each row's drafts at ``[outs + 1, ends)`` against the ring,
-    write the correction or bonus, and (``keep_q``) keep this level's p for the tokens it emitted.
-    Returns [3, B]: accepted counts, EOS flags and broken-logits flags."""
+    """Level >= 1: feed the block, verify each row's drafts at ``[outs + 1, ends)`` against the ring
+    (``point_mass``: the drafts are a lookup level's, each q a point mass on its token, and no ring is
+    read), write the correction or bonus, and (``keep_q``) keep this level's p for the tokens it
+    emitted. Returns [3, B]: accepted counts, EOS flags and broken-logits flags."""
     starts, ends, outs, active = spans[0], spans[1], spans[2], spans[3].bool()
     meta, drafts = state.sampling, out_width - 1  # D draft columns
     rows = torch.arange(state.num_rows, device=ends.device)
@@ -204,6 +201,8 @@ def verify_step(
     if meta.greedy:  # greedy verification reads no q
         draft_logits = logits.new_zeros(()).expand(state.num_rows, drafts, logits.shape[-1])
         draft_lse = logits.new_zeros((), dtype=torch.float32).expand(state.num_rows, drafts)
+    elif point_mass:
+        draft_logits = draft_lse = None
     else:
         assert state.q_logits is not None and state.q_lse is not None
         is_draft = columns[:drafts] >= drafts - num_drafts[:, None]  # [B, D]
@@ -316,7 +315,8 @@ drafts, a draft step feeding one or two tokens) reach it in the first request, w
 occur once per request (the flush at the end, an odd catch-up) run eagerly or in a covering graph."""
 MAX_COVER_WASTE = 2
 """A compiled graph serves a narrower step if it is at most this many times as wide."""
-_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # runner -> {(level, top, compile): step}
+# runner -> {(level, top, compile, point mass): step}
+_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _fingerprint(runner: Runner) -> tuple:
@@ -347,8 +347,10 @@ class LevelStep:
         top: int,
         compile: bool = False,
         compile_after_uses: int = COMPILE_AFTER_USES,
+        point_mass: bool = False,
     ) -> None:
         self.runner, self.level, self.top, self.compile = runner, level, top, compile
+        self.point_mass = point_mass  # it verifies a lookup level's proposals
         self.compile_after_uses = compile_after_uses  # 1: every shape compiles at once (profiling)
         self.functions: dict[tuple, Callable] = {}
         self.compiled: dict[tuple, list[tuple[int, int]]] = {}  # (kind, structure) -> compiled shapes
@@ -356,13 +358,16 @@ class LevelStep:
         self.fingerprint = _fingerprint(runner)
 
     @classmethod
-    def of(cls, runner: Runner, level: int, top: int, compile: bool = False) -> LevelStep:
-        """The step of ``runner`` at this place in a hierarchy, kept with the runner so that what
-        was built (and compiled) for it serves every later run, unless the model changed since."""
+    def of(
+        cls, runner: Runner, level: int, top: int, compile: bool = False, point_mass: bool = False
+    ) -> LevelStep:
+        """The step of ``runner`` at this place in a hierarchy (``point_mass``: above a lookup
+        level), kept with the runner so that what was built (and compiled) for it serves every later
+        run, unless the model changed since."""
         steps = _STEPS.setdefault(runner, {})
-        key = (level, top, compile)
+        key = (level, top, compile, point_mass)
         if key not in steps or steps[key].fingerprint != _fingerprint(runner):
-            steps[key] = cls(runner, level, top, compile)
+            steps[key] = cls(runner, level, top, compile, point_mass=point_mass)
         return steps[key]
 
     @staticmethod
@@ -415,7 +420,7 @@ class LevelStep:
             else:
                 fn = functools.partial(
                     verify_step, self.runner, level=self.level, width=width, out_width=out_width,
-                    keep_q=keep_q, use_kernel=use_kernel,
+                    keep_q=keep_q, use_kernel=use_kernel, point_mass=self.point_mass,
                 )  # fmt: skip
             if compiled:
                 device = state.tokens.device

@@ -85,6 +85,9 @@ def test_select_prints_and_measures_the_best_hierarchies(zoo_without_profile, tm
     assert len(costs) == len(identities) and all(sum(i in k for k in costs) == 1 for i in identities)
     pairs = len(identities) * (len(identities) - 1) // 2
     assert sum(k.startswith("alpha ") for k in entries) == pairs
+    # and the lookup level's: what it offers, each model's rates, its host cost
+    assert sum(k.startswith("lookup rates ") for k in entries) == len(identities)
+    assert sum(k.startswith(("lookup lengths ", "lookup cost ")) for k in entries) == 2
 
     # a second run is answered from the cache the first one wrote: nothing re-measured (a new
     # timing would change the file), the same predictions

@@ -209,6 +209,8 @@ SELECT_ERRORS = [
     (["--json", "report.md"], "would be overwritten by the markdown report"),
     (["--cache", "x.json", "--no-cache"], "not allowed with argument"),
     (["--device", "gpu0"], "--device: not a device"),
+    (["--target", "lookup"], "cannot be the target"),
+    (["--candidates", "lookup", "xxs", "lookup"], "name the lookup level once"),
 ]
 
 

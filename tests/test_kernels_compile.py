@@ -98,6 +98,8 @@ def _run_launchers(logits_dtypes: tuple[str, str]) -> None:
     }
     for greedy in (False, True):
         rejection.verify_triton(**batch, level=1, greedy=greedy)
+        point_masses = batch | {"draft_logits": None, "draft_lse": None}  # a lookup level's drafts
+        rejection.verify_triton(**point_masses, level=1, greedy=greedy)
         sampling.sample_triton(
             batch["verifier_logits"][:, 0], batch["temperature"], batch["seeds"], batch["positions"],
             level=0, purpose=keyed_random.DRAFT, greedy=greedy,

@@ -5,7 +5,15 @@ import random
 
 import pytest
 
-from hsd_fast.latency import AffineCost, expected_gain, expected_latency, fixed_block_latency, simulate
+from hsd_fast.latency import (
+    AffineCost,
+    LookupCost,
+    expected_gain,
+    expected_latency,
+    fixed_block_latency,
+    gain_probs,
+    simulate,
+)
 
 
 @pytest.mark.parametrize("a", [0.0, 0.3, 0.8, 0.99])
@@ -65,3 +73,60 @@ def test_autoregressive_is_one_forward_per_token() -> None:
 def test_bad_inputs(alphas, T, match) -> None:
     with pytest.raises(ValueError, match=match):
         expected_latency([AffineCost(0.1), AffineCost(1.0)], alphas, T)
+
+
+# ----------------------------------------------------------------------------- a lookup level
+def _lookup(rng: random.Random, max_len: int = 6) -> LookupCost:
+    weights = [rng.random() for _ in range(max_len + 1)]
+    return LookupCost(rng.uniform(1e-4, 1e-3), tuple(w / sum(weights) for w in weights))
+
+
+def _rates(rng: random.Random) -> tuple[float, ...]:
+    return tuple(rng.uniform(0.3, 0.95) for _ in range(rng.randint(1, 4)))
+
+
+def test_per_position_rates_give_the_gain_of_their_product() -> None:
+    rates = (0.9, 0.5, 0.2)
+    # P(A >= 1) = .9, P(A >= 2) = .45, P(A >= 3) = .09, then .2 per further position
+    assert expected_gain(rates, 4) == pytest.approx(1 + 0.9 + 0.45 + 0.09 + 0.018)
+    assert expected_gain((0.7, 0.7), 5) == pytest.approx(expected_gain(0.7, 5))
+    assert sum(g * p for g, p in enumerate(gain_probs(rates, 4), start=1)) == pytest.approx(
+        expected_gain(rates, 4)
+    )
+
+
+def test_a_lookup_block_is_its_lengths_cut_at_T() -> None:
+    lookup = LookupCost(1e-4, (0.5, 0.1, 0.1, 0.3))  # 30 %: 3 or more tokens offered
+    assert lookup.block(2) == pytest.approx({0: 0.5, 1: 0.1, 2: 0.4})
+    assert lookup.block(5) == pytest.approx({0: 0.5, 1: 0.1, 2: 0.1, 3: 0.3})
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_exact_latency_with_a_lookup_level_matches_monte_carlo(k: int) -> None:
+    rng = random.Random(100 + k)
+    for trial in range(3):
+        costs, alphas, T = _random_instance(rng, k)
+        costs = [_lookup(rng), *costs[1:]]
+        alphas = [_rates(rng), *alphas[1:]]
+        exact = expected_latency(costs, alphas, T)
+        mc, stderr = simulate(costs, alphas, T, rounds=20_000, seed=trial)
+        assert abs(exact - mc) < 4 * stderr, (costs, alphas, T, exact, mc, stderr)
+
+
+def test_a_lookup_that_never_matches_is_decoding_by_the_level_above() -> None:
+    """Nothing proposed: every call costs the host's seconds and level 1 emits one token per
+    verification of nothing, an ordinary decoding step."""
+    never = LookupCost(1e-4, (1.0,))
+    target = AffineCost(0.5, 0.1)
+    assert expected_latency([never, target], [(0.9,)], [4]) == pytest.approx(1e-4 + target(1))
+    assert fixed_block_latency([never, target], [(0.9,)], [4]) == pytest.approx(1e-4 + target(1))
+
+
+def test_a_lookup_level_only_at_the_bottom() -> None:
+    lookup = LookupCost(1e-4, (0.5, 0.5))
+    with pytest.raises(ValueError, match="level 0"):
+        expected_latency([AffineCost(0.01), lookup, AffineCost(1.0)], [0.5, 0.5], [2, 2])
+    with pytest.raises(ValueError, match="cannot decode"):
+        expected_latency([lookup], [], [])
+    with pytest.raises(ValueError, match="sum to 1"):
+        LookupCost(1e-4, (0.5, 0.2))

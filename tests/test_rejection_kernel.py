@@ -147,6 +147,49 @@ def test_kernel_rejects_and_accepts_in_these_cases() -> None:
     assert first_chunks_masked.any()  # (65, 16, 3) has chunks [0, 32), [32, 64), [64, 65)
 
 
+def _as_point_masses(args):
+    """The same drafts with q a point mass on each token: written out as logits (0 at the token,
+    -inf elsewhere, log-sum-exp 0), and as ``None`` (the op's point-mass mode)."""
+    verifier, draft, _, tokens, *rest = args
+    at = tokens.clamp(0, draft.shape[-1] - 1)[..., None]  # [B, D, 1] (padding columns hold anything)
+    written = torch.full_like(draft, -float("inf")).scatter(-1, at, 0.0)
+    return (verifier, written, torch.zeros(tokens.shape), tokens, *rest), (
+        verifier,
+        None,
+        None,
+        tokens,
+        *rest,
+    )
+
+
+@pytest.mark.parametrize(("vocab", "block", "chunks"), [(7, None, None), (65, 16, 3)])
+@pytest.mark.parametrize("greedy", [False, True], ids=["sampled", "greedy"])
+def test_point_masses_verify_as_the_masses_written_out(vocab, block, chunks, greedy) -> None:
+    """A lookup level's drafts: the reference and the kernel given no q give the tokens they give
+    with the point masses materialised, accepted and rejected alike."""
+    outcomes = set()
+    for seed, masked in enumerate([None, "topk", "topk"]):
+        written, point = _as_point_masses(_case([0, 1, 5, 3], vocab, torch.float32, seed, masked))
+        ref = verify_torch(*written, level=2, greedy=greedy)
+        _assert_same(verify_torch(*point, level=2, greedy=greedy), ref, written[4])
+        _assert_same(
+            verify_triton(*point, level=2, greedy=greedy, block_v=block, num_chunks=chunks), ref, written[4]
+        )
+        outcomes |= {
+            "all" if a == n else "some" if a else "none"
+            for a, n in zip(ref.num_accepted.tolist(), [0, 1, 5, 3], strict=True)
+            if n
+        }
+    assert "none" in outcomes and len(outcomes) >= 2, outcomes  # rejections (the residual) and acceptances
+
+
+def test_point_masses_need_both_q_arguments_absent() -> None:
+    verifier, draft, _, *rest = _case([2], 7, torch.float32, 0)
+    for op in (verify_torch, verify_triton):
+        with pytest.raises(ValueError, match="both None"):
+            op(verifier, draft, None, *rest, level=1, greedy=False)
+
+
 def test_engine_through_the_interpreted_kernel() -> None:
     family = table_family(5, 2, 3, spread=2.0, seed=4)
     prompts = [torch.tensor([0, 1, 2]), torch.tensor([4, 4])]

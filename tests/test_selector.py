@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from hsd_fast.latency import AffineCost, expected_latency, fixed_block_latency
+from hsd_fast.latency import AffineCost, LookupCost, expected_latency, fixed_block_latency
 from hsd_fast.selector import fixed_block_candidates, select
 
 MAX_T = 4
@@ -24,23 +24,31 @@ def _instance(seed: int, n: int = 4):
     return costs, alpha
 
 
-def _all_chains(costs, alpha, form):
+def _all_chains(costs, alpha, form, lookup: bool = False):
+    """(latency, drafts, T) of every chain under the selector's candidate rule: drafts cheaper than
+    the target, stacked in cost order; ``lookup``: candidate 0 is a lookup level, at the bottom or
+    absent."""
     target = len(costs) - 1
-    # the selector's candidate rule: drafts cheaper than the target, stacked in cost order
-    drafts = sorted((m for m in range(target) if costs[m](1) < costs[target](1)), key=lambda m: costs[m](1))
-    for r in range(len(drafts) + 1):
-        for subset in itertools.combinations(drafts, r):
-            for T in itertools.product(range(1, MAX_T + 1), repeat=r):
-                models = [*subset, target]
-                alphas = [alpha[a][b] for a, b in itertools.pairwise(models)]
-                yield form([costs[m] for m in models], alphas, list(T)), subset, T
+    first = 1 if lookup else 0
+    drafts = sorted(
+        (m for m in range(first, target) if costs[m](1) < costs[target](1)), key=lambda m: costs[m](1)
+    )
+    for bottom in ((), (0,)) if lookup else ((),):
+        for r in range(len(drafts) + 1):
+            for subset in itertools.combinations(drafts, r):
+                chain = [*bottom, *subset, target]
+                for T in itertools.product(range(1, MAX_T + 1), repeat=len(chain) - 1):
+                    alphas = [alpha[a][b] for a, b in itertools.pairwise(chain)]
+                    yield form([costs[m] for m in chain], alphas, list(T)), tuple(chain[:-1]), T
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_dp_equals_brute_force_under_the_decomposable_form(seed: int) -> None:
-    costs, alpha = _instance(seed)
+@pytest.mark.parametrize(
+    ("seed", "lookup"), [*((s, False) for s in range(6)), *((s, True) for s in range(4))]
+)
+def test_dp_equals_brute_force_under_the_decomposable_form(seed: int, lookup: bool) -> None:
+    costs, alpha = _with_lookup(seed) if lookup else _instance(seed)
     dp_best = fixed_block_candidates(costs, alpha, max_T=MAX_T, keep=1)[0][0]
-    brute = min(lat for lat, _, _ in _all_chains(costs, alpha, fixed_block_latency))
+    brute = min(lat for lat, _, _ in _all_chains(costs, alpha, fixed_block_latency, lookup))
     assert dp_best == pytest.approx(brute, rel=1e-12)
 
 
@@ -99,3 +107,40 @@ def test_ends_when_a_noisy_profile_predicts_negative_latencies() -> None:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
     assert pick.chain[-1] == 2
+
+
+# ----------------------------------------------------------------------------- a lookup candidate
+def _with_lookup(seed: int, n: int = 4):
+    """A random instance with a lookup level as candidate 0: host seconds far below any forward, a
+    random distribution of offered lengths, per-position acceptance rates towards every model."""
+    rng = random.Random(1000 + seed)
+    costs, alpha = _instance(seed, n)
+    weights = [rng.random() for _ in range(MAX_T + 2)]
+    lookup = LookupCost(rng.uniform(1e-4, 2e-3), tuple(w / sum(weights) for w in weights))
+    rates = [tuple(rng.uniform(0.2, 0.95) for _ in range(3)) for _ in range(n)]
+    alpha = [[1.0, *rates], *([rates[i], *row] for i, row in enumerate(alpha))]
+    return [lookup, *costs], alpha
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_lookup_candidate_is_only_ever_level_zero(seed: int) -> None:
+    costs, alpha = _with_lookup(seed)
+    pick = select(costs, alpha, max_T=MAX_T)
+    best = min(lat for lat, _, _ in _all_chains(costs, alpha, expected_latency, lookup=True))
+    assert pick.predicted_latency <= best * (1 + REGRET_BOUND)
+    for selection in (pick, *pick.runner_ups):
+        assert 0 not in selection.chain[1:], selection.chain
+
+
+def test_picks_the_lookup_level_where_text_repeats_and_not_where_it_never_matches() -> None:
+    """A lookup that offers 4+ tokens most of the time, accepted at 80 %, stacked under a cheap
+    draft; and the same hierarchy where the lookup never matches: then it only costs host time."""
+    costs = [AffineCost(0.02), AffineCost(1.0)]
+    alpha = [[1.0, 0.7], [0.7, 1.0]]
+    matching = LookupCost(1e-4, (0.2, 0.0, 0.0, 0.0, 0.8))
+    rates = (0.8, 0.8)
+    pick = select([matching, *costs], [[1.0, rates, rates], [rates, *alpha[0]], [rates, *alpha[1]]], max_T=6)
+    assert pick.chain[0] == 0
+    never = LookupCost(1e-3, (1.0,))
+    pick = select([never, *costs], [[1.0, rates, rates], [rates, *alpha[0]], [rates, *alpha[1]]], max_T=6)
+    assert pick.chain == (1, 2)

@@ -5,10 +5,10 @@ Two kinds of check (docs/design.md, "Kernel contracts"):
 
 - **Structure** (always, on the host, no device sync): every tensor argument is a tensor of the
   right rank, dtype family (float or integer) and device, the shapes agree
-  (``verifier_logits [B, D + 1, V]``, ``draft_logits [B, D, V]``, ``draft_lse`` and
-  ``draft_tokens [B, D]``, ``num_drafts``, ``temperature``, ``seeds`` and ``positions [B]``), and the
-  scalars are what they should be (``level`` in [0, 2**24), ``purpose`` in [0, 256), ``greedy`` a
-  bool).
+  (``verifier_logits [B, D + 1, V]``, ``draft_logits [B, D, V]`` (or None, point-mass drafts,
+  with ``draft_lse``), ``draft_lse`` and ``draft_tokens [B, D]``, ``num_drafts``, ``temperature``,
+  ``seeds`` and ``positions [B]``), and the scalars are what they should be (``level`` in
+  [0, 2**24), ``purpose`` in [0, 256), ``greedy`` a bool).
 - **Values** (draft tokens of a row's draft columns in [0, V), ``num_drafts`` in [0, D],
   ``temperature`` > 0): read on the host only where that costs no device sync, on CPU tensors outside
   ``torch.compile``. Elsewhere the launchers' kernels (and the references, with tensor ops) OR bits
@@ -107,8 +107,8 @@ def _vocab(name: str, vocab: int) -> None:
 
 def check_verify_args(
     verifier_logits: torch.Tensor,
-    draft_logits: torch.Tensor,
-    draft_lse: torch.Tensor,
+    draft_logits: torch.Tensor | None,
+    draft_lse: torch.Tensor | None,
     draft_tokens: torch.Tensor,
     num_drafts: torch.Tensor,
     temperature: torch.Tensor,
@@ -134,14 +134,19 @@ def check_verify_args(
             f"{_shape(tokens)}), got {_shape(ver)}",
         )
     _vocab("verifier_logits", vocab)
-    dft = _tensor("draft_logits", draft_logits, 3, "float", device)
-    if _shape(dft) != [num_rows, width, vocab]:
+    if (draft_logits is None) != (draft_lse is None):
         raise _fail(
-            "draft_logits", f"expected shape [B, D, V] = {[num_rows, width, vocab]}, got {_shape(dft)}"
+            "draft_logits", "draft_logits and draft_lse are given together, or both None (point masses)"
         )
-    lse = _tensor("draft_lse", draft_lse, 2, "float", device)
-    if _shape(lse) != [num_rows, width]:
-        raise _fail("draft_lse", f"expected shape [B, D] = {[num_rows, width]}, got {_shape(lse)}")
+    if draft_logits is not None:  # None: every draft's q is a point mass on its token
+        dft = _tensor("draft_logits", draft_logits, 3, "float", device)
+        if _shape(dft) != [num_rows, width, vocab]:
+            raise _fail(
+                "draft_logits", f"expected shape [B, D, V] = {[num_rows, width, vocab]}, got {_shape(dft)}"
+            )
+        lse = _tensor("draft_lse", draft_lse, 2, "float", device)
+        if _shape(lse) != [num_rows, width]:
+            raise _fail("draft_lse", f"expected shape [B, D] = {[num_rows, width]}, got {_shape(lse)}")
     _row_vectors(
         num_rows, device, num_drafts=num_drafts, temperature=temperature, seeds=seeds, positions=positions
     )

@@ -76,11 +76,12 @@ def _accept_kernel(
     ver_ptr, ver_stride, draft_ptr, draft_stride, draft_lse_ptr, draft_tok_ptr, num_drafts_ptr,
     temp_ptr, seeds_ptr, positions_ptr, max_ptr, sum_ptr, arg_ptr, num_acc_ptr, next_tok_ptr, lse_ptr,
     err_ptr, V, level, width, num_chunks,
-    GREEDY: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+    GREEDY: tl.constexpr, POINT_MASS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """All positions of a row side by side ([BLOCK_K, BLOCK_C] tiles of partials): a row's tests
     cost a few dependent memory round trips, not one chain per draft. Out-of-range values (count,
-    draft tokens, temperature) are OR'd into ``err_ptr`` (checks.py): one predicated atomic."""
+    draft tokens, temperature) are OR'd into ``err_ptr`` (checks.py): one predicated atomic.
+    ``POINT_MASS``: q(x) = 1, no q is read."""
     row = tl.program_id(0)
     n, d0, v0 = _row_layout(num_drafts_ptr, row, width)
     n_given = tl.load(num_drafts_ptr + row)
@@ -122,8 +123,11 @@ def _accept_kernel(
             vrow = ver_ptr + vpos.to(tl.int64) * ver_stride
             drow = draft_ptr + (d0 + k).to(tl.int64) * draft_stride
             logp = tl.load(vrow + tok, mask=is_draft, other=0.0).to(tl.float32) / temp - lse
-            logq = tl.load(drow + tok, mask=is_draft, other=0.0).to(tl.float32) / temp
-            logq -= tl.load(draft_lse_ptr + d0 + k, mask=is_draft, other=0.0)
+            if POINT_MASS:
+                logq = tl.zeros((BLOCK_K,), tl.float32)
+            else:
+                logq = tl.load(drow + tok, mask=is_draft, other=0.0).to(tl.float32) / temp
+                logq -= tl.load(draft_lse_ptr + d0 + k, mask=is_draft, other=0.0)
             u = uniform_from_state(key_state(seed, level, pos0 + k, _ACCEPT), tl.full((), 0, tl.int32))
             accepted = tl.log(u) <= logp - logq
         # Blocks come in order, so an earlier block's rejection is never overridden.
@@ -136,14 +140,15 @@ def _accept_kernel(
 
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
 def _chunk_race_kernel(
-    ver_ptr, ver_stride, draft_ptr, draft_stride, draft_lse_ptr, num_drafts_ptr, temp_ptr, seeds_ptr,
-    positions_ptr, num_acc_ptr, lse_ptr, key_p_ptr, idx_p_ptr, key_r_ptr, idx_r_ptr, mass_r_ptr,
-    V, level, width, chunk_size, num_chunks,
-    BLOCK_V: tl.constexpr,
+    ver_ptr, ver_stride, draft_ptr, draft_stride, draft_lse_ptr, draft_tok_ptr, num_drafts_ptr, temp_ptr,
+    seeds_ptr, positions_ptr, num_acc_ptr, lse_ptr, key_p_ptr, idx_p_ptr, key_r_ptr, idx_r_ptr,
+    mass_r_ptr, V, level, width, chunk_size, num_chunks,
+    POINT_MASS: tl.constexpr, BLOCK_V: tl.constexpr,
 ):  # fmt: skip
     """Races at the selected position over one chunk. The race over p and the race over the
     residual share their uniforms (one key: the purpose says correction or bonus); which one wins
-    is decided by the residual mass, known only once all chunks are in."""
+    is decided by the residual mass, known only once all chunks are in. ``POINT_MASS``: the residual
+    is p without the rejected token (its q is 1 there, 0 elsewhere); no q is read."""
     row, chunk = tl.program_id(0), tl.program_id(1)
     n, d0, v0 = _row_layout(num_drafts_ptr, row, width)
     num_acc = tl.load(num_acc_ptr + row).to(tl.int32)
@@ -159,7 +164,12 @@ def _chunk_race_kernel(
     vrow = ver_ptr + (v0 + num_acc).to(tl.int64) * ver_stride
     d_sel = d0 + tl.minimum(num_acc, n - 1)  # the rejected draft's q (unused when none was)
     drow = draft_ptr + d_sel.to(tl.int64) * draft_stride
-    lse_q = tl.load(draft_lse_ptr + d_sel, mask=rejected, other=0.0)
+    if POINT_MASS:
+        rejected_tok = tl.load(draft_tok_ptr + d_sel, mask=rejected, other=-1)
+        lse_q = 0.0
+    else:
+        rejected_tok = -1
+        lse_q = tl.load(draft_lse_ptr + d_sel, mask=rejected, other=0.0)
     lo = chunk * chunk_size
     hi = tl.minimum(lo + chunk_size, V)
     cols = tl.arange(0, BLOCK_V)
@@ -175,8 +185,11 @@ def _chunk_race_kernel(
         gumbel = -tl.log(-tl.log(uniform_from_state(state, idx)))
         best_p, idx_p = fold_argmax(best_p, idx_p, logp + gumbel, idx, V, 0)  # -inf past the chunk
         if rejected:
-            logq = tl.load(drow + idx, mask=in_chunk, other=-float("inf")).to(tl.float32) / temp - lse_q
-            r = tl.maximum(tl.exp(logp) - tl.exp(logq), 0.0)
+            if POINT_MASS:
+                r = tl.where(idx == rejected_tok, 0.0, tl.exp(logp))
+            else:
+                logq = tl.load(drow + idx, mask=in_chunk, other=-float("inf")).to(tl.float32) / temp - lse_q
+                r = tl.maximum(tl.exp(logp) - tl.exp(logq), 0.0)
             mass_r += tl.sum(r, axis=0)
             key_r = tl.where(r > 0, tl.log(tl.where(r > 0, r, 1.0)) + gumbel, -float("inf"))
             best_r, idx_r = fold_argmax(best_r, idx_r, key_r, idx, V, 0)
@@ -226,8 +239,8 @@ BLOCK_K = 16
 
 def verify_triton(
     verifier_logits: torch.Tensor,
-    draft_logits: torch.Tensor,
-    draft_lse: torch.Tensor,
+    draft_logits: torch.Tensor | None,
+    draft_lse: torch.Tensor | None,
     draft_tokens: torch.Tensor,
     num_drafts: torch.Tensor,
     temperature: torch.Tensor,
@@ -264,10 +277,12 @@ def verify_triton(
     _, race_chunks, race_size = plan(num_rows, vocab, device, block_v, num_chunks)
 
     verifier_logits = verifier_logits.reshape(num_rows * (width + 1), vocab).contiguous()  # [B (D + 1), V]
-    if width == 0:  # keep a valid pointer; no row reads it
-        draft_logits = verifier_logits[:1]
+    point_mass = draft_logits is None  # q is 1 at each draft token: nothing to read
+    if width == 0 or point_mass:  # keep valid pointers; no row reads them
+        draft_logits, draft_lse = verifier_logits[:1], verifier_lse
     draft_logits = draft_logits.reshape(-1, vocab).contiguous()  # [B D, V]
     draft_lse = draft_lse.float().contiguous()
+    draft_tokens = draft_tokens.contiguous()
     num_drafts = num_drafts.to(torch.int64).contiguous()
     temperature = temperature.float().contiguous()
     seeds, positions = seeds.to(torch.int64), positions.to(torch.int64)
@@ -286,9 +301,9 @@ def verify_triton(
     )  # fmt: skip
     _accept_kernel[(num_rows,)](
         verifier_logits, verifier_logits.stride(0), draft_logits, draft_logits.stride(0), draft_lse,
-        draft_tokens.contiguous(), num_drafts, temperature, seeds, positions, part_max, part_sum,
+        draft_tokens, num_drafts, temperature, seeds, positions, part_max, part_sum,
         part_arg, num_accepted, next_token, verifier_lse, error_flag, vocab, level, width, stats_chunks,
-        GREEDY=greedy, BLOCK_K=BLOCK_K, BLOCK_C=split.BLOCK_C,
+        GREEDY=greedy, POINT_MASS=point_mass, BLOCK_K=BLOCK_K, BLOCK_C=split.BLOCK_C,
     )  # fmt: skip
     if greedy:
         return VerifyResult(num_accepted, next_token, verifier_lse)
@@ -297,8 +312,9 @@ def verify_triton(
     idx_p, idx_r = (torch.empty(num_rows * race_chunks, dtype=torch.int32, device=device) for _ in range(2))
     _chunk_race_kernel[(num_rows, race_chunks)](
         verifier_logits, verifier_logits.stride(0), draft_logits, draft_logits.stride(0), draft_lse,
-        num_drafts, temperature, seeds, positions, num_accepted, verifier_lse,
-        key_p, idx_p, key_r, idx_r, mass_r, vocab, level, width, race_size, race_chunks, BLOCK_V=block,
+        draft_tokens, num_drafts, temperature, seeds, positions, num_accepted, verifier_lse,
+        key_p, idx_p, key_r, idx_r, mass_r, vocab, level, width, race_size, race_chunks,
+        POINT_MASS=point_mass, BLOCK_V=block,
     )  # fmt: skip
     _race_pick_kernel[(num_rows,)](
         num_drafts, num_accepted, key_p, idx_p, key_r, idx_r, mass_r, next_token,

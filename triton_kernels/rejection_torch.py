@@ -15,6 +15,12 @@ are padding, ignored (any values). Logits are *processed* logits; ``temperature`
 (1 when the logits are already processed), and ``draft_lse`` is the log-sum-exp of
 ``draft_logits / temperature``.
 
+Point masses: ``draft_logits = draft_lse = None`` says every draft's q is a point mass on its token
+(a deterministic draft, such as a lookup proposal): q(x_k) = 1, so x_k passes iff u_k <= p(x_k),
+and a rejection's correction is drawn from p with x_k removed, renormalised (max(0, p - q)). The
+same results as the point masses written out as logits (0 at x_k, -inf elsewhere, log-sum-exp 0),
+without a ``[B, D, V]`` q.
+
 Outputs: accepted count and the correction-or-bonus token per row, and the verifier's fp32
 log-sum-exp at every column (meaningful where the row has a draft or the bonus), which is what the
 next level up needs to use ``p`` as its ``q``. ``verify_torch`` here is the reference (the CPU path,
@@ -46,8 +52,8 @@ class VerifyResult(NamedTuple):
 
 def verify_torch(
     verifier_logits: torch.Tensor,  # [B, D + 1, V]
-    draft_logits: torch.Tensor,  # [B, D, V] logits of q at each draft column
-    draft_lse: torch.Tensor,  # [B, D] fp32
+    draft_logits: torch.Tensor | None,  # [B, D, V] logits of q at each draft column; None: point masses
+    draft_lse: torch.Tensor | None,  # [B, D] fp32; None with draft_logits
     draft_tokens: torch.Tensor,  # [B, D] int64
     num_drafts: torch.Tensor,  # [B] int64 in [0, D]: row r's drafts are its last num_drafts[r] columns
     temperature: torch.Tensor,  # [B] fp32
@@ -77,7 +83,10 @@ def verify_torch(
     else:
         x = draft_tokens.clamp(0, vocab - 1)[..., None]  # [B, D, 1] (padding may hold anything)
         logp = logp_all[:, :width].gather(-1, x)[..., 0] - verifier_lse[:, :width]  # [B, D]
-        logq = draft_logits.gather(-1, x)[..., 0].float() / temperature[:, None] - draft_lse  # [B, D]
+        if draft_logits is None:  # point masses: q(x) = 1
+            logq = torch.zeros_like(logp)
+        else:
+            logq = draft_logits.gather(-1, x)[..., 0].float() / temperature[:, None] - draft_lse  # [B, D]
         u = uniform_torch(seeds[:, None].expand(-1, width), level, positions[:, None] + k, ACCEPT)
         accepted = torch.log(u) <= logp - logq  # [B, D]
     first_reject = torch.where(is_draft & ~accepted, k, num_drafts[:, None])  # [B, D]
@@ -93,8 +102,12 @@ def verify_torch(
     log_weights = logp_sel
     if width > 0:  # a shape test, no host sync
         at = selected.clamp(max=width - 1)  # [B] the rejected draft's column (unused when none was)
-        logq_sel = draft_logits[rows, at].float() / temperature[:, None] - draft_lse[rows, at, None]
-        residual = (logp_sel.exp() - logq_sel.exp()).clamp_min(0.0)  # [B, V]
+        if draft_logits is None:  # a point mass on the rejected x: max(0, p - q) is p without x
+            x_sel = draft_tokens[rows, at].clamp(0, vocab - 1)  # [B]
+            residual = logp_sel.exp().scatter(-1, x_sel[:, None], 0.0)  # [B, V]
+        else:
+            logq_sel = draft_logits[rows, at].float() / temperature[:, None] - draft_lse[rows, at, None]
+            residual = (logp_sel.exp() - logq_sel.exp()).clamp_min(0.0)  # [B, V]
         use_residual = rejected & (residual.sum(-1) >= RESIDUAL_EPS)  # [B]
         log_weights = torch.where(use_residual[:, None], residual.log(), logp_sel)
     # One race serves correction and bonus; the purpose in the key keeps their uniforms apart.

@@ -3,8 +3,9 @@ process, interleaved, after warm-up, with the machine checked for contention; gr
 compared with the target's own. Writes ``bench/results/e2e_<scenario>[_sampled]_<device>.{json,md,png}``.
 
 Which hierarchies run: ours with no draft; the selector's pick (``select_hierarchy`` with compiled
-step costs); the best single draft and the best hierarchy of a grid: every chain of one or two
-drafts with T up to ``GRID_MAX_T``, ranked by the latency model, its ``GRID_MEASURED`` best measured
+step costs, the lookup level among the candidates); the best single draft and the best hierarchy of
+a grid: every chain of one or two drafts (the lookup level only at the bottom) with T up to
+``GRID_MAX_T``, ranked by the latency model, its ``GRID_MEASURED`` best measured
 once each (a tuning pass) and the fastest kept. HF assisted generation runs with each draft, with
 its default schedule and with the fixed number of draft tokens that measured best in the tuning pass.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -25,6 +27,7 @@ from hsd_fast.bench.scenarios import SCENARIOS, Scenario
 from hsd_fast.bench.timing import CpuMeter, interleaved
 from hsd_fast.hierarchy import Hierarchy
 from hsd_fast.latency import decode_seconds, expected_latency
+from hsd_fast.lookup import LookupDraft
 from hsd_fast.processors import generation_sampling
 from hsd_fast.profile import ProfileCache, measured_latency
 from hsd_fast.report import markdown_table, run_metadata
@@ -34,6 +37,12 @@ GRID_MAX_T = 6
 GRID_MEASURED = 6
 ASSISTED_FIXED = (2, 4, 8)
 DEFAULT_CACHE = Path.home() / ".cache" / "hsd_fast" / "profiles.json"
+LOOKUP = "lookup"  # the lookup level's name in a chain: candidate 0
+GRID_KINDS = {  # the kinds of hierarchy a report compares, by their chains of candidate indices
+    "best single draft": lambda chain: len(chain) == 2 and chain[0] != 0,
+    "best model-only": lambda chain: 0 not in chain,
+    "best with the lookup level": lambda chain: chain[0] == 0,
+}
 
 
 def add_parser(sub) -> None:
@@ -92,13 +101,15 @@ def run(args: argparse.Namespace) -> int:
         measured = _grid(scenario, costs, alpha, names, sampling, args, tuning_prompts)
         extra_sections = _selector_check(pick, measured, names)
         hierarchies["grid's best"] = min(measured, key=measured.get)
-        singles = {s: t for s, t in measured.items() if len(s.chain) == 2}
-        if singles:
-            hierarchies["best single draft"] = min(singles, key=singles.get)
+        for label, kind in GRID_KINDS.items():
+            of_kind = {s: t for s, t in measured.items() if kind(s.chain)}
+            if of_kind:
+                hierarchies[label] = min(of_kind, key=of_kind.get)
         notes.append(
-            f"Grid: chains of one or two drafts with T <= {GRID_MAX_T}, ranked by the latency model; the "
-            f"{GRID_MEASURED} best predicted (and the best predicted single draft) measured once each at "
-            "batch 1 on the first prompt set; 'grid's best' is the fastest of those."
+            "Grid: chains of one or two drafts (the lookup level only at the bottom) with "
+            f"T <= {GRID_MAX_T}, ranked by the latency model; the {GRID_MEASURED} best predicted, and "
+            f"the best predicted of each kind ({', '.join(GRID_KINDS)}), measured once each at batch 1 on "
+            "the first prompt set; 'grid's best' is the fastest of those, and so on."
         )
 
     configs = _configs(scenario, sampling, args, hierarchies, names, costs, alpha, tuning_prompts, notes)
@@ -151,18 +162,27 @@ def _label(sampling: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- choosing hierarchies
-def _profile(scenario: Scenario, sampling: dict, args) -> tuple[list, list[list[float]], list[str]]:
-    """Compiled step costs and acceptance of every model (drafts, then the target), cached."""
+def _profile(scenario: Scenario, sampling: dict, args) -> tuple[list, list[list], list[str]]:
+    """Compiled step costs and acceptance of the lookup level and every model (drafts, then the
+    target), cached: candidate 0 is the lookup level."""
     cache = ProfileCache(args.cache, fallbacks=_fallback_profiles(scenario))
     models = [*scenario.drafts.values(), scenario.target]
-    names = [*scenario.drafts, "target"]
+    names = [LOOKUP, *scenario.drafts, "target"]
     transform, greedy = generation_sampling(scenario.target, **sampling)
     context = _prompt_tokens(scenario) + args.max_new_tokens // 2
     desc = "step costs" + ("" if args.eager else " (compiled)")
     costs = [cache.costs(m, context, not args.eager, transform, greedy) for m in tqdm(models, desc=desc)]
     alpha = cache.acceptance(models, scenario.calibration, transform, greedy)
+    lookup, rates = cache.lookup(
+        LookupDraft(), models, scenario.calibration, transform, greedy, GRID_MAX_T, generation_kwargs=sampling
+    )
     cache.save()
-    return costs, alpha, names
+    return [lookup, *costs], [[1.0, *rates], *([r, *row] for r, row in zip(rates, alpha, strict=True))], names
+
+
+def _drafts(scenario: Scenario, names: Sequence[str]) -> tuple:
+    """The draft levels named (a chain's names, the target excluded)."""
+    return tuple(LookupDraft() if name == LOOKUP else scenario.drafts[name] for name in names)
 
 
 def _fallback_profiles(scenario: Scenario) -> list[Path]:
@@ -180,8 +200,9 @@ def _predicted(costs, alpha, chain: tuple[int, ...], T: tuple[int, ...]) -> floa
 
 def _grid(scenario, costs, alpha, names, sampling, args, prompts) -> dict[Selection, float]:
     """Measured decode seconds per token (batch 1, prefill excluded) of the grid's best predicted
-    hierarchies: every chain of one or two drafts with T up to GRID_MAX_T, ranked by the latency
-    model, its GRID_MEASURED best and the best predicted single draft."""
+    hierarchies: every chain of one or two drafts with T up to GRID_MAX_T (candidate 0, the lookup
+    level, only at the bottom), ranked by the latency model: its GRID_MEASURED best and the best
+    predicted of each of GRID_KINDS."""
     target = len(costs) - 1
     candidates = []
     for size in (1, 2):
@@ -189,11 +210,13 @@ def _grid(scenario, costs, alpha, names, sampling, args, prompts) -> dict[Select
             for T in itertools.product(range(1, GRID_MAX_T + 1), repeat=size):
                 candidates.append((_predicted(costs, alpha, (*chain, target), T), (*chain, target), T))
     candidates.sort()
-    shortlist = [*candidates[:GRID_MEASURED], next(c for c in candidates if len(c[1]) == 2)]
+    shortlist = candidates[:GRID_MEASURED]
+    shortlist += [next(c for c in candidates if kind(c[1])) for kind in GRID_KINDS.values()]
     measured = {}
     for predicted, chain, T in tqdm(dict.fromkeys(shortlist), desc="grid (measured)"):
-        drafts = tuple(scenario.drafts[names[i]] for i in chain[:-1])
-        hierarchy = Hierarchy(drafts=drafts, T=T, selection=Selection(chain, T, predicted))
+        hierarchy = Hierarchy(
+            _drafts(scenario, [names[i] for i in chain[:-1]]), T, Selection(chain, T, predicted)
+        )
         measured[hierarchy.selection] = _decode_seconds(scenario, hierarchy, sampling, args, prompts)
     return measured
 
@@ -359,8 +382,7 @@ def _measured_decode(rows, configs, scenario, sampling, args, prompts) -> None:
     for config in configs:
         if "predicted_latency" not in config.notes:
             continue
-        drafts = tuple(scenario.drafts[d] for d in config.chain)
-        hierarchy = Hierarchy(drafts=drafts, T=config.T, selection=Selection((), (), 0.0))
+        hierarchy = Hierarchy(_drafts(scenario, config.chain), config.T, Selection((), (), 0.0))
         seconds = _decode_seconds(scenario, hierarchy, sampling, args, prompts)
         for row in rows:
             if row["config"] == config.name and row["batch"] == 1:

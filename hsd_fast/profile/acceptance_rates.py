@@ -28,15 +28,31 @@ def acceptance(
     (default: none, temperature 1)."""
     transform = transform or LogitsTransform()
     vocab = models[-1].get_output_embeddings().weight.shape[0]  # the target's, as decoding uses it
-    dists = []
-    for model in tqdm(models, desc="teacher-forced forwards", disable=not progress):
-        ids = embeddable_ids(model, calibration_ids.to(next(model.parameters()).device))
-        logits = fit_logits(model(ids).logits, vocab)  # [N, L, V]
-        flat = transform(logits.reshape(-1, vocab)).float() / transform.temperature  # [N * L, V]
-        dists.append(flat.argmax(-1) if greedy else torch.softmax(flat, -1))
+    dists = [
+        teacher_forced_scores(model, calibration_ids, transform, greedy, vocab).flatten(0, 1)
+        for model in tqdm(models, desc="teacher-forced forwards", disable=not progress)
+    ]  # each [N * L, V], or [N * L] under greedy
     alpha = [[1.0] * len(models) for _ in models]
     for j, m in itertools.combinations(range(len(models)), 2):
         a, b = dists[j], dists[m].to(dists[j].device)
         value = (a == b).float().mean() if greedy else torch.minimum(a, b).sum(-1).mean()
         alpha[j][m] = alpha[m][j] = float(value)
     return alpha
+
+
+@torch.inference_mode()
+def teacher_forced_scores(
+    model: torch.nn.Module,
+    ids: torch.Tensor,  # [N, L]
+    transform: LogitsTransform,
+    greedy: bool,
+    vocab: int,
+) -> torch.Tensor:
+    """``model``'s distribution of the token after each prefix ``ids[n, :i + 1]`` under the sampling
+    ``transform``, over the target's ``vocab``: probabilities [N, L, V], or under greedy decoding
+    the argmax [N, L]."""
+    ids = embeddable_ids(model, ids.to(next(model.parameters()).device))
+    logits = fit_logits(model(ids).logits, vocab)  # [N, L, V]
+    flat = transform(logits.reshape(-1, vocab)).float() / transform.temperature  # [N * L, V]
+    scores = flat.argmax(-1) if greedy else torch.softmax(flat, -1)
+    return scores.unflatten(0, ids.shape)

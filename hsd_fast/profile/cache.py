@@ -2,8 +2,10 @@
 
 Keys name what was measured: a cost by model identity (a hash of the weights), device, dtype and
 context length; an acceptance rate by the unordered pair of identities, the sampling transform and
-the hash of the calibration ids. ``fallbacks`` (e.g. the zoo's committed CPU profile) are read but
-never written.
+the hash of the calibration ids; a lookup level's profile (``lookup_replay``) by its n-gram sizes
+and largest block, with the calibration hash for what it offers, the model identity and sampling
+for the rates a model accepts it with, and the device too for its host cost.
+``fallbacks`` (e.g. the zoo's committed CPU profile) are read but never written.
 
 A cache file is never fatal: one that is not this cache's JSON (corrupt, truncated, foreign) is
 named in a warning and moved aside to ``<name>.corrupt-<timestamp>``, and the run goes on without
@@ -26,9 +28,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
+from hsd_fast.latency import Acceptance, LookupCost
+from hsd_fast.lookup import LookupDraft
 from hsd_fast.processors import LogitsTransform
-from hsd_fast.profile.acceptance_rates import acceptance
+from hsd_fast.profile import lookup_replay
+from hsd_fast.profile.acceptance_rates import acceptance, teacher_forced_scores
 from hsd_fast.profile.costs import CostProfile, forward_costs
 
 
@@ -205,6 +211,58 @@ class ProfileCache:
         for (j, m), key in keys.items():
             alpha[j][m] = alpha[m][j] = self.entries[key]
         return alpha
+
+    def lookup(
+        self,
+        spec: LookupDraft,
+        models: Sequence[torch.nn.Module],
+        ids: torch.Tensor,
+        transform: LogitsTransform,
+        greedy: bool,
+        max_T: int,
+        progress: bool = True,
+        generation_kwargs: dict | None = None,
+        **timing,
+    ) -> tuple[LookupCost, list[Acceptance]]:
+        """A lookup level's cost (host seconds per call, lengths offered) and the rates per position
+        at which each of ``models`` (the target last) accepts its proposals, replayed on the target's
+        own continuations of ``ids`` under ``generation_kwargs`` (the run's sampling settings)."""
+        level = f"{spec.max_ngram}-{spec.min_ngram} T{max_T}"
+        sampling = sampling_key(transform, greedy)
+        text = f"{model_identity(models[-1])} {sampling} {ids_hash(ids)}"  # what the replayed text is
+        lengths_key = f"lookup lengths {level} {text}"
+        rate_keys = [f"lookup rates {level} {model_identity(m)} on {text}" for m in models]
+        cost_key = f"lookup cost {level} {ids.device.type} {ids_hash(ids)}"
+        missing = [k for k in (lengths_key, *rate_keys) if not _numbers(self.entries.get(k))]
+        if missing:
+            text_ids = lookup_replay.continued(models[-1], ids, **(generation_kwargs or {}))  # [N, L]
+            vocab = models[-1].get_output_embeddings().weight.shape[0]
+            proposals = lookup_replay.replay(spec, text_ids, max_T, start=text_ids.shape[1] // 2)
+            self.entries[lengths_key] = list(lookup_replay.offered_lengths(proposals, max_T))
+            replayed = tqdm(
+                zip(models, rate_keys, strict=True),
+                desc="lookup replay",
+                total=len(models),
+                disable=not progress,
+            )
+            for model, key in replayed:
+                if key in missing:
+                    scores = teacher_forced_scores(model, text_ids, transform, greedy, vocab)
+                    rates = lookup_replay.acceptance_by_position(proposals, text_ids, scores, max_T)
+                    self.entries[key] = list(rates)
+            self.changed = True
+        cost = self.entries.get(cost_key)
+        if not (isinstance(cost, dict) and _numbers([cost.get("seconds"), cost.get("noise")])):
+            seconds, noise = lookup_replay.host_seconds(spec, ids, max_T, **timing)
+            self.entries[cost_key] = {"seconds": seconds, "noise": noise}
+            self.changed = True
+        cost = self.entries[cost_key]
+        level_cost = LookupCost(cost["seconds"], tuple(self.entries[lengths_key]), cost["noise"])
+        return level_cost, [tuple(self.entries[key]) for key in rate_keys]
+
+
+def _numbers(value: object) -> bool:
+    return isinstance(value, list) and bool(value) and all(_is_number(v) for v in value)
 
 
 def _warn(message: str) -> None:

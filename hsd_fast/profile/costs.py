@@ -105,21 +105,21 @@ def forward_costs(
     ]
     with torch.inference_mode():
         verify(state, row, row, row + context, row + context - 1)  # prefill the context once
-        medians, noise = _interleaved_medians(steps, clock, device, warmup, repeats)
+        medians, noise = interleaved_medians(steps, clock, device, warmup, repeats)
     return CostProfile(
         tuple(spans), tuple(medians[: len(spans)]), tuple(drafts), tuple(medians[len(spans) :]), noise
     )
 
 
 SETTLE_CALLS = 30
-"""Most warm-up calls spent waiting for a step's time to settle (see ``_interleaved_medians``)."""
+"""Most warm-up calls spent waiting for a step's time to settle (see ``interleaved_medians``)."""
 MAD_TO_STD = 1.4826
 """Median absolute deviation to standard deviation (normal noise): a spread that ignores outliers."""
 MEDIAN_STD_ERROR = 1.2533
 """The standard error of a median of n normal samples is about this times sigma / sqrt(n)."""
 
 
-def _interleaved_medians(
+def interleaved_medians(
     steps: Sequence[Callable[[], object]],
     clock: Callable[[], float],
     device: torch.device,

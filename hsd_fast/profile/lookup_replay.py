@@ -1,0 +1,161 @@
+"""The lookup level's profile for the latency model (docs/design.md, "The lookup level"), measured by
+replaying calibration text as the lookup would meet it in a run:
+
+- ``continued``: each calibration row's first half followed by the target's own continuation of it
+  (greedy, or sampled under the run's settings). A lookup proposes while the target generates, and
+  generated text repeats itself far more than held-out text does (a small model loops): replayed on
+  the held-out text alone, the zoo's lookup level was predicted 2-3x below what it measured;
+- ``replay``: the lookup's calls as a run under the target makes them: at position t of a
+  generated row it proposes from the row's first t tokens (the longest proposal a block allows; a
+  smaller block takes its prefix); the target accepts the proposed tokens that equal the text and
+  emits the next one, so the next call is at t + accepted + 1. Under greedy decoding that is the
+  run itself; sampled, it has the run's law: x is accepted with probability p(x), the chance the
+  target's sample is x, and a rejection's correction is p without x, as the text's token is then.
+  Calls, not positions: a matched passage takes one call for many tokens, fresh text one per token;
+  weighting every position alike over-counted the matches (predicted 1.7x what the zoo measured);
+- ``offered_lengths``: how often a call offers 0, 1, ... tokens;
+- ``acceptance_by_position``: per position j of a proposal, the rate a model accepts token j given
+  it accepted tokens 1..j-1 (``latency.Acceptance``), under the sampling transform: p(x) for a
+  sampled verification of a point-mass draft, argmax == x for a greedy one. Teacher-forced, so a
+  token can only be scored while the proposal before it equals the text (its context is then
+  known): proposals are followed until they leave the text;
+- ``host_seconds``: the engine's host work per lookup call (propose, write the proposal; its q, a
+  point mass, is never written).
+
+Text repeats in runs: a matched passage is accepted whole or not at all, so rates per position
+predict the gain of a proposal far better than one rate (the rate of a model draft).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from hsd_fast.lookup import LookupDraft, LookupProposer
+from hsd_fast.lookup_index import LookupIndex
+from hsd_fast.processors import LogitsTransform
+from hsd_fast.profile.costs import interleaved_medians
+from hsd_fast.sampling_metadata import SamplingMetadata
+from hsd_fast.steps import DecodeState
+
+Proposal = tuple[int, int, list[int]]  # (row, t, tokens proposed after the row's first t tokens)
+
+
+@torch.inference_mode()
+def continued(target: torch.nn.Module, prompts: torch.Tensor, **generation_kwargs) -> torch.Tensor:
+    """[N, L]: the first L // 2 tokens of each row of ``prompts`` ([N, L]) and ``target``'s own
+    continuation of them, L - L // 2 tokens (HF ``generate`` with ``generation_kwargs``; EOS
+    ignored; sampling seeded, without touching the global random state)."""
+    half = prompts.shape[1] // 2
+    head = prompts[:, :half]
+    devices = [head.device] if head.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(0)
+        return target.generate(
+            head, attention_mask=torch.ones_like(head), max_new_tokens=prompts.shape[1] - half,
+            eos_token_id=None, pad_token_id=0, **generation_kwargs,
+        )  # fmt: skip
+
+
+def replay(spec: LookupDraft, ids: torch.Tensor, max_T: int, start: int = 1) -> list[Proposal]:
+    """The lookup's calls (proposals of at most ``max_T`` tokens) on each row of ``ids`` ([N, L]) as
+    a run under the target makes them (module doc): the first after the row's first ``start``
+    tokens, each next one after the tokens of the proposal that equal the text and one more."""
+    proposals = []
+    for n, row in enumerate(ids.tolist()):
+        index = LookupIndex(spec.max_ngram, spec.min_ngram)
+        t = start
+        while t <= len(row):
+            index.extend(row[len(index) : t])
+            proposal = index.propose(max_T)
+            proposals.append((n, t, proposal))
+            accepted = 0
+            while (
+                accepted < len(proposal)
+                and t + accepted < len(row)
+                and proposal[accepted] == row[t + accepted]
+            ):
+                accepted += 1
+            t += accepted + 1
+    return proposals
+
+
+def offered_lengths(proposals: list[Proposal], max_T: int) -> tuple[float, ...]:
+    """The fraction of calls that offer b tokens, b = 0..max_T (the last: at least max_T)."""
+    counts = np.bincount([len(p) for _, _, p in proposals], minlength=max_T + 1)[: max_T + 1]
+    return tuple(float(c) for c in counts / max(1, len(proposals)))
+
+
+def acceptance_by_position(
+    proposals: list[Proposal],
+    ids: torch.Tensor,  # [N, L] the replayed text
+    scores: torch.Tensor,  # [N, L, V] probabilities or [N, L] argmax (greedy): the token after ids[n, :i+1]
+    max_T: int,
+) -> tuple[float, ...]:
+    """(a_1, ..., a_max_T): a_j the weighted rate at which the model accepts the j-th proposed token
+    among proposals whose tokens 1..j-1 it accepted (weight: the probability it did). A position
+    with nothing to score takes the rate before it (a_1: 0, as for a lookup that never matches)."""
+    greedy = scores.dim() == 2
+    length = ids.shape[1]
+    # The scorable tokens: (proposal, j, row, index of the scores, token), while the proposal is text.
+    items = []
+    for k, (n, t, tokens) in enumerate(proposals):
+        for j, token in enumerate(tokens, start=1):
+            i = t + j - 2  # the scores of the token after the first t + j - 1 tokens
+            if i >= length:
+                break
+            items.append((k, j, n, i, token))
+            if t + j - 1 >= length or int(ids[n, t + j - 1]) != token:
+                break  # the next token's context is not the text any more
+    if not items:
+        return (0.0,) * max_T
+    k_, j_, n_, i_, x_ = (torch.tensor(column) for column in zip(*items, strict=True))
+    # greedy accepts iff x is the argmax; sampling accepts x with probability p(x) (the draft is a point mass)
+    accepted = (scores[n_, i_] == x_).double() if greedy else scores[n_, i_, x_].double()
+    numerator, denominator = np.zeros(max_T + 1), np.zeros(max_T + 1)
+    weight, current = 1.0, -1
+    for k, j, a in zip(k_.tolist(), j_.tolist(), accepted.tolist(), strict=True):
+        if k != current:
+            weight, current = 1.0, k
+        numerator[j] += weight * a
+        denominator[j] += weight
+        weight *= a
+    rates, previous = [], 0.0
+    for j in range(1, max_T + 1):
+        previous = numerator[j] / denominator[j] if denominator[j] > 0 else previous
+        rates.append(float(previous))
+    return tuple(rates)
+
+
+def host_seconds(
+    spec: LookupDraft,
+    ids: torch.Tensor,  # [N, L] text to propose from
+    max_T: int,
+    repeats: int = 5,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[float, float]:
+    """Seconds of one lookup call as the engine makes it (read the new tokens, propose, write the
+    proposal into the token buffer): a pass of calls over the second half of the first row, timed
+    as step costs are (warmed up, median of ``repeats``), per call; and the noise of that median
+    (``costs.forward_costs``)."""
+    row = ids[0]
+    length = row.numel()
+    sampling = SamplingMetadata.build(1, row.device, temperature=1.0, greedy=True)
+    state = DecodeState(
+        [row], length + max_T + 1, 2 * (max_T + 1), 1, torch.float32, sampling, LogitsTransform(), False
+    )
+    rows, wanted = np.zeros(1, dtype=np.int64), np.full(1, max_T, dtype=np.int64)
+    ends = [np.full(1, end, dtype=np.int64) for end in range(length // 2, length)]
+
+    def one_pass() -> None:
+        proposer = LookupProposer(spec, 1, ())  # a fresh index: each pass indexes the row again
+        for end in ends:
+            proposals, _ = proposer.propose(state.tokens, rows, end, wanted)
+            state.write_proposals(rows, end, proposals)
+        state.tokens[0, :length] = row  # the proposals overwrote text the next pass reads
+
+    medians, noise = interleaved_medians([one_pass], clock, row.device, warmup=2, repeats=repeats)
+    return medians[0] / len(ends), noise
