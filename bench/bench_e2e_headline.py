@@ -13,14 +13,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
-
 from hsd_fast.bench import configs as cfg
 from hsd_fast.bench.command import _batches, _measure
-from hsd_fast.bench.results import write
+from hsd_fast.bench.results import write_compiled_cpu_run
 from hsd_fast.bench.scenarios import SCENARIOS
 from hsd_fast.bench.timing import CpuMeter
-from hsd_fast.report import run_metadata
 
 HIERARCHIES = {  # scenario -> {drafts: T}
     "zoo": {("xxs",): (3,), ("xxs", "xs"): (2, 3)},
@@ -55,21 +52,9 @@ def main() -> None:
         batch_rows, passes_redone = _measure(configs, work, args, meter, sampling, scenario)
         redone += passes_redone
         rows += [{"batch": batch, "prompt_set": "code", **row} for row in batch_rows]
-    label = "temperature 0.8" if args.do_sample else "greedy"
-    meta = run_metadata(
-        "cpu", scenario=f"{args.scenario} (headline)", models=scenario.description, sampling_label=label,
-        sampling=sampling, compiled=True, dtype="float32", batches=args.batch, prompts=args.prompts,
-        max_new_tokens=n,
-        passes=args.passes, redone_passes=redone, threads=torch.get_num_threads(),
-    )  # fmt: skip
-    notes = [
-        "tokens/s: new tokens of every row over wall time, prefill included, median of the counted passes.",
-        f"1 warm-up pass (compilation) + {args.passes} counted, rotated; {redone} passes redone because "
-        "other processes took more than 10% of the CPU.",
-    ]
     stem = args.out / f"e2e_{args.scenario}_headline{'_sampled' if args.do_sample else ''}_cpu"
-    for path in write(stem, meta, rows, notes):
-        print(f"wrote {path}")
+    scenario_label = f"{args.scenario} (headline)"
+    write_compiled_cpu_run(stem, scenario_label, scenario.description, args, sampling, rows, redone)
 
 
 if __name__ == "__main__":

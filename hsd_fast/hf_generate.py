@@ -25,7 +25,7 @@ from hsd_fast.compat import check_devices, check_model, hierarchy_vocab_size
 from hsd_fast.engine import check_block_sizes, run_hsd
 from hsd_fast.hf_runner import HFRunner
 from hsd_fast.hierarchy import Hierarchy
-from hsd_fast.lookup import LookupDraft
+from hsd_fast.lookup import LookupDraft, as_lookup
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.stats import HSDStats
 
@@ -195,13 +195,13 @@ def check_drafts(drafts) -> tuple[LookupDraft | None, list[torch.nn.Module]]:
     drafts = list(drafts)
     lookup = None
     for i, d in enumerate(drafts):
-        if isinstance(d, LookupDraft) or (isinstance(d, str) and d == "lookup"):
+        if as_lookup(d) is not None:
             if i > 0:
                 raise ValueError(
                     f"drafts[{i}] is a lookup level: it has no model to verify anything, so it can only "
                     "be the first (smallest) level"
                 )
-            lookup = d if isinstance(d, LookupDraft) else LookupDraft()
+            lookup = as_lookup(d)
         elif not isinstance(d, torch.nn.Module):
             raise TypeError(
                 f"drafts[{i}] must be a model (torch.nn.Module), 'lookup' or a LookupDraft, got "

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 import torch
 from tqdm.auto import tqdm
 
-from hsd_fast.lookup import LookupDraft
+from hsd_fast.latency import Acceptance, Cost, LookupCost
+from hsd_fast.lookup import LookupDraft, as_lookup
 from hsd_fast.processors import generation_sampling
 from hsd_fast.profile import ProfileCache, ProfileNoiseWarning, measured_latency
 from hsd_fast.selector import Selection, select
@@ -99,10 +100,10 @@ def select_hierarchy(
     if unknown:
         raise ValueError(f"select_hierarchy: unsupported {sorted(unknown)}; supported: {SAMPLING_KWARGS}")
     cache = cache if cache is not None else ProfileCache()
-    strings = [c for c in candidates if isinstance(c, str) and c != "lookup"]
+    strings = [c for c in candidates if isinstance(c, str) and as_lookup(c) is None]
     if strings:
         raise ValueError(f"select_hierarchy: candidates are models, 'lookup' or a LookupDraft; got {strings}")
-    candidates = [LookupDraft() if isinstance(c, str) else c for c in candidates]
+    candidates = [as_lookup(c) or c for c in candidates]
     lookups = [i for i, c in enumerate(candidates) if isinstance(c, LookupDraft)]
     if len(lookups) > 1:
         raise ValueError(f"select_hierarchy: at most one lookup candidate, got {len(lookups)}")
@@ -115,22 +116,13 @@ def select_hierarchy(
         for m in tqdm(models, desc="step costs", disable=not progress)
     ]
     alpha = cache.acceptance(models, prompts, transform, greedy, progress)
-    if lookups:  # put the lookup level in at its index: its cost, and its rates towards every model
+    if lookups:
         at = lookups[0]
+        spec = candidates[at]
         lookup_cost, rates = cache.lookup(
-            candidates[at],
-            models,
-            prompts,
-            transform,
-            greedy,
-            max_T,
-            progress,
-            generation_kwargs,
-            clock=clock,
+            spec, models, prompts, transform, greedy, max_T, progress, generation_kwargs, clock=clock
         )
-        costs.insert(at, lookup_cost)
-        alpha = [[*row[:at], rates[i], *row[at:]] for i, row in enumerate(alpha)]
-        alpha.insert(at, [*rates[:at], 1.0, *rates[at:]])
+        costs, alpha = with_lookup_level(costs, alpha, at, lookup_cost, rates)
     cache.save()
     pick = Hierarchy.bind(select(costs, alpha, max_T=max_T), everything)
     noise = max(c.noise for c in costs)
@@ -144,6 +136,21 @@ def select_hierarchy(
         )
         pick = replace(pick, measured_latency=seconds)
     return pick
+
+
+def with_lookup_level(
+    costs: Sequence[Cost],
+    alpha: Sequence[Sequence[Acceptance]],
+    at: int,
+    cost: LookupCost,
+    rates: Sequence[Acceptance],
+) -> tuple[list[Cost], list[list[Acceptance]]]:
+    """The models' costs and acceptance matrix with a lookup level put in as candidate ``at``: its
+    cost, and its ``rates`` towards every model (both ways, so the matrix stays symmetric)."""
+    with_costs = [*costs[:at], cost, *costs[at:]]
+    with_alpha = [[*row[:at], rates[i], *row[at:]] for i, row in enumerate(alpha)]
+    with_alpha.insert(at, [*rates[:at], 1.0, *rates[at:]])
+    return with_costs, with_alpha
 
 
 NOISE_MARGIN = 3.0

@@ -47,6 +47,17 @@ class LookupDraft:
             )
 
 
+LOOKUP = "lookup"
+"""The name of the lookup level (with default settings) wherever levels are listed."""
+
+
+def as_lookup(level: object) -> LookupDraft | None:
+    """The lookup level ``level`` stands for (``LOOKUP`` or a ``LookupDraft``), or None."""
+    if isinstance(level, LookupDraft):
+        return level
+    return LookupDraft() if isinstance(level, str) and level == LOOKUP else None
+
+
 class LookupProposer:
     """The lookup level of one run: an incremental n-gram index per row, kept in step with the
     rows' tokens (``invalidate`` after every verification, ``propose`` reads only what changed)."""

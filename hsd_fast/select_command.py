@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from hsd_fast.cli import non_negative_int, positive_float, positive_int, probability
+from hsd_fast.lookup import LOOKUP
 from hsd_fast.report import markdown_table, run_metadata, write_report
 
 DEFAULT_CACHE = Path.home() / ".cache" / "hsd_fast" / "profiles.json"
-LOOKUP = "lookup"  # the candidate name of the lookup level
 
 
 def report_stem(text: str) -> Path:

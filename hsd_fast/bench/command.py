@@ -25,9 +25,9 @@ from hsd_fast.bench import configs as cfg
 from hsd_fast.bench.results import write
 from hsd_fast.bench.scenarios import SCENARIOS, Scenario
 from hsd_fast.bench.timing import CpuMeter, interleaved
-from hsd_fast.hierarchy import Hierarchy
+from hsd_fast.hierarchy import Hierarchy, with_lookup_level
 from hsd_fast.latency import decode_seconds, expected_latency
-from hsd_fast.lookup import LookupDraft
+from hsd_fast.lookup import LOOKUP, LookupDraft, as_lookup
 from hsd_fast.processors import generation_sampling
 from hsd_fast.profile import ProfileCache, measured_latency
 from hsd_fast.report import markdown_table, run_metadata
@@ -37,7 +37,6 @@ GRID_MAX_T = 6
 GRID_MEASURED = 6
 ASSISTED_FIXED = (2, 4, 8)
 DEFAULT_CACHE = Path.home() / ".cache" / "hsd_fast" / "profiles.json"
-LOOKUP = "lookup"  # the lookup level's name in a chain: candidate 0
 GRID_KINDS = {  # the kinds of hierarchy a report compares, by their chains of candidate indices
     "best single draft": lambda chain: len(chain) == 2 and chain[0] != 0,
     "best model-only": lambda chain: 0 not in chain,
@@ -177,12 +176,12 @@ def _profile(scenario: Scenario, sampling: dict, args) -> tuple[list, list[list]
         LookupDraft(), models, scenario.calibration, transform, greedy, GRID_MAX_T, generation_kwargs=sampling
     )
     cache.save()
-    return [lookup, *costs], [[1.0, *rates], *([r, *row] for r, row in zip(rates, alpha, strict=True))], names
+    return (*with_lookup_level(costs, alpha, 0, lookup, rates), names)
 
 
 def _drafts(scenario: Scenario, names: Sequence[str]) -> tuple:
     """The draft levels named (a chain's names, the target excluded)."""
-    return tuple(LookupDraft() if name == LOOKUP else scenario.drafts[name] for name in names)
+    return tuple(as_lookup(name) or scenario.drafts[name] for name in names)
 
 
 def _fallback_profiles(scenario: Scenario) -> list[Path]:

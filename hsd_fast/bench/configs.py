@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 import hsd_fast
+from hsd_fast.lookup import as_lookup
 from hsd_fast.stats import HSDStats
 
 Generate = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, HSDStats | None]]
@@ -100,7 +101,7 @@ def ours(
     name: str | None = None,
 ) -> Config:
     kwargs = _hf_kwargs(sampling, max_new_tokens) | {"compile": compile, "output_hsd_stats": True, "seed": 0}
-    models = [d if d == "lookup" else drafts[d] for d in chain]  # "lookup": the model-free level
+    models = [as_lookup(d) or drafts[d] for d in chain]  # "lookup": the model-free level
 
     def run(ids, mask):
         out = target.generate(

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from hsd_fast.report import markdown_table, write_report
+import torch
+
+from hsd_fast.report import markdown_table, run_metadata, write_report
 
 COLUMNS = [
     ("config", "configuration"),
@@ -43,6 +46,33 @@ def write(
     if _plot(stem.parent / f"{stem.name}.png", title, rows):
         written.append(stem.parent / f"{stem.name}.png")
     return written
+
+
+def write_compiled_cpu_run(
+    stem: Path,
+    scenario: str,
+    models: str,
+    args: argparse.Namespace,  # batch, prompts, max_new_tokens, passes, do_sample
+    sampling: dict,
+    rows: list[dict],
+    redone: int,
+    notes: Sequence[str] = (),
+) -> None:
+    """The result files of a compiled, fp32 CPU run of the bench scripts (``bench/bench_*.py``):
+    its metadata and the notes every such run states, then ``notes``; prints the paths written."""
+    label = f"temperature {sampling['temperature']}" if args.do_sample else "greedy"
+    meta = run_metadata(
+        "cpu", scenario=scenario, models=models, sampling_label=label, sampling=sampling, compiled=True,
+        dtype="float32", batches=args.batch, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+        passes=args.passes, redone_passes=redone, threads=torch.get_num_threads(),
+    )  # fmt: skip
+    common = [
+        "tokens/s: new tokens of every row over wall time, prefill included, median of the counted passes.",
+        f"1 warm-up pass (compilation) + {args.passes} counted, rotated; {redone} passes redone because "
+        "other processes took more than 10% of the CPU.",
+    ]
+    for path in write(stem, meta, rows, [*common, *notes]):
+        print(f"wrote {path}")
 
 
 def _plot(path: Path, title: str, rows: list[dict]) -> bool:
