@@ -76,9 +76,10 @@ def speculative_window(block_sizes: Sequence[int], max_new_tokens: int | None = 
     a verification by level i adds at most (pending of level i-1) + 1 to a level that held fewer
     than T_i, so level i holds at most T_0 + ... + T_i. +2 covers the bonus slot and one beyond.
     The live positions of a row lie in [prompt, prompt + max_new_tokens] (docs/design.md, "Caches
-    and slots"), so ``max_new_tokens + 1`` slots always suffice; the cap is rounded up to a power of
-    two so that requests of similar lengths share the ring's shape (it is in every compiled step)."""
-    window = int(np.cumsum(block_sizes).sum()) + 2
+    and slots"), so ``max_new_tokens + 1`` slots always suffice. Both bounds are rounded up to a power
+    of two: the ring's size is in every compiled step of a sampled run, and rounding lets hierarchies
+    with nearby block sizes and requests of similar lengths share their graphs."""
+    window = 1 << (int(np.cumsum(block_sizes).sum()) + 1).bit_length()
     if max_new_tokens is not None:
         window = min(window, 1 << int(max_new_tokens + 1).bit_length())
     return window

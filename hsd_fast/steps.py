@@ -74,8 +74,9 @@ class DecodeState:
             self.q_logits = torch.zeros(num_rows, window + 1, vocab, dtype=ring_dtype, device=device)
             self.q_lse = torch.zeros(num_rows, window + 1, dtype=torch.float32, device=device)
         # Everything a step's code depends on besides tensor shapes: a compiled step is built per
-        # structure and guards on tensors only (see LevelStep).
-        self.structure = (window, capacity, sampling.greedy, keep_q, transform.key, str(ring_dtype))
+        # structure and guards on tensors only (see LevelStep). Without a ring the window is unused.
+        ring = window if keep_q else None
+        self.structure = (ring, capacity, sampling.greedy, keep_q, transform.key, str(ring_dtype))
 
     @property
     def num_rows(self) -> int:
