@@ -65,9 +65,9 @@ def ops_line() -> str:
     inside compiled steps (traced by torch.compile)."""
     if not torch.cuda.is_available():
         return "ops          torch references (no CUDA device: the Triton kernels run on CUDA tensors only)"
-    try:
-        importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:
+    from hsd_fast.triton_kernels.ops import triton_installed
+
+    if not triton_installed():
         return "ops          torch references (CUDA is here but triton is not installed)"
     return "ops          Triton kernels on CUDA tensors (compiled steps trace the torch references instead)"
 

@@ -66,6 +66,8 @@ class AffineCost:
         busy machine"). A single size gives a constant."""
         if len(sizes) != len(seconds) or not sizes:
             raise ValueError(f"need as many timings as sizes (>= 1), got {len(sizes)} and {len(seconds)}")
+        if not all(math.isfinite(s) and s >= 0 for s in seconds):
+            raise ValueError(f"timings must be finite and >= 0, got {list(seconds)}")
         pairs = list(itertools.combinations(zip(sizes, seconds, strict=True), 2))
         slopes = [(s2 - s1) / (n2 - n1) for (n1, s1), (n2, s2) in pairs if n2 != n1]
         slope = max(0.0, statistics.median(slopes)) if slopes else 0.0

@@ -39,7 +39,7 @@ class SamplingMetadata:
         """``seeds``: one int (row seeds derived from it) or one int64 per row; ``temperature``: one
         float or one per row; ``eos_token_id``: none, one or several ids."""
         seeds = seed_tensor(seeds, num_rows)
-        temperature = torch.as_tensor(temperature, dtype=torch.float32, device=device)
+        temperature = _temperatures(temperature, num_rows, greedy).to(device)
         eos = [] if eos_token_id is None else np.atleast_1d(eos_token_id).tolist()
         return cls(
             seeds=seeds.to(device=device, dtype=torch.int64),
@@ -48,6 +48,20 @@ class SamplingMetadata:
             greedy=greedy,
             use_kernel=use_kernel,
         )
+
+
+def _temperatures(temperature: float | torch.Tensor, num_rows: int, greedy: bool) -> torch.Tensor:
+    """[] or [B] float32 temperatures, checked on the host once per request (on CUDA the ops read no
+    values, so a temperature <= 0 would reach the kernels unchecked): finite and > 0 when sampling,
+    one value or one per row; otherwise a ValueError naming ``temperature``."""
+    values = torch.as_tensor(temperature, dtype=torch.float32).detach().cpu()
+    if values.dim() > 1 or (values.dim() == 1 and values.numel() != num_rows):
+        raise ValueError(
+            f"temperature must be one float or one per row ({num_rows}), got shape {tuple(values.shape)}"
+        )
+    if not greedy and not (torch.isfinite(values).all() and (values > 0).all()):
+        raise ValueError(f"temperature must be finite and > 0 when sampling, got {values.tolist()}")
+    return values
 
 
 SEED_RANGE = (-(2**63), 2**64)

@@ -130,9 +130,25 @@ def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         )
     if args.candidates and args.candidates.count(LOOKUP) > 1:
         parser.error("--candidates: name the lookup level once")
+    _check_names(args, parser)
     if args.measure:
         _check_measured_run(args, parser)
     _check_positions(args, parser)
+
+
+def _check_names(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Every model named is the lookup level, a checkpoint directory or a zoo model."""
+    from hsd_fast import zoo
+
+    try:
+        known = set(zoo.names())
+    except (OSError, ValueError):  # no zoo: run() says so
+        return
+    for flag, names in (("--target", [args.target]), ("--candidates", args.candidates or [])):
+        for name in names:
+            if name and name != LOOKUP and name not in known and not Path(name).is_dir():
+                zoo_models = ", ".join(sorted(known))
+                parser.error(f"{flag} {name}: neither a checkpoint directory nor a zoo model ({zoo_models})")
 
 
 def _check_measured_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

@@ -47,6 +47,14 @@ def test_quick_bench_writes_its_files_with_every_field(tmp_path) -> None:
     assert (tmp_path / "e2e_tiny_cpu.png").is_file() == (importlib.util.find_spec("matplotlib") is not None)
 
 
+def test_a_run_beyond_the_position_table_is_refused_before_measuring(tmp_path, capsys) -> None:
+    # the tiny scenario: prompts of 16 tokens, 512 positions
+    with pytest.raises(SystemExit, match=r"max_position_embeddings \(512\); use --max-new-tokens <= 496"):
+        _bench("--scenario", "tiny", "--quick", "--max-new-tokens", "497", "--out", str(tmp_path))
+    assert "step costs" not in capsys.readouterr().err  # nothing was profiled
+    assert not list(tmp_path.iterdir())
+
+
 def test_every_configuration_takes_every_place_in_the_order() -> None:
     orders = [pass_order(4, p) for p in range(4)]
     assert all(sorted(order) == [0, 1, 2, 3] for order in orders)

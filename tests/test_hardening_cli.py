@@ -120,6 +120,24 @@ def test_entries_of_another_format_are_measured_again(tmp_path, fake_measurement
     assert reread.costs(_models()[0], 8) == COST
 
 
+@pytest.mark.parametrize(
+    ("bad_seconds", "bad_rate"), [(-1.0, 1.5), (float("nan"), -3), (float("inf"), float("nan"))]
+)
+def test_entries_out_of_range_are_measured_again(tmp_path, fake_measurements, bad_seconds, bad_rate) -> None:
+    """A negative, NaN or infinite time, or a rate outside [0, 1], is no measurement: measured
+    again, never fitted into a zero cost or handed to the selector."""
+    path = tmp_path / "profiles.json"
+    cache = ProfileCache(path)
+    _measure(cache)
+    for key, entry in cache.entries.items():
+        cache.entries[key] = {**entry, "seconds": [bad_seconds] * 2} if key.startswith("cost ") else bad_rate
+    cache.save()
+    reread = ProfileCache(path)
+    _measure(reread)
+    assert fake_measurements == {"costs": 4, "alpha": 2}
+    assert reread.costs(_models()[0], 8) == COST
+
+
 def test_save_writes_only_what_changed(tmp_path, monkeypatch, fake_measurements) -> None:
     path = tmp_path / "profiles.json"
     first = ProfileCache(path)
@@ -211,6 +229,8 @@ SELECT_ERRORS = [
     (["--device", "gpu0"], "--device: not a device"),
     (["--target", "lookup"], "cannot be the target"),
     (["--candidates", "lookup", "xxs", "lookup"], "name the lookup level once"),
+    (["--target", "giant"], "--target giant: neither a checkpoint directory nor a zoo model"),
+    (["--candidates", "xxs", "tiny"], "--candidates tiny: neither a checkpoint directory nor a zoo model"),
 ]
 
 

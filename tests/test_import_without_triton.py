@@ -33,6 +33,12 @@ SCRIPT = textwrap.dedent(
     kwargs = {"do_sample": False, "max_new_tokens": 8, "eos_token_id": None}
     got = target.generate(ids, custom_generate=hsd_fast.generate, drafts=[target], T=[3], **kwargs)
     assert torch.equal(got, target.generate(ids, **kwargs))
+    from hsd_fast.triton_kernels import ops
+
+    class OnCuda:  # what dispatch reads of a CUDA tensor
+        is_cuda = True
+
+    assert not ops._use_kernel(None, OnCuda()), "CUDA without Triton must run the references"
     loaded = sorted(m for m in sys.modules if m.startswith(("triton", "hsd_fast.triton_kernels.")))
     print("loaded:", loaded)
     assert not any(m == "triton" or m.startswith("triton.") for m in loaded), loaded

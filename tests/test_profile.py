@@ -236,6 +236,9 @@ def test_cost_fit_is_robust_monotone_and_non_negative() -> None:
     for bad in ((-0.001, 0.0), (0.001, -1e-6), (math.nan, 0.0)):
         with pytest.raises(ValueError, match="cost must be"):
             AffineCost(*bad)
+    for bad in ([math.nan, 0.1], [0.1, -0.2], [math.inf, 0.1]):  # not fitted into a zero cost
+        with pytest.raises(ValueError, match="timings must be finite and >= 0"):
+            AffineCost.fit([1, 2], bad)
 
 
 def test_load_that_comes_and_goes_spoils_no_median() -> None:

@@ -6,8 +6,6 @@ from pathlib import Path
 
 import pytest
 
-tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
-
 ROOT = Path(__file__).resolve().parent.parent
 # Spelled in pieces so that this file does not cite them itself.
 OUTSIDE_NOTES = ["DESIGN" + ".md", "FACTS" + ".md", "ZOO_NOTES" + ".md", "../" + "shared"]
@@ -32,6 +30,7 @@ def test_no_file_cites_notes_outside_the_repository() -> None:
 
 
 def test_every_package_is_installed() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(setuptools["packages"])
     found = {".".join(init.parent.relative_to(ROOT).parts) for init in ROOT.glob("hsd_fast/**/__init__.py")}

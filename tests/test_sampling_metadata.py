@@ -29,3 +29,29 @@ def test_build_broadcasts_and_converts() -> None:
 def test_build_refuses_a_seed_per_row_of_the_wrong_length() -> None:
     with pytest.raises(ValueError, match="one per row"):
         SamplingMetadata.build(3, torch.device("cpu"), seeds=torch.tensor([1, 2]))
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0, float("nan"), float("inf"), [1.0, 0.0, 1.0]])
+def test_build_refuses_a_temperature_that_is_not_positive_and_finite(temperature) -> None:
+    with pytest.raises(ValueError, match="temperature must be finite and > 0"):
+        SamplingMetadata.build(3, torch.device("cpu"), temperature=temperature)
+    SamplingMetadata.build(3, torch.device("cpu"), temperature=temperature, greedy=True)  # unused there
+
+
+def test_build_refuses_temperatures_of_the_wrong_shape() -> None:
+    for temperature in ([1.0, 1.0], [[1.0, 1.0, 1.0]]):
+        with pytest.raises(ValueError, match=r"temperature must be one float or one per row \(3\)"):
+            SamplingMetadata.build(3, torch.device("cpu"), temperature=temperature)
+
+
+def test_run_hsd_refuses_a_zero_temperature_where_the_ops_read_no_values(monkeypatch) -> None:
+    """On CUDA the ops check no tensor values (that would cost a sync per call), so ``run_hsd`` must
+    refuse a bad temperature itself: here the ops are made to skip their value checks as on CUDA."""
+    from hsd_fast.engine import run_hsd
+    from hsd_fast.testing.tables import TableRunner, table_family
+    from hsd_fast.triton_kernels import checks
+
+    monkeypatch.setattr(checks, "host_values", lambda tensor: False)
+    runners = [TableRunner(m) for m in table_family(vocab_size=5, order=2, num_levels=2)]
+    with pytest.raises(ValueError, match="temperature"):
+        run_hsd(runners, [torch.tensor([0, 1])] * 2, block_sizes=[2], max_new_tokens=6, temperature=0.0)

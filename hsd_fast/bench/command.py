@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     notes: list[str] = []
     tuning_prompts = scenario.prompt_sets[next(iter(scenario.prompt_sets))][: args.prompts_per_set]
 
+    _check_positions(scenario, args.max_new_tokens)
     print(f"scenario {scenario.name}: {scenario.description}")
     if args.eager:
         notes.append(
@@ -115,14 +116,16 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     meter = CpuMeter()
     redone = 0
-    for batch in args.batch:
-        for set_name, prompts in scenario.prompt_sets.items():
-            chosen = [c for c in configs if batch == 1 or not c.batch_one_only]
-            work = _batches(prompts[: args.prompts_per_set], batch)
-            batch_rows, passes_redone = _measure(chosen, work, args, meter, sampling, scenario)
-            redone += passes_redone
-            for row in batch_rows:
-                rows.append({"batch": batch, "prompt_set": set_name, **row})
+    groups = [(batch, name) for batch in args.batch for name in scenario.prompt_sets]
+    bar = tqdm(total=len(groups) * args.passes, desc="measuring (counted passes)", unit=" pass")
+    for batch, set_name in groups:
+        bar.set_postfix_str(f"batch {batch}, {set_name}")
+        chosen = [c for c in configs if batch == 1 or not c.batch_one_only]
+        work = _batches(scenario.prompt_sets[set_name][: args.prompts_per_set], batch)
+        batch_rows, passes_redone = _measure(chosen, work, args, meter, sampling, scenario, bar.update)
+        redone += passes_redone
+        rows += [{"batch": batch, "prompt_set": set_name, **row} for row in batch_rows]
+    bar.close()
     _measured_decode(rows, configs, scenario, sampling, args, tuning_prompts)
 
     notes += [
@@ -150,6 +153,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"ERROR: greedy output differs from the target's for {sorted(different)}")
         return 1
     return 0
+
+
+def _check_positions(scenario: Scenario, max_new_tokens: int) -> None:
+    """Refuse, before anything is measured, a run longer than the models' position tables."""
+    models = [scenario.target, *scenario.drafts.values()]
+    limit = min(getattr(m.config, "max_position_embeddings", None) or 2**31 for m in models)
+    longest = _prompt_tokens(scenario)
+    if longest + max_new_tokens > limit:
+        raise SystemExit(
+            f"hsd-fast bench: prompts of up to {longest} tokens + --max-new-tokens {max_new_tokens} exceed "
+            f"the models' max_position_embeddings ({limit}); use --max-new-tokens <= {limit - longest}"
+        )
 
 
 def _prompt_tokens(scenario: Scenario) -> int:
@@ -320,7 +335,7 @@ class _ForwardCounter:
         self.calls += 1
 
 
-def _measure(configs, work, args, meter, sampling, scenario) -> tuple[list[dict], int]:
+def _measure(configs, work, args, meter, sampling, scenario, on_pass) -> tuple[list[dict], int]:
     outputs: dict[int, list] = {}
 
     def runner(i: int, config: cfg.Config):
@@ -329,7 +344,9 @@ def _measure(configs, work, args, meter, sampling, scenario) -> tuple[list[dict]
 
         return go
 
-    timings = interleaved([runner(i, c) for i, c in enumerate(configs)], args.passes, meter)
+    timings = interleaved(
+        [runner(i, c) for i, c in enumerate(configs)], args.passes, meter, on_pass=lambda p: on_pass()
+    )
     new_tokens = sum(ids.shape[0] for ids, _ in work) * args.max_new_tokens
     reference = [seq for seq, _ in outputs[0]]  # HF generate: the target's own output
     rows = []

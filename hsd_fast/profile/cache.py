@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 import tempfile
 import time
@@ -67,7 +68,14 @@ COST_FIELDS = ("spans", "seconds", "drafts", "draft_seconds")
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite, non-negative int or float: what every measured quantity here is (seconds, token
+    counts, noise, rates). A NaN, an infinity or a negative value (a hand edit, another tool) makes
+    its entry unusable: it is measured again rather than fitted into a zero cost."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
+
+
+def _is_rate(value: object) -> bool:
+    return _is_number(value) and value <= 1
 
 
 def _usable_cost(entry: object) -> bool:
@@ -203,7 +211,7 @@ class ProfileCache:
             (j, m): f"alpha {' '.join(sorted((names[j], names[m])))} {sampling} {ids_hash(ids)}"
             for j, m in itertools.combinations(range(len(models)), 2)
         }
-        if not all(_is_number(self.entries.get(key)) for key in keys.values()):
+        if not all(_is_rate(self.entries.get(key)) for key in keys.values()):
             alpha = acceptance(models, ids, transform, greedy=greedy, progress=progress)
             self.entries.update({key: alpha[j][m] for (j, m), key in keys.items()})
             self.changed = True
@@ -233,7 +241,7 @@ class ProfileCache:
         lengths_key = f"lookup lengths {level} {text}"
         rate_keys = [f"lookup rates {level} {model_identity(m)} on {text}" for m in models]
         cost_key = f"lookup cost {level} {ids.device.type} {ids_hash(ids)}"
-        missing = [k for k in (lengths_key, *rate_keys) if not _numbers(self.entries.get(k))]
+        missing = [k for k in (lengths_key, *rate_keys) if not _rates(self.entries.get(k))]
         if missing:
             text_ids = lookup_replay.continued(models[-1], ids, **(generation_kwargs or {}))  # [N, L]
             vocab = models[-1].get_output_embeddings().weight.shape[0]
@@ -263,6 +271,11 @@ class ProfileCache:
 
 def _numbers(value: object) -> bool:
     return isinstance(value, list) and bool(value) and all(_is_number(v) for v in value)
+
+
+def _rates(value: object) -> bool:
+    """A non-empty list of probabilities (a lookup level's rates per position or lengths offered)."""
+    return _numbers(value) and all(v <= 1 for v in value)
 
 
 def _warn(message: str) -> None:
