@@ -105,3 +105,21 @@ def test_a_contended_pass_is_redone_and_counted() -> None:
 def test_a_pass_that_stays_contended_is_kept_after_the_last_redo() -> None:
     timings = interleaved([lambda: None], passes=1, meter=_ScriptedMeter([0.9] * 4), max_redos=3)
     assert timings.redone == 3 and timings.foreign_shares == [0.9]
+
+
+def test_warm_up_lasts_until_nothing_compiles_and_a_pass_that_compiles_is_redone() -> None:
+    """A configuration compiles during its first two calls (a shape at its third use, say) and once
+    more during the first counted pass: it is warmed up until a call compiles nothing, and the
+    counted pass that compiled is redone and counted apart from busy passes."""
+    compiled_at = {1, 2, 4}  # calls (1-based) that compile something
+    calls: list[int] = []
+    graphs = [0]
+
+    def run() -> None:
+        calls.append(len(calls) + 1)
+        graphs[0] += len(calls) in compiled_at
+
+    timings = interleaved([run], passes=2, meter=_ScriptedMeter([0.0] * 4), compiled=lambda: graphs[0])
+    assert len(calls) == 6  # 3 warm-up calls, pass 1 twice (its first try compiled), pass 2
+    assert timings.recompiled == 1 and timings.redone == 0
+    assert len(timings.seconds[0]) == 2

@@ -138,6 +138,20 @@ def test_entries_out_of_range_are_measured_again(tmp_path, fake_measurements, ba
     assert reread.costs(_models()[0], 8) == COST
 
 
+def test_a_cost_entry_without_its_noise_is_measured_again(tmp_path, fake_measurements) -> None:
+    """Entries without ``noise`` come from a version that timed steps before they settled (compiled
+    ones held compilation times): measured again, not handed to the selector."""
+    path = tmp_path / "profiles.json"
+    cache = ProfileCache(path)
+    _measure(cache)
+    for key, entry in cache.entries.items():
+        if key.startswith("cost "):
+            cache.entries[key] = {field: value for field, value in entry.items() if field != "noise"}
+    cache.save()
+    _measure(ProfileCache(path))
+    assert fake_measurements == {"costs": 4, "alpha": 1}
+
+
 def test_save_writes_only_what_changed(tmp_path, monkeypatch, fake_measurements) -> None:
     path = tmp_path / "profiles.json"
     first = ProfileCache(path)

@@ -190,8 +190,8 @@ def test_generation_sampling_captures_hf_default_top_k() -> None:
 def test_measured_latency_excludes_the_prefill_with_a_fake_clock() -> None:
     target = tiny_model("llama")
     prompts = torch.randint(3, 96, (2, 8), generator=torch.Generator().manual_seed(0))
-    # readings: warm-up (0, 5), then per row: long run 10 s, one-token run 2 s
-    ticks = iter([0.0, 5.0, 0.0, 10.0, 0.0, 2.0, 0.0, 10.0, 0.0, 2.0])
+    # readings: warm-up (0, 5) per row, then per row: long run 10 s, one-token run 2 s
+    ticks = iter([0.0, 5.0, 0.0, 5.0, 0.0, 10.0, 0.0, 2.0, 0.0, 10.0, 0.0, 2.0])
     seconds = measured_latency(target, None, prompts, max_new_tokens=5, clock=lambda: next(ticks), repeats=1)
     assert seconds == pytest.approx((8.0 + 8.0) / (2 * 4))
 

@@ -115,15 +115,16 @@ def run(args: argparse.Namespace) -> int:
     configs = _configs(scenario, sampling, args, hierarchies, names, costs, alpha, tuning_prompts, notes)
     rows = []
     meter = CpuMeter()
-    redone = 0
+    redone = recompiled = 0
     groups = [(batch, name) for batch in args.batch for name in scenario.prompt_sets]
     bar = tqdm(total=len(groups) * args.passes, desc="measuring (counted passes)", unit=" pass")
     for batch, set_name in groups:
         bar.set_postfix_str(f"batch {batch}, {set_name}")
         chosen = [c for c in configs if batch == 1 or not c.batch_one_only]
         work = _batches(scenario.prompt_sets[set_name][: args.prompts_per_set], batch)
-        batch_rows, passes_redone = _measure(chosen, work, args, meter, sampling, scenario, bar.update)
-        redone += passes_redone
+        batch_rows, busy, compiling = _measure(chosen, work, args, meter, sampling, scenario, bar.update)
+        redone += busy
+        recompiled += compiling
         rows += [{"batch": batch, "prompt_set": set_name, **row} for row in batch_rows]
     bar.close()
     _measured_decode(rows, configs, scenario, sampling, args, tuning_prompts)
@@ -133,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
         f"Passes: 1 warm-up + {args.passes} counted, configurations in rotated order; {redone} passes "
         f"redone because other processes took more than 10% of the CPU"
         + ("" if meter.available else " (not checked: no /proc/stat)")
-        + ".",
+        + f", {recompiled} because something compiled in them (each configuration is warmed up "
+        "until a call compiles nothing).",
         "predicted / measured decode tokens/s: the latency model's prediction (prefill excluded) and the "
         "same measured at batch 1 on the first prompt set (time for N tokens minus time for 1, per token).",
     ]
@@ -144,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=str(next(scenario.target.parameters()).dtype).removeprefix("torch."), batches=args.batch,
         prompts_per_set=args.prompts_per_set, prompt_tokens=_prompt_tokens(scenario),
         max_new_tokens=args.max_new_tokens, passes=args.passes, redone_passes=redone,
+        recompiled_passes=recompiled,
     )  # fmt: skip
     stem = args.out / f"e2e_{scenario.name}{'_sampled' if args.do_sample else ''}_{torch.device(device).type}"
     for path in write(stem, meta, rows, notes, extra_sections):
@@ -335,7 +338,7 @@ class _ForwardCounter:
         self.calls += 1
 
 
-def _measure(configs, work, args, meter, sampling, scenario, on_pass) -> tuple[list[dict], int]:
+def _measure(configs, work, args, meter, sampling, scenario, on_pass) -> tuple[list[dict], int, int]:
     outputs: dict[int, list] = {}
 
     def runner(i: int, config: cfg.Config):
@@ -374,7 +377,7 @@ def _measure(configs, work, args, meter, sampling, scenario, on_pass) -> tuple[l
         row["x_hf"] = row["tok_s"] / hf
         if ours_alone:
             row["x_ours_no_draft"] = row["tok_s"] / ours_alone
-    return rows, timings.redone
+    return rows, timings.redone, timings.recompiled
 
 
 def _tokens_per_target_forward(config, outputs, work, args, scenario) -> float | None:

@@ -1,9 +1,15 @@
 """Timing many configurations fairly on a shared machine.
 
 Every pass runs every configuration once, in an order rotated from pass to pass (no configuration
-always runs first, after a slow one, or while caches are cold); the first pass is a warm-up and is
-not counted. A pass during which other processes took more than ``MAX_FOREIGN_CPU`` of the machine
-is redone (up to ``MAX_REDOS`` times per pass) and counted as redone in the report.
+always runs first, after a slow one, or while caches are cold); the warm-up is not counted. A pass
+during which other processes took more than ``MAX_FOREIGN_CPU`` of the machine is redone (up to
+``MAX_REDOS`` times per pass) and counted as redone in the report.
+
+Compilation is excluded the same way. Our steps compile a shape at its third use and HF's compiled
+cache a new shape when it first meets it, so one warm-up call can leave compilations (tens of
+seconds each on a CPU) for the counted passes: a configuration is warmed up until a call compiles
+nothing (up to ``MAX_WARMUPS`` calls), and a counted pass in which anything compiled is redone and
+counted apart.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from hsd_fast.profile.costs import MAX_WARMUPS, compilations
 
 MAX_FOREIGN_CPU = 0.10
 """Share of the machine's CPU time other processes may take during a pass before it is redone."""
@@ -60,7 +68,8 @@ class Timings:
     """Seconds of every counted pass, per configuration, and how many passes were redone."""
 
     seconds: list[list[float]]
-    redone: int = 0
+    redone: int = 0  # passes redone because the machine was busy
+    recompiled: int = 0  # passes redone because something compiled in them
     foreign_shares: list[float] = field(default_factory=list)  # of the counted passes
 
 
@@ -72,24 +81,32 @@ def interleaved(
     max_redos: int = MAX_REDOS,
     clock: Callable[[], float] = time.perf_counter,
     on_pass: Callable[[int], None] | None = None,
+    compiled: Callable[[], int] = compilations,
 ) -> Timings:
-    """Time ``runs`` over ``passes`` counted passes after one warm-up pass (see the module doc)."""
+    """Time ``runs`` over ``passes`` counted passes after the warm-up (see the module doc).
+    ``compiled``: a count of the compilations so far."""
     meter = meter or CpuMeter()
     timings = Timings([[] for _ in runs])
     for run in runs:  # warm-up: compilation, caches, allocator
-        run()
+        for _ in range(MAX_WARMUPS):
+            before = compiled()
+            run()
+            if compiled() == before:
+                break
     for p in range(passes):
         for attempt in range(max_redos + 1):
-            before = meter.snapshot()
+            before, compiled_before = meter.snapshot(), compiled()
             seconds = [0.0] * len(runs)
             for i in pass_order(len(runs), p):
                 start = clock()
                 runs[i]()
                 seconds[i] = clock() - start
             share = meter.foreign_share(before, meter.snapshot())
-            if share <= max_foreign or attempt == max_redos:
+            recompiled = compiled() != compiled_before
+            if (share <= max_foreign and not recompiled) or attempt == max_redos:
                 break
-            timings.redone += 1
+            timings.recompiled += recompiled
+            timings.redone += not recompiled
         for i, s in enumerate(seconds):
             timings.seconds[i].append(s)
         timings.foreign_shares.append(share)

@@ -80,9 +80,13 @@ def _is_rate(value: object) -> bool:
 
 def _usable_cost(entry: object) -> bool:
     """A cost entry as ``costs`` writes it: four lists of numbers, spans and seconds as long as each
-    other, drafts and draft_seconds too. Anything else (an older version's format, a hand edit) is
-    measured again and replaced when it is looked up."""
+    other, drafts and draft_seconds too, and the noise of its medians. Anything else (a hand edit,
+    an older version's format: entries without ``noise`` were timed before every step was warmed up
+    until its time settled, and compiled ones hold compilation times) is measured again and
+    replaced when it is looked up."""
     if not isinstance(entry, dict) or not all(isinstance(entry.get(f), list) for f in COST_FIELDS):
+        return False
+    if not _is_number(entry.get("noise")):
         return False
     if not all(_is_number(v) for f in COST_FIELDS for v in entry[f]):
         return False
@@ -192,10 +196,7 @@ class ProfileCache:
             self.entries[key]["noise"] = profile.noise
             self.changed = True
         entry = self.entries[key]
-        noise = entry.get("noise", 0.0)  # absent from entries written before it was measured: unknown
-        return CostProfile(
-            *(tuple(entry[field]) for field in COST_FIELDS), noise if _is_number(noise) else 0.0
-        )
+        return CostProfile(*(tuple(entry[field]) for field in COST_FIELDS), entry["noise"])
 
     def acceptance(
         self,

@@ -158,6 +158,21 @@ def interleaved_medians(
     return medians, noise
 
 
+MAX_WARMUPS = 4
+"""Most warm-up passes spent waiting for compilation to end (a pass that compiled nothing ends it)."""
+
+
+def compilations() -> int:
+    """Graphs ``torch.compile`` has built in this process (ours and HF's), from dynamo's counters
+    (a private table: 0 where it is missing, and then no warm-up waits for compilation to end)."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+    except (ImportError, KeyError, TypeError):
+        return 0
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
