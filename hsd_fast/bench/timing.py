@@ -8,7 +8,7 @@ during which other processes took more than ``MAX_FOREIGN_CPU`` of the machine i
 Compilation is excluded the same way. Our steps compile a shape at its third use and HF's compiled
 cache a new shape when it first meets it, so one warm-up call can leave compilations (tens of
 seconds each on a CPU) for the counted passes: a configuration is warmed up until a call compiles
-nothing (up to ``MAX_WARMUPS`` calls), and a counted pass in which anything compiled is redone and
+nothing (``profile.costs.warm_up``), and a counted pass in which anything compiled is redone and
 counted apart.
 """
 
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from hsd_fast.profile.costs import MAX_WARMUPS, compilations
+from hsd_fast.profile.costs import compilations, warm_up
 
 MAX_FOREIGN_CPU = 0.10
 """Share of the machine's CPU time other processes may take during a pass before it is redone."""
@@ -88,11 +88,7 @@ def interleaved(
     meter = meter or CpuMeter()
     timings = Timings([[] for _ in runs])
     for run in runs:  # warm-up: compilation, caches, allocator
-        for _ in range(MAX_WARMUPS):
-            before = compiled()
-            run()
-            if compiled() == before:
-                break
+        warm_up(run, compiled)
     for p in range(passes):
         for attempt in range(max_redos + 1):
             before, compiled_before = meter.snapshot(), compiled()

@@ -173,6 +173,17 @@ def compilations() -> int:
         return 0
 
 
+def warm_up(run: Callable[[], object], compiled: Callable[[], int] = compilations) -> None:
+    """Call ``run`` until a call compiles nothing (at most ``MAX_WARMUPS`` calls): compiled steps
+    compile a shape at its third use, which one call may not reach. ``compiled``: a count of the
+    compilations so far."""
+    for _ in range(MAX_WARMUPS):
+        before = compiled()
+        run()
+        if compiled() == before:
+            return
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

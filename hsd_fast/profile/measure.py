@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hsd_fast.profile.costs import MAX_WARMUPS, ProfileNoiseWarning, compilations, synchronize
+from hsd_fast.profile.costs import ProfileNoiseWarning, synchronize, warm_up
 
 if TYPE_CHECKING:
     from hsd_fast.hierarchy import Hierarchy
@@ -50,14 +50,7 @@ def measured_latency(
         synchronize(device)
         return clock() - start
 
-    # Warm-up: every row's step shapes, until a pass compiles nothing (compiled steps compile a shape
-    # at its third use, which one pass may not reach).
-    for _ in range(MAX_WARMUPS):
-        before = compilations()
-        for row in prompts:
-            timed(row[None], max_new_tokens)
-        if compilations() == before:
-            break
+    warm_up(lambda: [timed(row[None], max_new_tokens) for row in prompts])  # every row's step shapes
     total = sum(
         statistics.median(timed(row[None], max_new_tokens) - timed(row[None], 1) for _ in range(repeats))
         for row in prompts
