@@ -14,35 +14,44 @@
 #include <string>
 
 #include "ledger.hpp"
+#include "lookup_index.hpp"
 
 namespace py = pybind11;
 
-// Every binding receives its `self` through this caster (member function pointers as `const
-// Ledger*`, lambdas as `const Ledger&`). pybind11's own caster, given an instance whose C++ value
-// was never constructed, allocates raw storage and hands it over as a ledger (pybind11 issue
-// #6153): a segfault or worse on the first access. This one refuses such an instance with a
-// TypeError first. (`__init__` itself takes the instance as a value_and_holder, not through a
-// caster, so constructing a bare instance still works.) Only this translation unit binds the
-// ledger, so the specialisation is seen by every use.
+// Every binding receives its `self` through these casters (member function pointers as `const T*`,
+// lambdas as `const T&`). pybind11's own caster, given an instance whose C++ value was never
+// constructed, allocates raw storage and hands it over as the object (pybind11 issue #6153): a
+// segfault or worse on the first access. These refuse such an instance with a TypeError first.
+// (`__init__` itself takes the instance as a value_and_holder, not through a caster, so constructing
+// a bare instance still works.) Only this translation unit binds these classes, so the
+// specialisations are seen by every use.
 namespace pybind11::detail {
-template <>
-class type_caster<hsd::Ledger> : public type_caster_base<hsd::Ledger> {
+template <class T>
+class constructed_caster : public type_caster_base<T> {
  public:
   bool load(handle src, bool convert) {
-    const type_info* info = get_type_info(typeid(hsd::Ledger));
+    const type_info* info = get_type_info(typeid(T));
     if (src && info != nullptr && PyObject_TypeCheck(src.ptr(), info->type)) {
       auto* inst = reinterpret_cast<instance*>(src.ptr());
       if (!inst->get_value_and_holder(info).holder_constructed())
-        throw type_error(
-            "this Ledger was never initialised (created by __new__ without __init__); construct "
-            "one with Ledger(num_levels, block_sizes, prompt_lens, max_new_tokens)");
+        throw type_error(std::string("this ") + info->type->tp_name +
+                         " was never initialised (created by __new__ without __init__); construct "
+                         "one by calling the class");
     }
-    return type_caster_base<hsd::Ledger>::load(src, convert);
+    return type_caster_base<T>::load(src, convert);
   }
 };
+template <>
+class type_caster<hsd::Ledger> : public constructed_caster<hsd::Ledger> {};
+template <>
+class type_caster<hsd::LookupIndex> : public constructed_caster<hsd::LookupIndex> {};
+template <>
+class type_caster<hsd::LookupLevel> : public constructed_caster<hsd::LookupLevel> {};
 }  // namespace pybind11::detail
 
 using hsd::Ledger;
+using hsd::LookupIndex;
+using hsd::LookupLevel;
 using Ints = Ledger::Ints;
 using Int64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
@@ -98,7 +107,7 @@ Ledger make_ledger(int64_t num_levels, const py::object& block_sizes, const py::
 PYBIND11_MODULE(_C, m) {
   m.doc() =
       "C++ core of hsd_fast: the nested KV-cache ledger of Hierarchical Speculative Decoding "
-      "(integers only; specified by tests/ledger_model.py).";
+      "(integers only; specified by tests/ledger_model.py) and the lookup level's n-gram index.";
 
   py::class_<Ledger>(m, "Ledger", R"doc(
 Per row and level: tags (as frontiers), pending counts, valid KV-cache lengths, EOS and length budget.
@@ -228,5 +237,86 @@ num_accepted[i] drafts passed, then a correction (on a rejection) or a bonus tok
 as extra_is_eos[i] says. A bonus is dropped when the last accepted draft is EOS or the length budget is
 full. A rejection at position j cuts every level's cache to at most j.
 Returns int64 arrays (kept_extra: 0/1, cascaded: how many levels below `level` lost cache entries).
+)doc");
+
+  py::class_<LookupIndex>(m, "LookupIndex", R"doc(
+One row's prompt-lookup index (csrc/lookup_index.hpp): follows the row's tokens through extend and
+truncate and proposes what followed the most recent earlier occurrence of the longest matching suffix
+(n from max_ngram down to min_ngram).
+)doc")
+      .def(py::init<int64_t, int64_t>(), py::arg("max_ngram") = 3, py::arg("min_ngram") = 1)
+      .def_property_readonly("max_ngram", &LookupIndex::max_ngram)
+      .def_property_readonly("min_ngram", &LookupIndex::min_ngram)
+      .def("__len__", &LookupIndex::size)
+      .def_property_readonly(
+          "tokens", [](const LookupIndex& self) { return to_numpy(self.tokens()); },
+          "int64 [len]: the row's sequence as indexed (a copy).")
+      .def(
+          "extend",
+          [](LookupIndex& self, const py::object& tokens) {
+            const Ints values = to_ints(tokens, "tokens");
+            self.extend(values.data(), static_cast<int64_t>(values.size()));
+          },
+          py::arg("tokens"), "Append tokens and index every n-gram they end.")
+      .def("truncate", &LookupIndex::truncate, py::arg("length"),
+           "Keep only the first `length` tokens (0 <= length <= len), unindexing the rest.")
+      .def(
+          "propose",
+          [](const LookupIndex& self, int64_t k) {
+            Ints out(static_cast<size_t>(std::max<int64_t>(k, 0)));
+            out.resize(static_cast<size_t>(self.propose(k, out.data())));
+            return to_numpy(out);
+          },
+          py::arg("k"), "int64: at most k (>= 0) proposed tokens; empty when no suffix matches.");
+
+  py::class_<LookupLevel>(m, "LookupLevel", R"doc(
+The lookup level of one run: a LookupIndex per row and, per row, how many leading tokens it holds
+unchanged (``valid``). Each round: ``window_start(rows)``, then ``propose`` with the rows' tokens from
+there to their ends; after a verification, ``invalidate`` from the first position it replaced.
+)doc")
+      .def(py::init([](int64_t num_rows, int64_t max_ngram, int64_t min_ngram, const py::object& eos_ids) {
+             return std::make_unique<LookupLevel>(num_rows, max_ngram, min_ngram, to_ints(eos_ids, "eos_ids"));
+           }),
+           py::arg("num_rows"), py::arg("max_ngram"), py::arg("min_ngram"), py::arg("eos_ids"))
+      .def_property_readonly("num_rows", &LookupLevel::num_rows)
+      .def(
+          "row", [](const LookupLevel& self, int64_t r) { return to_numpy(self.row(r).tokens()); },
+          py::arg("row"), "int64: the tokens row `row`'s index holds (a copy; at least its valid ones).")
+      .def(
+          "valid", [](const LookupLevel& self) { return to_numpy(self.valid()); },
+          "int64 [num_rows]: leading tokens each row's index holds unchanged (a copy).")
+      .def(
+          "invalidate",
+          [](LookupLevel& self, const py::object& rows, const py::object& first_changed) {
+            self.invalidate(to_ints(rows, "rows"), to_ints(first_changed, "first_changed"));
+          },
+          py::arg("rows"), py::arg("first_changed"),
+          "A verification of `rows` may have replaced their tokens from first_changed[i] on.")
+      .def(
+          "window_start",
+          [](const LookupLevel& self, const py::object& rows) { return self.window_start(to_ints(rows, "rows")); },
+          py::arg("rows"), "The first position propose() reads for `rows` (the smallest valid; 0 for none).")
+      .def(
+          "propose",
+          [](LookupLevel& self, const py::object& rows, const py::object& window, const py::object& ends,
+             const py::object& wanted) {
+            const Ints row_ids = to_ints(rows, "rows");
+            const py::array arr = as_array(window, "window");
+            if (arr.ndim() != 2 || arr.shape(0) != static_cast<py::ssize_t>(row_ids.size()))
+              throw py::value_error("window must be [len(rows), width]");
+            const Ints tokens = integers(arr, "window");  // row-major [R, width]
+            const LookupLevel::Proposals p =
+                self.propose(row_ids, tokens.data(), static_cast<int64_t>(arr.shape(1)),
+                             to_ints(ends, "ends"), to_ints(wanted, "wanted"));
+            py::array_t<bool> last_is_eos(static_cast<py::ssize_t>(p.last_is_eos.size()));
+            std::copy(p.last_is_eos.begin(), p.last_is_eos.end(), last_is_eos.mutable_data());
+            return py::make_tuple(to_numpy_2d(p.tokens, static_cast<int64_t>(row_ids.size()), p.width),
+                                  to_numpy(p.counts), last_is_eos);
+          },
+          py::arg("rows"), py::arg("window"), py::arg("ends"), py::arg("wanted"), R"doc(
+Brings each row's index up to ends[i] tokens, reading them from window (int64 [R, width]: the tokens
+at positions window_start(rows) onwards of rows[i]), and proposes at most wanted[i] tokens, cut after
+an EOS. Returns (tokens int64 [R, max(wanted)]: row i's first counts[i] entries proposed, zeros after;
+counts int64 [R]; last_is_eos bool [R]). Rows must be distinct.
 )doc");
 }

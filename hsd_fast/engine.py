@@ -171,9 +171,8 @@ def run_hsd(
             if level == 0 and lookup is not None:
                 wanted = _drafts_wanted(ledger, rows, budget_end, block_sizes)
                 started = time.perf_counter()
-                proposals, last_is_eos = lookup.propose(state.tokens, rows, ends, wanted)
-                state.write_proposals(rows, ends, proposals)
-                counts = np.array([len(p) for p in proposals], dtype=np.int64)
+                proposals, counts, last_is_eos = lookup.propose(state.tokens, rows, ends, wanted)
+                state.write_proposals(rows, ends, proposals, counts)
                 ledger.commit_proposal(rows, counts, last_is_eos)
                 inside = time.perf_counter() - started
                 log.proposed(counts)

@@ -76,6 +76,16 @@ class SlotCache(Cache):
         batch, heads, _, dim = states.shape
         return states.new_zeros(batch, heads, self.num_slots, dim)
 
+    def move(self, rows: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor) -> None:
+        """Copy every layer's K/V at slots ``sources`` to slots ``targets`` ([R, M] each, for the
+        rows ``rows`` [R]): all gathered first, then scattered, so moves that overlap (an accepted
+        tree path moving down onto slots it read from) are safe. Unused entries may name the same
+        slot as source and target."""
+        for buffer in (*self.keys, *self.values):
+            if buffer is not None:  # [B, H, S, D]
+                moved = buffer[rows[:, None], :, sources]  # [R, M, H, D]
+                buffer[rows[:, None], :, targets] = moved
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0  # never consulted: every forward passes explicit position_ids and 4D masks
 
@@ -180,7 +190,8 @@ class HFRunner:
         cache = self.cache
         assert cache is not None, "prepare() first"
         slot_ids = torch.arange(cache.num_slots, device=block.positions.device)  # [S]
-        cache.slots = torch.where(block.valid, block.positions, self.scratch)  # [B, L] write slots
+        written = block.positions if block.slots is None else block.slots  # [B, L]
+        cache.slots = torch.where(block.valid, written, self.scratch)  # [B, L] write slots
         masks = {t: self._mask(block, slot_ids, w) for t, w in self.windows.items()}  # [B, 1, L, S] each
         out = self.model(
             input_ids=embeddable_ids(self.model, block.input_ids) if self.stand_in else block.input_ids,
@@ -195,11 +206,17 @@ class HFRunner:
     def _mask(self, block: FedBlock, slot_ids: torch.Tensor, window: int | None) -> torch.Tensor:
         """The additive mask ``[B, 1, L, S]`` of one attention window (None: full): a real token at
         position q sees the slots k <= q (k > q - window too, for a sliding window); padding sees the
-        scratch slot only."""
+        scratch slot only. A tree block's own slots are seen as its ``tree_sees`` says."""
         query = block.positions[..., None]  # [B, L, 1]
         sees = slot_ids <= query  # [B, L, S]
         if window is not None:
             sees = sees & (slot_ids > query - window)
+        if block.tree_sees is not None:  # a tree's slots are seen as tree_sees says, not by position
+            size = block.tree_sees.shape[-1]  # n
+            offset = slot_ids - block.tree_start[:, None]  # [B, S]
+            in_tree = (offset >= 0) & (offset < size)  # [B, S]
+            index = offset.clamp(0, size - 1)[:, None, :].expand(*block.tree_sees.shape[:2], -1)  # [B, L, S]
+            sees = torch.where(in_tree[:, None, :], block.tree_sees.gather(2, index), sees)
         sees = torch.where(block.valid[..., None], sees, slot_ids == self.scratch)
         mask = torch.zeros(sees.shape, dtype=self.dtype, device=sees.device)
         return mask.masked_fill(~sees, torch.finfo(self.dtype).min)[:, None]

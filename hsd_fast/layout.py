@@ -46,11 +46,21 @@ def bucket(width: int) -> int:
 
 
 class FedBlock(NamedTuple):
-    """What one forward of a level feeds: ``[B, L]`` each."""
+    """What one forward of a level feeds: ``[B, L]`` each.
+
+    A chain's tokens are cached at their positions, and each sees every slot up to its own position.
+    A token tree's n nodes share positions (siblings stand at the same depth), so they are cached at
+    the slots ``[tree_start, tree_start + n)`` after the row's prefix, and a tree block says which of
+    those slots each column sees (``tree_sees``: a node sees its ancestors and itself, whether fed in
+    this forward or an earlier one). Every other slot is seen by position, as for a chain
+    (docs/design.md, "Token trees")."""
 
     input_ids: torch.Tensor  # int64, 0 in padding columns
     positions: torch.Tensor  # int64 absolute positions, clamped to >= 0 in padding columns
     valid: torch.Tensor  # bool: a real token of a row that takes part
+    slots: torch.Tensor | None = None  # [B, L] int64 the cache slots written; None: the positions
+    tree_start: torch.Tensor | None = None  # [B] int64 the first tree slot (the prefix length P)
+    tree_sees: torch.Tensor | None = None  # [B, L, n] bool: column i sees tree slot tree_start + j
 
 
 def fed_block(

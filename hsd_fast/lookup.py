@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hsd_fast.lookup_index import LookupIndexes
+from hsd_fast._C import LookupLevel
 
 
 @dataclass(frozen=True)
@@ -59,17 +59,16 @@ def as_lookup(level: object) -> LookupDraft | None:
 
 
 class LookupProposer:
-    """The lookup level of one run: an incremental n-gram index per row, kept in step with the
-    rows' tokens (``invalidate`` after every verification, ``propose`` reads only what changed)."""
+    """The lookup level of one run: an incremental n-gram index per row (``_C.LookupLevel``, in
+    C++: a round's bookkeeping for all its rows is one call), kept in step with the rows' tokens
+    (``invalidate`` after every verification, ``propose`` reads only what changed)."""
 
     def __init__(self, spec: LookupDraft, num_rows: int, eos_ids: Iterable[int]) -> None:
-        self.indexes = LookupIndexes(num_rows, spec.max_ngram, spec.min_ngram)
-        self.valid = np.zeros(num_rows, dtype=np.int64)  # [B] leading tokens indexed and unchanged
-        self.eos_ids = frozenset(int(e) for e in eos_ids)
+        self.level = LookupLevel(num_rows, spec.max_ngram, spec.min_ngram, [int(e) for e in eos_ids])
 
     def invalidate(self, rows: np.ndarray, first_changed: np.ndarray) -> None:
         """A verification of ``rows`` may have replaced the tokens from ``first_changed`` on ([R])."""
-        self.valid[rows] = np.minimum(self.valid[rows], first_changed)
+        self.level.invalidate(rows, first_changed)
 
     def propose(
         self,
@@ -77,20 +76,12 @@ class LookupProposer:
         rows: np.ndarray,  # [R]
         ends: np.ndarray,  # [R] sequence lengths: the proposals go to ends, ends + 1, ...
         wanted: np.ndarray,  # [R] the most tokens each row may take
-    ) -> tuple[list[list[int]], np.ndarray]:
-        """Per row the proposed tokens (cut after an EOS) and whether the last one is an EOS ([R])."""
-        low, high = int(self.valid[rows].min()), int(ends.max())
-        window = tokens[torch.from_numpy(rows).to(tokens.device), low:high].cpu().numpy()  # [R, high - low]
-        proposals, last_is_eos = [], np.zeros(len(rows), dtype=bool)
-        for i, (r, end, k) in enumerate(zip(rows.tolist(), ends.tolist(), wanted.tolist(), strict=True)):
-            start = int(self.valid[r])
-            self.indexes.sync(r, start, window[i, start - low : end - low].tolist())
-            self.valid[r] = end
-            proposal = self.indexes.propose(r, int(k)) if k > 0 else []
-            for j, token in enumerate(proposal):
-                if token in self.eos_ids:  # nothing is proposed past an EOS
-                    proposal = proposal[: j + 1]
-                    last_is_eos[i] = True
-                    break
-            proposals.append(proposal)
-        return proposals, last_is_eos
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The proposals ([R, max(wanted)], row i's first ``counts[i]`` tokens proposed, cut after an
+        EOS), ``counts`` ([R]) and whether the last one is an EOS ([R] bool)."""
+        low, high = self.level.window_start(rows), int(ends.max())
+        if tokens.device.type == "cpu":  # the buffer's own memory: a numpy slice costs a third of a tensor op
+            window = tokens.numpy()[rows, low:high]  # [R, high - low]
+        else:  # the lookup runs on the host: one device-to-host copy of what changed
+            window = tokens[torch.from_numpy(rows).to(tokens.device), low:high].cpu().numpy()
+        return self.level.propose(rows, window, ends, wanted)

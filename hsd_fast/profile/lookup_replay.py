@@ -34,8 +34,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from hsd_fast._C import LookupIndex
 from hsd_fast.lookup import LookupDraft, LookupProposer
-from hsd_fast.lookup_index import LookupIndex
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile.costs import interleaved_medians
 from hsd_fast.sampling_metadata import SamplingMetadata
@@ -70,7 +70,7 @@ def replay(spec: LookupDraft, ids: torch.Tensor, max_T: int, start: int = 1) -> 
         t = start
         while t <= len(row):
             index.extend(row[len(index) : t])
-            proposal = index.propose(max_T)
+            proposal = index.propose(max_T).tolist()
             proposals.append((n, t, proposal))
             accepted = 0
             while (
@@ -153,8 +153,8 @@ def host_seconds(
     def one_pass() -> None:
         proposer = LookupProposer(spec, 1, ())  # a fresh index: each pass indexes the row again
         for end in ends:
-            proposals, _ = proposer.propose(state.tokens, rows, end, wanted)
-            state.write_proposals(rows, end, proposals)
+            proposals, counts, _ = proposer.propose(state.tokens, rows, end, wanted)
+            state.write_proposals(rows, end, proposals, counts)
         state.tokens[0, :length] = row  # the proposals overwrote text the next pass reads
 
     medians, noise = interleaved_medians([one_pass], clock, row.device, warmup=2, repeats=repeats)

@@ -1,0 +1,171 @@
+"""Token-tree topologies for the bottom level (docs/design.md, "Token trees").
+
+A tree of n nodes is its parent list: ``parents[j]`` is -1 (a child of the last token before the
+tree, the *root*) or the index of an earlier node. Terms:
+
+    depth     0 for a child of the root, parent's depth + 1 otherwise; never decreasing along the list,
+              so the nodes of one depth are contiguous and a level drafts the tree depth by depth
+    column    a node's index within its depth (0 for the first node of each depth): with the
+              position it keys the node's randomness, since siblings share a position
+    rank      a node's index among its siblings (0 for the first child): children are listed in the
+              order they were drawn (greedy: by the draft's probability), and verified in that order
+    chain     the degenerate tree ``[-1, 0, 1, ...]``: speculative decoding's usual draft block
+
+The topology is static per run and the same for every row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+MAX_NODES = 256
+"""The largest tree accepted: a verification feeds every node at once."""
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A static token-tree topology (module doc). Build one with ``chain``, ``full``, ``spine`` or
+    ``from_parents``; the constructor checks the parent list and raises ``ValueError`` if it is
+    malformed."""
+
+    parents: tuple[int, ...]
+    depths: tuple[int, ...] = field(init=False, repr=False)
+    columns: tuple[int, ...] = field(init=False, repr=False)
+    ranks: tuple[int, ...] = field(init=False, repr=False)
+    children: tuple[tuple[int, ...], ...] = field(init=False, repr=False)  # [n + 1]: the root's last
+
+    def __post_init__(self) -> None:
+        parents = self.parents
+        if not isinstance(parents, tuple) or not all(
+            isinstance(p, int) and not isinstance(p, bool) for p in parents
+        ):
+            raise TypeError(f"Tree: parents must be a tuple of ints, got {parents!r}")
+        if not 1 <= len(parents) <= MAX_NODES:
+            raise ValueError(f"Tree: a tree has 1 to {MAX_NODES} nodes, got {len(parents)}")
+        depths: list[int] = []
+        for j, p in enumerate(parents):
+            if not -1 <= p < j:
+                raise ValueError(
+                    f"Tree: parents[{j}] = {p}; a parent is -1 (the root) or an earlier node (< {j})"
+                )
+            depth = 0 if p < 0 else depths[p] + 1
+            if depths and depth < depths[-1]:
+                raise ValueError(
+                    f"Tree: node {j} has depth {depth} after a node of depth {depths[-1]}; list the "
+                    "nodes depth by depth (the depth never decreases along the list)"
+                )
+            depths.append(depth)
+        columns, ranks = [], []
+        children: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+        for j, (p, depth) in enumerate(zip(parents, depths, strict=True)):
+            columns.append(0 if j == 0 or depths[j - 1] != depth else columns[-1] + 1)
+            ranks.append(len(children[p]))  # children[-1] is the root's
+            children[p].append(j)
+        object.__setattr__(self, "depths", tuple(depths))
+        object.__setattr__(self, "columns", tuple(columns))
+        object.__setattr__(self, "ranks", tuple(ranks))
+        object.__setattr__(self, "children", tuple(tuple(c) for c in children))
+
+    # ---------------------------------------------------------------------------------- constructors
+    @classmethod
+    def from_parents(cls, parents: Sequence[int]) -> Tree:
+        """The tree with this parent list (module doc)."""
+        return cls(tuple(parents))
+
+    @classmethod
+    def chain(cls, n: int) -> Tree:
+        """n nodes one after the other: the usual draft block of n tokens."""
+        _check_count("n", n)
+        return cls(tuple(range(-1, n - 1)))
+
+    @classmethod
+    def full(cls, widths: Sequence[int]) -> Tree:
+        """``widths[d]`` children for every node of depth d - 1 (the root's for d = 0): a full tree
+        of ``len(widths)`` levels, children grouped by parent."""
+        if len(widths) == 0:
+            raise ValueError("Tree.full: widths must name at least one depth")
+        parents: list[int] = []
+        previous = [-1]  # the nodes of the depth above
+        for d, k in enumerate(widths):
+            _check_count(f"widths[{d}]", k)
+            start = len(parents)
+            parents.extend(p for p in previous for _ in range(k))
+            previous = list(range(start, len(parents)))
+            if len(parents) > MAX_NODES:
+                break  # the constructor reports the size
+        return cls(tuple(parents))
+
+    @classmethod
+    def spine(cls, depth: int, k: int) -> Tree:
+        """The top-ranked chain of ``depth`` nodes, each with ``k - 1`` lower-ranked siblings
+        (leaves): the chain the draft would take, hedged at every depth."""
+        _check_count("depth", depth)
+        _check_count("k", k)
+        parents: list[int] = []
+        spine_node = -1
+        for _ in range(depth):
+            first = len(parents)
+            parents.extend([spine_node] * k)
+            spine_node = first  # the top-ranked child continues the spine
+        return cls(tuple(parents))
+
+    # ---------------------------------------------------------------------------------- properties
+    @property
+    def num_nodes(self) -> int:
+        return len(self.parents)
+
+    @property
+    def depth(self) -> int:
+        """The number of depths: the longest path from the root."""
+        return self.depths[-1] + 1
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """Nodes per depth."""
+        return tuple(self.depths.count(d) for d in range(self.depth))
+
+    @property
+    def is_chain(self) -> bool:
+        return all(p == j - 1 for j, p in enumerate(self.parents))
+
+    def depth_slice(self, d: int) -> slice:
+        """The nodes of depth ``d`` (contiguous: the depth never decreases along the list)."""
+        start = self.depths.index(d)
+        return slice(start, start + self.widths[d])
+
+    def is_leaf(self, j: int) -> bool:
+        return not self.children[j]
+
+    def path(self, j: int) -> list[int]:
+        """The nodes from the root's first child down to node j."""
+        nodes = []
+        while j >= 0:
+            nodes.append(j)
+            j = self.parents[j]
+        return nodes[::-1]
+
+    def ancestors(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """[n, n] bool: ``[i, j]`` where node j is node i or one of its ancestors (what node i attends
+        to inside the tree; for a chain the lower triangle)."""
+        n = self.num_nodes
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        for i, p in enumerate(self.parents):
+            if p >= 0:
+                mask[i] = mask[p]
+            mask[i, i] = True
+        return mask.to(device)
+
+    def __repr__(self) -> str:
+        if self.is_chain:
+            return f"Tree.chain({self.num_nodes})"
+        return f"Tree.from_parents({list(self.parents)})"
+
+
+def _check_count(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"Tree: {name} must be an int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"Tree: {name} must be >= 1, got {value}")
