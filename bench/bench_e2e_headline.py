@@ -39,7 +39,7 @@ def main() -> None:
     scenario = SCENARIOS[args.scenario]()
     sampling = {"do_sample": True, "temperature": 0.8} if args.do_sample else {"do_sample": False}
     n, target, drafts = args.max_new_tokens, scenario.target, scenario.drafts
-    rows, redone, meter = [], 0, CpuMeter()
+    rows, redone, recompiled, meter = [], 0, 0, CpuMeter()
     for batch in args.batch:
         configs = [cfg.hf_generate(target, sampling, n)]
         if batch == 1:
@@ -49,12 +49,14 @@ def main() -> None:
         configs += [cfg.ours(target, drafts, chain, T, sampling, n, True) for chain, T in hierarchies]
         work = _batches(scenario.prompt_sets["code"][: args.prompts], batch)
         print(f"batch {batch}: {len(configs)} configurations, warm-up (compiles) then {args.passes} passes")
-        batch_rows, passes_redone = _measure(configs, work, args, meter, sampling, scenario)
-        redone += passes_redone
+        batch_rows, busy, compiling = _measure(configs, work, args, meter, sampling, scenario, lambda: None)
+        redone, recompiled = redone + busy, recompiled + compiling
         rows += [{"batch": batch, "prompt_set": "code", **row} for row in batch_rows]
     stem = args.out / f"e2e_{args.scenario}_headline{'_sampled' if args.do_sample else ''}_cpu"
     scenario_label = f"{args.scenario} (headline)"
-    write_compiled_cpu_run(stem, scenario_label, scenario.description, args, sampling, rows, redone)
+    write_compiled_cpu_run(
+        stem, scenario_label, scenario.description, args, sampling, rows, redone, recompiled
+    )
 
 
 if __name__ == "__main__":

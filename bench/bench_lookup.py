@@ -36,7 +36,7 @@ def main() -> None:
     scenario = SCENARIOS["zoo"]()
     sampling = {"do_sample": True, "temperature": 0.8} if args.do_sample else {"do_sample": False}
     n, target, drafts = args.max_new_tokens, scenario.target, scenario.drafts
-    rows, redone, meter = [], 0, CpuMeter()
+    rows, redone, recompiled, meter = [], 0, 0, CpuMeter()
     for batch in args.batch:
         configs = [cfg.hf_generate(target, sampling, n)]
         if batch == 1:
@@ -48,15 +48,25 @@ def main() -> None:
             print(
                 f"batch {batch}, {prompt_set}: {len(configs)} configurations, warm-up, {args.passes} passes"
             )
-            batch_rows, passes_redone = _measure(configs, work, args, meter, sampling, scenario)
-            redone += passes_redone
+            batch_rows, busy, compiling = _measure(
+                configs, work, args, meter, sampling, scenario, lambda: None
+            )
+            redone, recompiled = redone + busy, recompiled + compiling
             rows += [{"batch": batch, "prompt_set": prompt_set, **row} for row in batch_rows]
     stem = args.out / f"e2e_zoo_lookup{'_sampled' if args.do_sample else ''}_cpu"
     hf_lookup = (
         "HF prompt lookup: prompt_lookup_num_tokens=10 (HF's matching n-gram sizes, default 2 down to 1)."
     )
     write_compiled_cpu_run(
-        stem, "zoo (lookup level)", scenario.description, args, sampling, rows, redone, [hf_lookup]
+        stem,
+        "zoo (lookup level)",
+        scenario.description,
+        args,
+        sampling,
+        rows,
+        redone,
+        recompiled,
+        [hf_lookup],
     )
 
 

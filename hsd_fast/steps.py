@@ -451,8 +451,9 @@ class LevelStep:
     ) -> tuple[np.ndarray, float]:
         """Run the step for ``rows``. Returns ``[3, R]`` (a draft: tokens drawn and whether the last
         is an EOS; a verification: accepted counts and whether the new token is an EOS; and whether
-        the row's logits held a NaN or +inf) and the seconds spent inside the step function, its host
-        sync included: a round's remaining time is the host's own work. A compiled draft step
+        the row's logits held a NaN or +inf) and the seconds spent in forwards (a long span's head
+        chunks, then the step function, its host sync included): a round's remaining time is the
+        host's own work. A compiled draft step
         always draws ``count`` tokens' worth of forwards (rows stop at their ``wanted``): one graph
         serves the whole run, whatever is left of a row's budget."""
         full = np.zeros((5, state.num_rows), dtype=np.int64)  # starts, ends, outs, active, wanted
@@ -460,6 +461,7 @@ class LevelStep:
             [starts, ends, outs, np.ones_like(rows), np.ones_like(rows) if wanted is None else wanted]
         )
         device = state.tokens.device
+        started = time.perf_counter()  # the head chunks below are forwards too, not the engine's host work
         longest = int((full[1] - full[0]).max())
         if longest > MAX_WIDTH:  # long spans (prompts): their heads first, MAX_WIDTH at a time
             for head_start, head_end in head_chunks(full[0], full[1], MAX_WIDTH):
@@ -475,6 +477,5 @@ class LevelStep:
         else:
             out_width = bucket(int((full[1] - full[2]).max()))
             fn = self.choose("verify", bucket(longest), out_width, state, prefill)
-        started = time.perf_counter()
         out = fn(state, torch.from_numpy(full).to(device)).cpu().numpy()  # the round's one host sync
         return out[:, rows], time.perf_counter() - started

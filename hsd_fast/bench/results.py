@@ -56,6 +56,7 @@ def write_compiled_cpu_run(
     sampling: dict,
     rows: list[dict],
     redone: int,
+    recompiled: int,
     notes: Sequence[str] = (),
 ) -> None:
     """The result files of a compiled, fp32 CPU run of the bench scripts (``bench/bench_*.py``):
@@ -64,12 +65,14 @@ def write_compiled_cpu_run(
     meta = run_metadata(
         "cpu", scenario=scenario, models=models, sampling_label=label, sampling=sampling, compiled=True,
         dtype="float32", batches=args.batch, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
-        passes=args.passes, redone_passes=redone, threads=torch.get_num_threads(),
+        passes=args.passes, redone_passes=redone, recompiled_passes=recompiled,
+        threads=torch.get_num_threads(),
     )  # fmt: skip
     common = [
         "tokens/s: new tokens of every row over wall time, prefill included, median of the counted passes.",
-        f"1 warm-up pass (compilation) + {args.passes} counted, rotated; {redone} passes redone because "
-        "other processes took more than 10% of the CPU.",
+        f"Warm-up until a call compiles nothing, then {args.passes} counted passes, rotated; {redone} "
+        f"passes redone because other processes took more than 10% of the CPU, {recompiled} because "
+        "something compiled in them.",
     ]
     for path in write(stem, meta, rows, [*common, *notes]):
         print(f"wrote {path}")
