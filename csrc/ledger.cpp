@@ -3,6 +3,8 @@
 // over the given rows (times the levels), so a lockstep step costs O(rows * levels).
 #include "ledger.hpp"
 
+#include "errors.hpp"
+
 #include <algorithm>
 #include <limits>
 #include <sstream>
@@ -24,20 +26,8 @@ std::ostream& operator<<(std::ostream& out, const ListOf& list) {
   return out << ']';
 }
 
-template <class... Parts>
-std::invalid_argument error(const Parts&... parts) {
-  std::ostringstream out;
-  (out << ... << parts);
-  return std::invalid_argument(out.str());
-}
-
 bool any_below(const Ledger::Ints& values, int64_t bound) {
   return std::any_of(values.begin(), values.end(), [bound](int64_t v) { return v < bound; });
-}
-
-void check_same_length(const char* name, const Ledger::Ints& values, const Ledger::Ints& rows) {
-  if (values.size() != rows.size())
-    throw error(name, " has ", values.size(), " entries for ", rows.size(), " rows");
 }
 
 Ledger::Policy parse_policy(const std::string& name) {

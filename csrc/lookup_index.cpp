@@ -1,19 +1,12 @@
 // The lookup level's n-gram index; see lookup_index.hpp for the contract and the representation.
 #include "lookup_index.hpp"
 
+#include "errors.hpp"
+
 #include <algorithm>
-#include <sstream>
-#include <stdexcept>
 
 namespace hsd {
 namespace {
-
-template <class... Parts>
-std::invalid_argument error(const Parts&... parts) {
-  std::ostringstream out;
-  (out << ... << parts);
-  return std::invalid_argument(out.str());
-}
 
 uint64_t mix(uint64_t x) {  // splitmix64's finaliser: every input bit moves every output bit
   x ^= x >> 30;
@@ -21,11 +14,6 @@ uint64_t mix(uint64_t x) {  // splitmix64's finaliser: every input bit moves eve
   x ^= x >> 27;
   x *= 0x94D049BB133111EBULL;
   return x ^ (x >> 31);
-}
-
-void check_same_length(const char* name, const LookupIndex::Ints& values, const LookupIndex::Ints& rows) {
-  if (values.size() != rows.size())
-    throw error(name, " has ", values.size(), " entries for ", rows.size(), " rows");
 }
 
 }  // namespace

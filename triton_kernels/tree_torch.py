@@ -87,6 +87,7 @@ class Topology(Protocol):
     parents: tuple[int, ...]
     depths: tuple[int, ...]
     columns: tuple[int, ...]
+    children: tuple[tuple[int, ...], ...]  # [n + 1]: node j's at j, the root's last
 
 
 class TreeVerifyResult(NamedTuple):
@@ -96,13 +97,11 @@ class TreeVerifyResult(NamedTuple):
     verifier_lse: torch.Tensor  # [B, n + 1] fp32 log-sum-exp of verifier_logits / temperature
 
 
-def children_table(parents: tuple[int, ...]) -> torch.Tensor:
+def children_table(tree: Topology) -> torch.Tensor:
     """[n + 1, K] int64: context c's children in rank order (c = 0: the root's), -1 padded."""
-    children: list[list[int]] = [[] for _ in range(len(parents) + 1)]
-    for j, p in enumerate(parents):
-        children[p + 1].append(j)
-    width = max(len(c) for c in children)
-    return torch.tensor([c + [-1] * (width - len(c)) for c in children], dtype=torch.int64)
+    by_context = [tree.children[-1], *tree.children[:-1]]
+    width = max(len(c) for c in by_context)
+    return torch.tensor([[*c, *[-1] * (width - len(c))] for c in by_context], dtype=torch.int64)
 
 
 def verify_tree_torch(
@@ -132,7 +131,7 @@ def verify_tree_torch(
     rows = torch.arange(num_rows, device=device)
     depth_of = torch.tensor(tree.depths, device=device)  # [n]
     column_of = torch.tensor(tree.columns, device=device)  # [n]
-    kids = children_table(tree.parents).to(device)  # [n + 1, K]
+    kids = children_table(tree).to(device)  # [n + 1, K]
     is_leaf = (kids[1:] < 0).all(-1)  # [n]
     # Keys: node j's own (its accept test), and each context's (its children, its correction or bonus).
     node_keys = node_key(positions[:, None] + depth_of, column_of)  # [B, n]
@@ -158,9 +157,11 @@ def verify_tree_torch(
     log_weights = logp_all[:, 0]  # [B, V] what a row's correction or bonus is drawn from
     for d in range(path.shape[1]):
         logp = logp_all[rows, context]  # [B, V] the verifier's p at the current context
-        p_weights, p_mass = logp.exp(), torch.ones(num_rows, device=device)  # p = p_weights / p_mass
         touched = torch.zeros_like(done)  # p or q changed by a rejected sibling
-        if not greedy:
+        if greedy:
+            best = torch.argmax(verifier_logits[rows, context], dim=-1)  # [B] the child to descend into
+        else:
+            p_weights, p_mass = logp.exp(), torch.ones(num_rows, device=device)  # p = p_weights / p_mass
             logq = logq_all[rows, context]  # [B, V]
             q = logq.exp()
         rejected_here = torch.zeros_like(done)
@@ -171,8 +172,7 @@ def verify_tree_torch(
             at = child.clamp(min=0)
             x = tokens[rows, at].clamp(0, vocab - 1)[:, None]  # [B, 1]
             if greedy:
-                ok = tokens[rows, at] == torch.argmax(verifier_logits[rows, context], dim=-1)
-                chosen = torch.where(trying & ok, child, chosen)
+                chosen = torch.where(trying & (tokens[rows, at] == best), child, chosen)
                 continue
             qx = q.gather(-1, x)[:, 0]  # [B]
             # log p(x) / q(x); untouched, exactly as verify_torch computes it (a chain then matches it)
@@ -189,9 +189,9 @@ def verify_tree_torch(
         # Rows that accepted no child end here: their correction (or bonus) comes from the current p.
         ends_here = ~done & (chosen < 0)
         residual_draw = torch.where(ends_here, rejected_here, residual_draw)
-        log_weights = torch.where(
-            ends_here[:, None], torch.where(touched[:, None], p_weights.log(), logp), log_weights
-        )
+        if not greedy:
+            current_p = torch.where(touched[:, None], p_weights.log(), logp)  # [B, V] up to a constant
+            log_weights = torch.where(ends_here[:, None], current_p, log_weights)
         done = done | ends_here
         going = ~done
         path[:, d] = torch.where(going, chosen, -1)
