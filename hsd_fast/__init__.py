@@ -17,6 +17,7 @@ from hsd_fast.engine import HSDResult, run_hsd
 from hsd_fast.lookup import LookupDraft
 from hsd_fast.stats import HSDStats
 from hsd_fast.steps import Runner
+from hsd_fast.tree import Tree
 
 __version__ = "0.1.0"
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "Hierarchy",
     "LookupDraft",
     "Runner",
+    "Tree",
     "__version__",
     "generate",
     "run_hsd",

@@ -31,6 +31,9 @@ from hsd_fast.processors import LogitsTransform
 from hsd_fast.sampling_metadata import SamplingMetadata
 from hsd_fast.stats import HSDStats
 from hsd_fast.steps import DecodeState, LevelStep, Runner
+from hsd_fast.tree import Tree
+from hsd_fast.tree_steps import TreeBuffers, TreePlan
+from hsd_fast.triton_kernels.tree_torch import COLUMN_SHIFT
 
 
 @dataclass
@@ -100,6 +103,7 @@ def run_hsd(
     use_kernel: bool | None = None,
     transform: LogitsTransform | None = None,
     compile: bool | str = "auto",
+    tree: Tree | None = None,
 ) -> HSDResult:
     """Generate with the hierarchy ``runners`` (level 0 drafts, the last is the target). The first
     may be a ``LookupDraft``: a model-free level 0 that proposes from each row's own context.
@@ -112,7 +116,9 @@ def run_hsd(
     ``transform``: the sampling transform (HF logits processors) every level applies to its logits.
     ``compile``: run the level steps through ``torch.compile`` (``True``), eagerly (``False``), or
     ``"auto"``: eagerly until this hierarchy has spent ``AUTO_COMPILE_AFTER_SECONDS`` decoding, then
-    compiled (docs/design.md, "Compiled steps": why).
+    compiled (docs/design.md, "Compiled steps": why). ``tree``: level 0 drafts this token tree and
+    level 1 verifies it in one forward (docs/design.md, "Token trees in the engine");
+    ``block_sizes[0]`` is then ignored (level 1 verifies once the tree is drafted).
     """
     num_levels, num_rows = len(runners), len(prompts)
     if num_levels < 1:
@@ -125,6 +131,14 @@ def run_hsd(
     if any(r.vocab_size != vocab for r in models):
         raise ValueError(f"runners disagree on vocab_size: {[r.vocab_size for r in models]}")
     block_sizes = check_block_sizes(block_sizes, num_levels - 1)
+    if tree is not None:
+        if not isinstance(tree, Tree):
+            raise TypeError(f"tree must be a hsd_fast.Tree, got {type(tree).__name__}")
+        if lookup_spec is not None or num_levels < 2:
+            raise ValueError("a token tree is drafted by a model at level 0: give at least one draft model")
+        if tree.depth > MAX_BLOCK_SIZE:
+            raise ValueError(f"a token tree may be at most {MAX_BLOCK_SIZE} deep, got {tree.depth}")
+        block_sizes[0] = tree.depth  # the ledger takes the tree as a proposal of `depth` tokens
     if not prompts:
         raise ValueError("the batch needs at least one row (prompts is empty)")
     budget = np.broadcast_to(_token_counts(max_new_tokens, "max_new_tokens"), (num_rows,))
@@ -137,23 +151,32 @@ def run_hsd(
     # Every check is done and the runners have refused what their models cannot hold before the
     # run's buffers are allocated. A level feeds positions up to budget_end - 1 (the last draft of a
     # full budget, for the bonus after it): budget_end positions per row in each cache.
-    for runner in models:
-        runner.prepare(num_rows, int(budget_end.max()))
+    for level, runner in enumerate(runners):  # levels 0 and 1 keep a pending tree after the prefix
+        if runner is not lookup_spec:
+            runner.prepare(num_rows, int(budget_end.max()), tree.num_nodes if tree and level <= 1 else 0)
     # +1: a bonus drawn past the length budget is written to the token buffer before the ledger drops it
     capacity = int(budget_end.max()) + 1
     positions = capacity_bucket(capacity)  # in every compiled step's shapes: a few sizes only
     transform = transform or LogitsTransform()
     # The ring keeps a model level's p for the level above; a lookup level's q is implicit (point masses)
-    keep_q = len(models) > 1 and not greedy
+    keep_q = len(models) > (1 if tree is None else 2) and not greedy  # a tree keeps its own q
     ring_dtype = torch.float32 if transform.processors else _widest(r.dtype for r in models)
     window = speculative_window(block_sizes, int(budget.max()))
     state = DecodeState(prompts, positions, window, vocab, ring_dtype, sampling, transform, keep_q)
+    if tree is not None:
+        if int(budget_end.max()) + tree.depth >= 1 << COLUMN_SHIFT:  # the keys' position field
+            raise ValueError(f"token trees need positions below 2**{COLUMN_SHIFT}")
+        plan = TreePlan.of(tree, state.tokens.device)
+        state.set_tree(TreeBuffers(plan, num_rows, vocab, ring_dtype, greedy))
     compiled = _decide_compile(compile, runners, block_sizes)
     above_lookup = 1 if lookup_spec is not None else None  # the level that verifies point masses
+    tree_below = runners[0] if tree is not None else None  # level 1 moves level 0's cache too
     steps = [
         None
         if runner is lookup_spec
-        else LevelStep.of(runner, level, num_levels - 1, compiled, level == above_lookup)
+        else LevelStep.of(
+            runner, level, num_levels - 1, compiled, level == above_lookup, tree_below if level == 1 else None
+        )
         for level, runner in enumerate(runners)
     ]
     draft_count = block_sizes[0] if num_levels > 1 else TOKENS_PER_DECODE_STEP  # most drawn per step
@@ -176,6 +199,12 @@ def run_hsd(
                 ledger.commit_proposal(rows, counts, last_is_eos)
                 inside = time.perf_counter() - started
                 log.proposed(counts)
+            elif level == 0 and tree is not None:
+                wanted = _drafts_wanted(ledger, rows, budget_end, block_sizes)
+                (proposed, _, broken), inside = steps[0](state, rows, starts, ends, outs, wanted)
+                _check_logits(level, rows, broken)
+                ledger.commit_proposal(rows, proposed, np.zeros_like(proposed))
+                log.drafted_tree(starts, ends, tree)
             elif level == 0:
                 wanted = _drafts_wanted(ledger, rows, budget_end, block_sizes)
                 (drawn, last_is_eos, broken), inside = steps[0](
@@ -187,8 +216,11 @@ def run_hsd(
                     ledger.commit_draft(rows[now], last_is_eos[now] & (drawn[now] == k + 1))
                 log.drafted(starts, ends, drawn)
             else:
-                (accepted, is_eos, broken), inside = steps[level](state, rows, starts, ends, outs)  # [R] each
+                result, inside = steps[level](state, rows, starts, ends, outs)
+                accepted, is_eos, broken = result[:3]  # [R] each
                 _check_logits(level, rows, broken)
+                if tree is not None and level == 1:
+                    log.ranked(result[3:])  # [depth, R] the rank of each accepted node
                 kept, cascaded = ledger.commit_verify(level, rows, accepted, is_eos)
                 log.verified(level, starts, ends, outs, accepted, kept, cascaded)
                 if lookup is not None:  # the emitted token replaced whatever stood at its position
@@ -222,10 +254,22 @@ class _RoundLog:
         self.verifies: list[list[tuple]] = [[] for _ in range(num_levels)]
         self.times: list[list[tuple[float, float]]] = [[] for _ in range(num_levels)]
         self.lookups: list[int] = []  # tokens proposed per lookup round
+        self.tree_nodes = 0  # token-tree nodes drafted
+        self.ranks: list[np.ndarray] = []  # [depth, R] per tree verification: accepted nodes' ranks
 
     def drafted(self, starts: np.ndarray, ends: np.ndarray, drawn: np.ndarray) -> None:
         for k in range(int(drawn.max())):  # one lockstep forward per token drawn
             self.spans[0].append(ends - starts if k == 0 else np.ones(int((drawn > k).sum()), dtype=np.int64))
+
+    def drafted_tree(self, starts: np.ndarray, ends: np.ndarray, tree: Tree) -> None:
+        """A token tree drafted: the catch-up forward, then one forward per depth but the last."""
+        self.spans[0].append(ends - starts)
+        for width in tree.widths[:-1]:
+            self.spans[0].append(np.full(len(ends), width, dtype=np.int64))
+        self.tree_nodes += len(ends) * tree.num_nodes
+
+    def ranked(self, ranks: np.ndarray) -> None:
+        self.ranks.append(ranks)
 
     def proposed(self, counts: np.ndarray) -> None:
         """A lookup round: no forward, ``counts`` [R] tokens proposed."""
@@ -246,6 +290,8 @@ class _RoundLog:
                 stats.record_forward(level, len(fed), int(fed.sum()))
             if level == 0 and self.lookups:  # a lookup level: its rounds, no forwards
                 stats.record_draft(sum(self.lookups))
+            elif level == 0 and self.tree_nodes:
+                stats.record_draft(self.tree_nodes)
             elif level == 0:
                 stats.record_draft(int(sum(len(fed) for fed in self.spans[0])))
             elif self.verifies[level]:
@@ -254,6 +300,8 @@ class _RoundLog:
                 )
             for wall, inside in self.times[level]:
                 stats.record_time(level, wall, inside)
+        if self.ranks:
+            stats.record_ranks(np.concatenate([r.ravel() for r in self.ranks]))
         return stats
 
 

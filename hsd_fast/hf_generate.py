@@ -28,6 +28,7 @@ from hsd_fast.hierarchy import Hierarchy
 from hsd_fast.lookup import LookupDraft, as_lookup
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.stats import HSDStats
+from hsd_fast.tree import Tree
 
 DEFAULT_T = 4
 SUPPORTED_STOPPING = (MaxLengthCriteria, EosTokenCriteria)
@@ -53,6 +54,7 @@ def generate(
     hsd_streamer=None,
     hierarchy: Hierarchy | None = None,
     compile: bool | str = "auto",
+    tree: Tree | None = None,
     **model_kwargs,
 ) -> torch.Tensor | GenerateDecoderOnlyOutput:
     """Hierarchical speculative decoding with ``drafts`` (smallest first) under ``model``.
@@ -66,6 +68,8 @@ def generate(
     through ``torch.compile`` (``True``), eagerly (``False``), or ``"auto"`` (the default): eagerly
     until this hierarchy has decoded for ``hsd_fast.engine.AUTO_COMPILE_AFTER_SECONDS``, compiled
     from then on (compiling costs tens of seconds on a CPU, once per process and step shape).
+    ``tree``: the first draft drafts this ``hsd_fast.Tree`` of candidates and the next level verifies
+    it in one forward (``T[0]`` is then ignored; steps with a tree run uncompiled for now).
 
     Streaming (batch size 1): ``target.generate(..., streamer=s)`` puts the prompt into ``s`` and then
     drops it (docs/design.md, "The streamer is dropped"); this function finds it in HF's call and puts
@@ -82,7 +86,7 @@ def generate(
     try:
         return _generate(
             model, input_ids, logits_processor, stopping_criteria, generation_config, drafts, T, seed,
-            output_hsd_stats, streamer, prompt_streamed, hierarchy, compile, model_kwargs,
+            output_hsd_stats, streamer, prompt_streamed, hierarchy, compile, tree, model_kwargs,
         )  # fmt: skip
     finally:
         if streamer is not None:
@@ -91,7 +95,7 @@ def generate(
 
 def _generate(
     model, input_ids, logits_processor, stopping_criteria, generation_config, drafts, T, seed,
-    output_hsd_stats, streamer, prompt_streamed, hierarchy, compile, model_kwargs,
+    output_hsd_stats, streamer, prompt_streamed, hierarchy, compile, tree, model_kwargs,
 ):  # fmt: skip
     config = generation_config if generation_config is not None else model.generation_config
     if hierarchy is not None:  # from hsd_fast.select_hierarchy: its drafts and block sizes
@@ -134,6 +138,7 @@ def _generate(
         transform=transform,
         greedy=not config.do_sample,
         compile=compile,
+        tree=tree,
         on_commit=None if streamer is None else lambda _row, toks: streamer.put(toks.cpu()),
     )
     pad = _pad_id(config, eos_ids)

@@ -130,7 +130,7 @@ class HFRunner:
             runners[vocab_size] = cls(model, vocab_size)
         return runners[vocab_size]
 
-    def prepare(self, num_rows: int, capacity: int) -> None:
+    def prepare(self, num_rows: int, capacity: int, tree_slots: int = 0) -> None:
         config = self.model.config
         max_positions = getattr(config, "max_position_embeddings", None)
         if max_positions is not None and capacity > max_positions:
@@ -138,9 +138,10 @@ class HFRunner:
                 f"{type(self.model).__name__}: prompt + max_new_tokens needs {capacity} positions, beyond "
                 f"its max_position_embeddings = {max_positions}"
             )
-        slots = capacity_bucket(capacity)  # in the compiled steps' shapes: a few sizes only
+        needed = capacity + tree_slots  # a token tree's nodes stand in slots past a row's prefix
+        slots = capacity_bucket(needed)  # in the compiled steps' shapes: a few sizes only
         if max_positions is not None:
-            slots = max(capacity, min(slots, max_positions))
+            slots = max(needed, min(slots, max_positions))
         self.scratch = slots  # slots 0..slots-1 hold positions; the last one is scratch
         cache = self.cache
         if cache is not None and (cache.rows, cache.num_slots) == (num_rows, slots + 1):
@@ -202,6 +203,15 @@ class HFRunner:
             **({"logits_to_keep": num_outputs} if self.keeps_logits else {}),
         )
         return fit_logits(out.logits[:, -num_outputs:], self.vocab_size)  # [B, O, V]
+
+    def move(self, tree_start: torch.Tensor, nodes: torch.Tensor, lengths: torch.Tensor) -> None:
+        """A verified tree's path to the slots of its positions (``Runner.move``): one gather and
+        one scatter per layer; entries past a row's length move a slot onto itself."""
+        assert self.cache is not None, "prepare() first"
+        depth = torch.arange(nodes.shape[1], device=nodes.device)  # [K]
+        targets = tree_start[:, None] + depth  # [B, K]
+        sources = torch.where(depth < lengths[:, None], tree_start[:, None] + nodes, targets)
+        self.cache.move(torch.arange(len(tree_start), device=nodes.device), sources, targets)
 
     def _mask(self, block: FedBlock, slot_ids: torch.Tensor, window: int | None) -> torch.Tensor:
         """The additive mask ``[B, 1, L, S]`` of one attention window (None: full): a real token at

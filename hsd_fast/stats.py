@@ -33,6 +33,7 @@ class HSDStats:
     accepted_at: list[list[int]] = field(default_factory=list)  # [level][k]
     rejected_at: list[list[int]] = field(default_factory=list)  # [level][k]
     cascade_depth: list[int] = field(default_factory=list)  # [d]
+    accepted_by_rank: list[int] = field(default_factory=list)  # [r] token trees: accepted nodes of rank r
     wall_time: list[float] = field(default_factory=list)  # seconds of the level's rounds, host clock
     step_time: list[float] = field(default_factory=list)  # of which inside its step functions
 
@@ -58,6 +59,10 @@ class HSDStats:
         (the forward, transform and op, with the host sync that ends it)."""
         self.wall_time[level] += wall
         self.step_time[level] += inside_step
+
+    def record_ranks(self, ranks: np.ndarray) -> None:
+        """Token trees: the ranks of the nodes level 1 accepted (-1 entries are no node)."""
+        _add(self.accepted_by_rank, np.bincount(ranks[ranks >= 0]))
 
     def record_draft(self, num_tokens: int) -> None:
         self.drafted[0] += num_tokens
@@ -109,6 +114,11 @@ class HSDStats:
             emitted = self.drafted[0]
         return emitted / self.row_forwards[level] if self.row_forwards[level] else float("nan")
 
+    def mean_accepted_per_verification(self, level: int) -> float:
+        """Drafts ``level`` accepted per row it verified (with a token tree at level 0, level 1's
+        accepted path length per tree)."""
+        return self.accepted[level] / self.row_forwards[level] if self.row_forwards[level] else float("nan")
+
     @property
     def host_time(self) -> float:
         """Seconds of the rounds spent outside the step functions: the engine's own work (ledger,
@@ -131,6 +141,8 @@ class HSDStats:
                 f"{self.corrections[lvl]:>11}  {self.wall_time[lvl]:>6.3f}"
             )
         lines.append(f"rollbacks by levels cascaded into: {self.cascade_depth}")
+        if self.accepted_by_rank:
+            lines.append(f"token trees: accepted nodes by rank {self.accepted_by_rank}")
         return "\n".join(lines)
 
 

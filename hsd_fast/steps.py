@@ -20,7 +20,7 @@ import time
 import types
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -33,6 +33,9 @@ from hsd_fast.triton_kernels.keyed_random_torch import DRAFT
 from hsd_fast.triton_kernels.ops import sample, verify
 from hsd_fast.triton_kernels.rejection_torch import VerifyResult
 
+if TYPE_CHECKING:
+    from hsd_fast.tree_steps import TreeBuffers
+
 
 class Runner(Protocol):
     """One level of the hierarchy: a model plus its cache."""
@@ -40,12 +43,19 @@ class Runner(Protocol):
     vocab_size: int
     dtype: torch.dtype  # of the logits it returns
 
-    def prepare(self, num_rows: int, capacity: int) -> None:
-        """Start a run: empty caches for ``num_rows`` rows of up to ``capacity`` positions."""
+    def prepare(self, num_rows: int, capacity: int, tree_slots: int = 0) -> None:
+        """Start a run: empty caches for ``num_rows`` rows of up to ``capacity`` positions, and
+        ``tree_slots`` more slots past them (a token tree's nodes stand after a row's prefix)."""
 
     def forward(self, block: FedBlock, num_outputs: int) -> torch.Tensor:
         """Cache the valid tokens of ``block`` and return the raw logits of its last
         ``num_outputs`` columns, ``[B, num_outputs, V]``."""
+
+    def move(self, tree_start: torch.Tensor, nodes: torch.Tensor, lengths: torch.Tensor) -> None:
+        """After a token tree's verification: per row, copy the cache entries of tree slots
+        ``tree_start + nodes[:, d]`` to slots ``tree_start + d`` for ``d < lengths`` (``[B]``,
+        ``[B, K]``, ``[B]``), all read before any is written (docs/design.md, "Token trees in the
+        engine")."""
 
 
 class DecodeState:
@@ -77,6 +87,13 @@ class DecodeState:
         # structure and guards on tensors only (see LevelStep). Without a ring the window is unused.
         ring = window if keep_q else None
         self.structure = (ring, capacity, sampling.greedy, keep_q, transform.key, str(ring_dtype))
+        self.tree: TreeBuffers | None = None  # a token tree's pending nodes (level 0 drafts trees)
+
+    def set_tree(self, buffers: TreeBuffers) -> None:
+        """Level 0 drafts token trees of this topology, kept in ``buffers``; the topology is part of
+        what a compiled step is built for."""
+        self.tree = buffers
+        self.structure = (*self.structure, buffers.plan.tree.parents)
 
     @property
     def num_rows(self) -> int:
@@ -119,19 +136,19 @@ class DecodeState:
         )
 
 
-def _processed(runner: Runner, state: DecodeState, block: FedBlock, num_outputs: int) -> torch.Tensor:
+def processed_logits(runner: Runner, state: DecodeState, block: FedBlock, num_outputs: int) -> torch.Tensor:
     logits = runner.forward(block, num_outputs)  # [B, O, V]
     return state.transform(logits.flatten(0, 1)).unflatten(0, logits.shape[:2])  # [B, O, V]
 
 
-def _broken(logits: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
+def broken_logits(logits: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
     """[B] bool: a row whose used logits (``used``: [B] or [B, O]) hold a NaN or +inf (-inf marks an
     excluded token, which is fine): no distribution, so nothing drawn from it may be trusted."""
     bad = (torch.isnan(logits) | torch.isposinf(logits)).any(-1) & used  # [B] or [B, O]
     return bad if bad.dim() == 1 else bad.any(-1)
 
 
-def _result(
+def step_result(
     num_accepted: torch.Tensor,
     token: torch.Tensor,
     eos_ids: torch.Tensor,
@@ -169,8 +186,8 @@ def draft_step(
     for k in range(count):
         if k > 0:  # feed the token drawn last
             block = fed_block(state.tokens, ends + k - 1, ends + k, going, 1)
-        logits = _processed(runner, state, block, 1)[:, 0]  # [B, V]
-        broken = broken | _broken(logits, going)
+        logits = processed_logits(runner, state, block, 1)[:, 0]  # [B, V]
+        broken = broken | broken_logits(logits, going)
         position = ends + k  # [B]
         drawn, lse = sample(
             logits, meta.temperature, meta.seeds, position, 0, DRAFT, meta.greedy, use_kernel=use_kernel
@@ -203,7 +220,7 @@ def verify_step(
     starts, ends, outs, active = spans[0], spans[1], spans[2], spans[3].bool()
     meta, drafts = state.sampling, out_width - 1  # D draft columns
     rows = torch.arange(state.num_rows, device=ends.device)
-    logits = _processed(runner, state, fed_block(state.tokens, starts, ends, active, width), out_width)
+    logits = processed_logits(runner, state, fed_block(state.tokens, starts, ends, active, width), out_width)
     num_drafts = torch.where(active, ends - outs - 1, 0)  # [B]
     columns = torch.arange(drafts + 1, device=ends.device)  # [D + 1]
     positions = ends[:, None] - drafts + columns  # [B, D + 1]: the token each column's p is for
@@ -228,7 +245,9 @@ def verify_step(
         emitted = active[:, None] & (columns >= drafts - num_drafts[:, None])  # [B, D + 1]
         keep_emitted(state, rows, state.ring_slot(positions.clamp(min=0), emitted), logits, result)
     used = active[:, None] & (columns >= drafts - num_drafts[:, None])  # [B, D + 1]: drafts and bonus
-    return _result(result.num_accepted, result.next_token, meta.eos_ids, active, _broken(logits, used))
+    return step_result(
+        result.num_accepted, result.next_token, meta.eos_ids, active, broken_logits(logits, used)
+    )
 
 
 def keep_emitted(
@@ -358,9 +377,13 @@ class LevelStep:
         compile: bool = False,
         compile_after_uses: int = COMPILE_AFTER_USES,
         point_mass: bool = False,
+        tree_below: Runner | None = None,
     ) -> None:
         self.runner, self.level, self.top, self.compile = runner, level, top, compile
         self.point_mass = point_mass  # it verifies a lookup level's proposals
+        # A token tree at level 0 (docs/design.md, "Token trees in the engine"): level 0 drafts
+        # trees; level 1 verifies them and moves the accepted path in level 0's cache too.
+        self.tree_below = tree_below
         self.compile_after_uses = compile_after_uses  # 1: every shape compiles at once (profiling)
         self.functions: dict[tuple, Callable] = {}
         self.compiled: dict[tuple, list[tuple[int, int]]] = {}  # (kind, structure) -> compiled shapes
@@ -369,15 +392,22 @@ class LevelStep:
 
     @classmethod
     def of(
-        cls, runner: Runner, level: int, top: int, compile: bool = False, point_mass: bool = False
+        cls,
+        runner: Runner,
+        level: int,
+        top: int,
+        compile: bool = False,
+        point_mass: bool = False,
+        tree_below: Runner | None = None,
     ) -> LevelStep:
         """The step of ``runner`` at this place in a hierarchy (``point_mass``: above a lookup
-        level), kept with the runner so that what was built (and compiled) for it serves every later
-        run, unless the model changed since."""
+        level; ``tree_below``: level 1 verifying the token trees this level 0 runner drafts), kept
+        with the runner so that what was built (and compiled) for it serves every later run, unless
+        the model changed since."""
         steps = _STEPS.setdefault(runner, {})
-        key = (level, top, compile, point_mass)
+        key = (level, top, compile, point_mass, None if tree_below is None else id(tree_below))
         if key not in steps or steps[key].fingerprint != _fingerprint(runner):
-            steps[key] = cls(runner, level, top, compile, point_mass=point_mass)
+            steps[key] = cls(runner, level, top, compile, point_mass=point_mass, tree_below=tree_below)
         return steps[key]
 
     @staticmethod
@@ -418,6 +448,15 @@ class LevelStep:
             use_kernel = False if compiled else state.sampling.use_kernel  # compiled: traced torch
             if kind == "feed":
                 fn = functools.partial(feed_step, self.runner, width=width)
+            elif kind.startswith("tree"):  # imported here: tree_steps builds on this module
+                from hsd_fast import tree_steps
+
+                if kind == "tree draft":
+                    fn = functools.partial(tree_steps.tree_draft_step, self.runner, width=width)
+                else:
+                    fn = functools.partial(
+                        tree_steps.tree_verify_step, self.runner, self.tree_below, width=width, keep_q=keep_q
+                    )
             elif kind == "draft":
                 fn = functools.partial(
                     draft_step,
@@ -462,15 +501,21 @@ class LevelStep:
         )
         device = state.tokens.device
         started = time.perf_counter()  # the head chunks below are forwards too, not the engine's host work
-        longest = int((full[1] - full[0]).max())
+        # What is fed in chunks: the span, or before a token tree's verification, the span up to
+        # the tree (its nodes follow in the step).
+        span_ends = full[2] + 1 if self.tree_below is not None else full[1]
+        longest = int((span_ends - full[0]).max())
         if longest > MAX_WIDTH:  # long spans (prompts): their heads first, MAX_WIDTH at a time
-            for head_start, head_end in head_chunks(full[0], full[1], MAX_WIDTH):
+            for head_start, head_end in head_chunks(full[0], span_ends, MAX_WIDTH):
                 chunk = np.stack([head_start, head_end, head_end, head_end > head_start, head_end * 0])
                 self.function("feed", MAX_WIDTH, 0, state)(state, torch.from_numpy(chunk).to(device))
                 full[0] = np.maximum(full[0], head_end)
-            longest = int((full[1] - full[0]).max())
+            longest = int((span_ends - full[0]).max())
         prefill = bool((full[0, rows] == 0).any())
-        if self.level == 0:
+        if state.tree is not None and self.level <= 1:  # a token tree: its shape is the tree's
+            kind = "tree draft" if self.level == 0 else "tree verify"
+            fn = self.choose(kind, bucket(max(longest, 1)), 0, state, prefill)
+        elif self.level == 0:
             drawn = int(full[4].max())
             fixed = self.compile and count is not None and drawn <= count and not prefill
             fn = self.choose("draft", bucket(longest), count if fixed else drawn, state, prefill)

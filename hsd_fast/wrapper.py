@@ -17,6 +17,7 @@ import torch
 from hsd_fast.engine import check_block_sizes
 from hsd_fast.hf_generate import DEFAULT_T, EndOnce, check_drafts, check_input_ids, generate
 from hsd_fast.hierarchy import Hierarchy
+from hsd_fast.tree import Tree
 
 
 class HSDModel:
@@ -30,6 +31,7 @@ class HSDModel:
         T: Sequence[int] | None = None,
         hierarchy: Hierarchy | None = None,
         compile: bool | str = "auto",
+        tree: Tree | None = None,
     ) -> None:
         if hierarchy is not None:
             if drafts or T is not None:
@@ -41,7 +43,7 @@ class HSDModel:
         lookup, models = check_drafts(drafts)
         self.drafts = [*([] if lookup is None else [lookup]), *models]  # "lookup" as its LookupDraft
         self.T = check_block_sizes([DEFAULT_T] * len(self.drafts) if T is None else T, len(self.drafts), "T")
-        self.compile = compile
+        self.compile, self.tree = compile, tree
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names not found on the wrapper: config, device, generation_config, ...
@@ -52,7 +54,7 @@ class HSDModel:
         return getattr(target, name)
 
     def generate(self, inputs: torch.Tensor | None = None, **kwargs: Any) -> Any:
-        for name in ("custom_generate", "assistant_model", "drafts", "T", "hierarchy"):
+        for name in ("custom_generate", "assistant_model", "drafts", "T", "hierarchy", "tree"):
             if kwargs.get(name) is not None:
                 raise ValueError(f"HSDModel.generate: {name}= is set by the wrapper, not per call")
         # HF's own errors for a list or a 1-D tensor are an AttributeError and an IndexError: say what
@@ -68,6 +70,7 @@ class HSDModel:
                 custom_generate=generate,
                 drafts=self.drafts,
                 T=self.T,
+                tree=self.tree,
                 hsd_streamer=streamer,
                 **{"compile": self.compile, **kwargs},  # compile= may be given per call
             )
@@ -82,8 +85,9 @@ def wrap(
     T: Sequence[int] | None = None,
     hierarchy: Hierarchy | None = None,
     compile: bool | str = "auto",
+    tree: Tree | None = None,
 ) -> HSDModel:
     """HSD with ``drafts`` (smallest first) under ``target``, or the ``hierarchy`` that
-    ``hsd_fast.select_hierarchy`` picked: ``wrap(target, drafts).generate(...)``. ``compile`` as in
-    ``hsd_fast.generate``."""
-    return HSDModel(target, drafts, T, hierarchy, compile)
+    ``hsd_fast.select_hierarchy`` picked: ``wrap(target, drafts).generate(...)``. ``compile`` and
+    ``tree`` as in ``hsd_fast.generate``."""
+    return HSDModel(target, drafts, T, hierarchy, compile, tree)

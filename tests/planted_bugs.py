@@ -10,7 +10,8 @@ from unittest import mock
 
 import torch
 
-from hsd_fast import steps
+from hsd_fast import steps, tree_steps
+from hsd_fast.triton_kernels import tree_torch
 
 
 @contextlib.contextmanager
@@ -76,4 +77,52 @@ def correction_drawn_from_p() -> Iterator[None]:
         return result._replace(next_token=torch.where(rejected, from_p, result.next_token))
 
     with mock.patch.object(steps, "verify", buggy):
+        yield
+
+
+# ---------------------------------------------------------------- token trees (tree_torch, tree_steps)
+@contextlib.contextmanager
+def q_not_updated_after_a_rejected_sibling() -> Iterator[None]:
+    """Planted bug (a): after a rejected sibling, p becomes the residual but q keeps the tried token."""
+    after_rejection = tree_torch.after_rejection
+
+    def buggy(p_weights, p_mass, q, x, logp, reject):
+        p_weights, p_mass, _ = after_rejection(p_weights, p_mass, q, x, logp, reject)
+        return p_weights, p_mass, q
+
+    with mock.patch.object(tree_torch, "after_rejection", buggy):
+        yield
+
+
+@contextlib.contextmanager
+def siblings_share_one_accept_uniform() -> Iterator[None]:
+    """Planted bug (b): the accept test keyed by the position alone, so siblings share its uniform."""
+    accept_uniform = tree_torch.accept_uniform
+
+    def buggy(seeds, level, child_keys):
+        return accept_uniform(seeds, level, child_keys & ((1 << tree_torch.COLUMN_SHIFT) - 1))
+
+    with mock.patch.object(tree_torch, "accept_uniform", buggy):
+        yield
+
+
+@contextlib.contextmanager
+def tree_residual_stored_as_q() -> Iterator[None]:
+    """Planted bug (c): the token after a path stored with the residual max(0, p - q) it may have
+    been drawn from (q: level 0's at that context), not with the verifier's p; level 2 then
+    verifies it against the wrong q. Assumes temperature 1."""
+    keep = tree_steps.keep_tree_emitted
+
+    def buggy(state, tree_start, path, emitted, active, logits, lse) -> None:
+        rows = torch.arange(len(tree_start))
+        contexts = torch.cat([torch.zeros_like(path[:, :1]), path + 1], 1).clamp(min=0)
+        context = contexts[rows, emitted.clamp(max=path.shape[1])]  # [B] where the extra token was drawn
+        p = torch.softmax(logits[rows, context].float(), -1)
+        q = torch.softmax(state.tree.q_logits[rows, context].float(), -1)
+        residual = (p - q).clamp_min(0).log()  # [B, V]
+        logits = logits.clone()
+        logits[rows, context] = residual.to(logits.dtype)
+        keep(state, tree_start, path, emitted, active, logits, torch.logsumexp(logits.float(), -1))
+
+    with mock.patch.object(tree_steps, "keep_tree_emitted", buggy):
         yield

@@ -11,17 +11,13 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from unittest import mock
-
 import pytest
 import torch
+from planted_bugs import q_not_updated_after_a_rejected_sibling, siblings_share_one_accept_uniform
 
 from hsd_fast.testing.exactness import pooled_chi_square
 from hsd_fast.testing.tables import TableModel, table_family
 from hsd_fast.tree import Tree
-from hsd_fast.triton_kernels import tree_torch
 from hsd_fast.triton_kernels.keyed_random_torch import DRAFT
 from hsd_fast.triton_kernels.rejection_torch import verify_torch
 from hsd_fast.triton_kernels.sampling_torch import sample_torch
@@ -133,32 +129,7 @@ def test_sampled_tree_decoding_is_exact(name: str, temperature: float, top_k: in
     assert pooled_chi_square(samples, _exact(family[-1], temperature, top_k)).p_value > 1e-3
 
 
-@contextlib.contextmanager
-def q_not_updated_after_a_rejected_sibling() -> Iterator[None]:
-    """Planted bug (a): after a rejected sibling, p becomes the residual but q keeps the tried token."""
-    after_rejection = tree_torch.after_rejection
-
-    def buggy(p_weights, p_mass, q, x, logp, reject):
-        p_weights, p_mass, _ = after_rejection(p_weights, p_mass, q, x, logp, reject)
-        return p_weights, p_mass, q
-
-    with mock.patch.object(tree_torch, "after_rejection", buggy):
-        yield
-
-
-@contextlib.contextmanager
-def siblings_share_one_accept_uniform() -> Iterator[None]:
-    """Planted bug (b): the accept test keyed by the position alone, so siblings share its uniform."""
-    accept_uniform = tree_torch.accept_uniform
-
-    def buggy(seeds, level, child_keys):
-        return accept_uniform(seeds, level, child_keys & ((1 << tree_torch.COLUMN_SHIFT) - 1))
-
-    with mock.patch.object(tree_torch, "accept_uniform", buggy):
-        yield
-
-
-PLANTED = [q_not_updated_after_a_rejected_sibling, siblings_share_one_accept_uniform]
+PLANTED = [q_not_updated_after_a_rejected_sibling, siblings_share_one_accept_uniform]  # planted_bugs.py
 
 
 @pytest.mark.parametrize("planted", PLANTED)

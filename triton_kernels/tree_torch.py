@@ -54,7 +54,9 @@ COLUMN_SHIFT = 24
 
 def node_key(positions: torch.Tensor, columns: torch.Tensor | int) -> torch.Tensor:
     """The key position of a token at absolute ``positions`` in tree column ``columns`` (int64)."""
-    if bool((positions >= 1 << COLUMN_SHIFT).any()) or bool((positions < 0).any()):
+    # Checked eagerly; a compiled step cannot raise on data (its caller checks the run's positions).
+    out_of_range = (positions >= 1 << COLUMN_SHIFT) | (positions < 0)
+    if not torch.compiler.is_compiling() and bool(out_of_range.any()):
         raise ValueError(f"tree positions must lie in [0, 2**{COLUMN_SHIFT}) to leave room for the column")
     return positions | (torch.as_tensor(columns, device=positions.device) << COLUMN_SHIFT)
 
@@ -201,7 +203,7 @@ def verify_tree_torch(
         finished = going & (is_leaf[node] | stops[rows, node])  # the bonus follows an accepted leaf
         log_weights = torch.where(finished[:, None], logp_all[rows, context], log_weights)
         done = done | finished
-        if bool(done.all()):
+        if not torch.compiler.is_compiling() and bool(done.all()):  # eager: stop early; compiled: static
             break
     keys = context_keys[rows, context]  # [B] the key of the context the path ended at
     if greedy:

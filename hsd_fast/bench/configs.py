@@ -18,6 +18,7 @@ import torch
 import hsd_fast
 from hsd_fast.lookup import as_lookup
 from hsd_fast.stats import HSDStats
+from hsd_fast.tree import Tree
 
 Generate = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, HSDStats | None]]
 
@@ -99,8 +100,13 @@ def ours(
     max_new_tokens: int,
     compile: bool = True,
     name: str | None = None,
+    tree: Tree | None = None,
 ) -> Config:
+    """Our engine with the drafts ``chain`` (smallest first) and block sizes ``T``; ``tree``: the
+    smallest drafts that token tree (``T[0]`` is then unused)."""
     kwargs = _hf_kwargs(sampling, max_new_tokens) | {"compile": compile, "output_hsd_stats": True, "seed": 0}
+    if tree is not None:
+        kwargs["tree"] = tree
     models = [as_lookup(d) or drafts[d] for d in chain]  # "lookup": the model-free level
 
     def run(ids, mask):
@@ -110,4 +116,6 @@ def ours(
         return out.sequences, out.hsd_stats
 
     label = name or ("ours, no draft" if not chain else f"ours, {' > '.join([*chain, 'target'])} T={list(T)}")
+    if tree is not None and name is None:
+        label = f"ours, {' > '.join([*chain, 'target'])}, tree {tree} T={list(T[1:])}"
     return Config(label, "ours", run, chain=tuple(chain), T=tuple(T))

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -112,3 +112,50 @@ def _plot(path: Path, title: str, rows: list[dict]) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def script_arguments(doc: str, batches: Sequence[int], passes: int, **extra: dict) -> argparse.Namespace:
+    """The command line every end-to-end bench script takes (``bench/bench_*.py``): sampling,
+    batch sizes, prompts, passes, new tokens and the output folder; ``extra``: more options, by
+    name (``--name``), each with its ``add_argument`` keywords. ``.sampling`` holds the sampling
+    arguments of ``generate`` they ask for."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    for name, options in extra.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", **options)
+    parser.add_argument("--do-sample", action="store_true", help="temperature 0.8 (default: greedy)")
+    parser.add_argument("--batch", type=int, nargs="+", default=list(batches))
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per set (repeated to fill a batch)")
+    parser.add_argument("--passes", type=int, default=passes)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = parser.parse_args()
+    args.sampling = {"do_sample": True, "temperature": 0.8} if args.do_sample else {"do_sample": False}
+    return args
+
+
+def measure_script(
+    scenario,  # hsd_fast.bench.scenarios.Scenario
+    args: argparse.Namespace,
+    configs_for: Callable[[int], list],  # batch size -> the configurations (hsd_fast.bench.configs)
+    prompt_sets: Sequence[str] = ("code",),
+) -> tuple[list[dict], int, int]:
+    """Measure a bench script's configurations batch by batch and prompt set by prompt set, as
+    ``hsd-fast bench`` does (interleaved passes, contended ones redone). Returns the rows and the
+    passes redone for contention and for compiling."""
+    from hsd_fast.bench.command import _batches, _measure  # the bench command imports this module
+    from hsd_fast.bench.timing import CpuMeter
+
+    rows, redone, recompiled, meter = [], 0, 0, CpuMeter()
+    for batch in args.batch:
+        configs = configs_for(batch)
+        for prompt_set in prompt_sets:
+            work = _batches(scenario.prompt_sets[prompt_set][: args.prompts], batch)
+            print(
+                f"batch {batch}, {prompt_set}: {len(configs)} configurations, warm-up, {args.passes} passes"
+            )
+            batch_rows, busy, compiling = _measure(
+                configs, work, args, meter, args.sampling, scenario, lambda: None
+            )
+            redone, recompiled = redone + busy, recompiled + compiling
+            rows += [{"batch": batch, "prompt_set": prompt_set, **row} for row in batch_rows]
+    return rows, redone, recompiled
