@@ -103,9 +103,9 @@ def _generate(
             raise TypeError(
                 f"hierarchy must be a Hierarchy (from select_hierarchy), got {type(hierarchy).__name__}"
             )
-        if drafts or T is not None:
-            raise ValueError("pass either hierarchy= or drafts=/T=, not both")
-        drafts, T = hierarchy.drafts, hierarchy.T
+        if drafts or T is not None or tree is not None:
+            raise ValueError("pass either hierarchy= or drafts=/T=/tree=, not both")
+        drafts, T, tree = hierarchy.drafts, hierarchy.T, hierarchy.tree
     lookup, drafts = check_drafts(drafts)
     bottom = [] if lookup is None else [lookup]  # a lookup level sits below the draft models
     num_drafts = len(bottom) + len(drafts)

@@ -20,16 +20,28 @@ from hsd_fast.lookup import LookupDraft, as_lookup
 from hsd_fast.processors import generation_sampling
 from hsd_fast.profile import ProfileCache, ProfileNoiseWarning, measured_latency
 from hsd_fast.selector import Selection, select
+from hsd_fast.tree import Tree
+from hsd_fast.tree_latency import tree_acceptance, tree_cost
 
 SAMPLING_KWARGS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p")
 
 
 @dataclass(frozen=True)
-class Hierarchy:
-    """Draft models (smallest first) and their block sizes T, with what the selector predicted.
+class TreeDraft:
+    """A candidate level 0: ``model`` drafting the token tree ``tree``."""
 
-    ``selection.chain`` indexes the candidate list given to ``select_hierarchy`` (the target last);
-    ``runner_ups`` are the next-best hierarchies, bound the same way."""
+    model: torch.nn.Module
+    tree: Tree
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """Draft models (smallest first) and their block sizes T, with what the selector predicted;
+    ``tree``: the token tree the first draft drafts (``T[0]`` is then its depth).
+
+    ``selection.chain`` indexes the candidates ``select_hierarchy`` profiled: the ones it was given,
+    then the tree candidates it made (``tree_sizes``), the target last; ``runner_ups`` are the
+    next-best hierarchies, bound the same way."""
 
     drafts: tuple[torch.nn.Module | LookupDraft, ...]  # a LookupDraft only first
     T: tuple[int, ...]
@@ -38,15 +50,21 @@ class Hierarchy:
     measured_latency: float | None = None  # seconds per token measured with the engine (NaN: too noisy)
     cost_noise: float = 0.0  # relative standard error of the step costs it was chosen on (0: unknown)
     within_noise: bool = False  # its predicted advantage is smaller than that noise can resolve
+    tree: Tree | None = None
 
     @classmethod
-    def bind(cls, selection: Selection, models: Sequence[torch.nn.Module | LookupDraft]) -> Hierarchy:
+    def bind(
+        cls, selection: Selection, models: Sequence[torch.nn.Module | LookupDraft | TreeDraft]
+    ) -> Hierarchy:
         """``selection`` with its drafts taken from ``models`` (the candidates, the target last)."""
+        drafts = [models[i] for i in selection.chain[:-1]]
+        tree = drafts[0].tree if drafts and isinstance(drafts[0], TreeDraft) else None
         return cls(
-            drafts=tuple(models[i] for i in selection.chain[:-1]),
-            T=selection.T,
+            drafts=tuple(d.model if isinstance(d, TreeDraft) else d for d in drafts),
+            T=selection.T if tree is None else (tree.depth, *selection.T[1:]),
             selection=selection,
             runner_ups=tuple(cls.bind(s, models) for s in selection.runner_ups),
+            tree=tree,
         )
 
     @property
@@ -79,6 +97,7 @@ def select_hierarchy(
     progress: bool = True,
     compile: bool = False,
     clock: Callable[[], float] = time.perf_counter,
+    tree_sizes: Sequence[int] = (),
     **generation_kwargs,
 ) -> Hierarchy:
     """Profile ``candidates`` and ``target`` (costs at ``context`` cached tokens, default the prompt
@@ -90,7 +109,9 @@ def select_hierarchy(
     every timing reads (tests inject a fake one). One candidate may be a lookup level
     (``"lookup"`` or a ``LookupDraft``): it is profiled by replaying the target's own continuations
     of ``prompts`` (how much it offers, how much each model accepts, its host seconds per call) and
-    can only be level 0.
+    can only be level 0. ``tree_sizes``: also consider every model candidate drafting a token
+    tree of each of these sizes, the best tree for its measured rank acceptance under each model
+    that could verify it (docs/design.md, "Choosing a tree"); the pick's ``tree`` says which.
 
     A profile is only as good as the machine was quiet: the returned ``Hierarchy`` carries the
     costs' relative noise (``cost_noise``), and when the pick's predicted speed-up over
@@ -123,6 +144,10 @@ def select_hierarchy(
             spec, models, prompts, transform, greedy, max_T, progress, generation_kwargs, clock=clock
         )
         costs, alpha = with_lookup_level(costs, alpha, at, lookup_cost, rates)
+    if tree_sizes:
+        costs, alpha, everything = with_tree_candidates(
+            costs, alpha, everything, tree_sizes, max_T, cache, prompts, transform, greedy, progress
+        )
     cache.save()
     pick = Hierarchy.bind(select(costs, alpha, max_T=max_T), everything)
     noise = max(c.noise for c in costs)
@@ -136,6 +161,64 @@ def select_hierarchy(
         )
         pick = replace(pick, measured_latency=seconds)
     return pick
+
+
+def with_tree_candidates(
+    costs: Sequence[Cost],
+    alpha: Sequence[Sequence[Acceptance]],
+    everything: Sequence[torch.nn.Module | LookupDraft],  # the candidates, the target last
+    sizes: Sequence[int],
+    max_T: int,
+    cache: ProfileCache,
+    prompts: torch.Tensor,
+    transform,
+    greedy: bool,
+    progress: bool,
+) -> tuple[list[Cost], list[list[Acceptance]], list]:
+    """Candidates extended by token trees (inserted before the target): for every model d and every
+    model m costlier than it, and every size n, the best tree of n nodes (at most ``max_T`` deep)
+    for d's rank acceptance under m, drafted by d (unless that tree is a chain: an ordinary block).
+    A tree candidate can only be level 0 (its cost is a ``TreeCost``); its acceptance towards a
+    model x is the tree's per-position acceptance under d's rank acceptance towards x (0 towards
+    models no costlier than d, and towards the other candidates)."""
+    models = [i for i, c in enumerate(everything) if not isinstance(c, LookupDraft)]
+    above = {d: [m for m in models if costs[m](1) > costs[d](1)] for d in models[:-1]}
+    pairs = [(d, m) for d, ms in above.items() for m in ms]
+    if not pairs:
+        return list(costs), [list(row) for row in alpha], list(everything)
+    ranks = cache.rank_acceptance(everything, pairs, prompts, transform, greedy, MAX_TREE_RANK, progress)
+    found: dict[tuple[int, Tree], None] = {}
+    for d, m in pairs:
+        for n in sizes:
+            if not any(ranks[(d, m)]):
+                continue
+            tree = Tree.optimal(n, ranks[(d, m)], max_depth=max_T)
+            if not tree.is_chain:  # a chain is an ordinary block: already a candidate
+                found[(d, tree)] = None
+    top = len(everything) - 1  # new candidates go before the target
+    out_costs = [*costs[:top], *(tree_cost(tree, costs[d]) for d, tree in found), costs[top]]
+    out_everything = [
+        *everything[:top],
+        *(TreeDraft(everything[d], tree) for d, tree in found),
+        everything[top],
+    ]
+    size = len(out_costs)
+    out_alpha = [[1.0] * size for _ in range(size)]
+    old = [*range(top), *([None] * len(found)), top]  # each new index's index in `alpha`
+    for i, a in enumerate(old):
+        for j, b in enumerate(old):
+            if a is not None and b is not None:
+                out_alpha[i][j] = alpha[a][b]
+    for k, (d, tree) in enumerate(found):
+        i = top + k
+        for j, b in enumerate(old):
+            rates = ranks.get((d, b)) if b is not None else None
+            out_alpha[i][j] = out_alpha[j][i] = tree_acceptance(tree, rates) if rates else 0.0
+    return out_costs, out_alpha, out_everything
+
+
+MAX_TREE_RANK = 4
+"""Ranks measured for token trees: a context's fifth candidate is rarely worth a node."""
 
 
 def with_lookup_level(

@@ -112,6 +112,44 @@ class LookupCost:
         return out
 
 
+@dataclass(frozen=True)
+class TreeCost:
+    """A model that drafts a token tree at level 0 (docs/design.md, "Choosing a tree"): one step
+    drafts the whole tree (a forward for the token before it, then one per depth but the last over
+    that depth's ``widths[d]`` nodes), whatever T; the block the level above verifies is the tree's
+    depth, and that verification feeds all its nodes (+ 1). Its acceptance towards a verifier is
+    per position (``tree_latency.tree_acceptance``)."""
+
+    model: Cost  # the drafting model's step cost
+    widths: tuple[int, ...]  # nodes per depth
+
+    def __call__(self, n: int) -> float:  # what ordering by c(1) reads: the model's
+        return self.model(n)
+
+    @property
+    def noise(self) -> float:
+        return getattr(self.model, "noise", 0.0)
+
+    def draft(self, k: int) -> float:
+        return draft_seconds(self.model, 1) + sum(self.model(w) for w in self.widths[:-1])
+
+    def decode(self) -> float:
+        raise ValueError("a token tree needs a model above it to verify it")
+
+    def block(self, T: int) -> dict[int, float]:
+        return {len(self.widths): 1.0}
+
+    def fed(self, block: int) -> int:
+        return sum(self.widths) + 1
+
+
+def verify_tokens(below: Cost, block: int) -> int:
+    """Tokens a verification of ``block`` tokens of the level ``below`` feeds: the block and the
+    token before it, or a token tree's nodes and the token before them."""
+    fed = getattr(below, "fed", None)
+    return fed(block) if fed is not None else block + 1
+
+
 def block_sizes(cost: Cost, T: int) -> dict[int, float]:
     """The distribution of the block a level-0 call returns: exactly T for a model that drafts, a
     random 0..T for a lookup level."""
@@ -184,7 +222,8 @@ def level_outcomes(
     outcomes = [LevelOutcome(block_sizes(costs[0], T[0]), draft_seconds(costs[0], T[0]), 1.0)]
     for i in range(1, len(costs) - 1):
         below, a, target = outcomes[-1], alphas[i - 1], T[i]
-        step_cost = below.cost + below.mean(lambda b, c=costs[i]: c(b + 1))
+        fed = (lambda b: verify_tokens(costs[0], b)) if i == 1 else (lambda b: b + 1)
+        step_cost = below.cost + below.mean(lambda b, c=costs[i], fed=fed: c(fed(b)))
         reach = [0.0] * target  # reach[s]: probability the running gain ever equals s (< T_i)
         reach[0] = 1.0
         returned: dict[int, float] = {}
@@ -209,7 +248,8 @@ def expected_latency(costs: Sequence[Cost], alphas: Sequence[Acceptance], T: Seq
         return decode_seconds(costs[0])
     below = level_outcomes(costs, alphas, T)[-1]
     top, a = costs[-1], alphas[-1]
-    return (below.cost + below.mean(lambda b: top(b + 1))) / below.mean(lambda b: expected_gain(a, b))
+    fed = (lambda b: verify_tokens(costs[0], b)) if len(costs) == 2 else (lambda b: b + 1)
+    return (below.cost + below.mean(lambda b: top(fed(b)))) / below.mean(lambda b: expected_gain(a, b))
 
 
 def fixed_block_latency(costs: Sequence[Cost], alphas: Sequence[Acceptance], T: Sequence[int]) -> float:
@@ -222,7 +262,7 @@ def fixed_block_latency(costs: Sequence[Cost], alphas: Sequence[Acceptance], T: 
     produce = draft_seconds(costs[0], T[0])  # seconds for level 0 to produce its block
     block = block_sizes(costs[0], T[0])
     for i in range(1, len(costs)):
-        verify = sum(p * costs[i](b + 1) for b, p in block.items())
+        verify = sum(p * costs[i](verify_tokens(costs[0], b) if i == 1 else b + 1) for b, p in block.items())
         gain = mean_gain(alphas[i - 1], block)
         if i == len(costs) - 1:
             return (verify + produce) / gain
@@ -260,7 +300,8 @@ def simulate(
         while total < T[i]:
             b, c = produce(i - 1)
             gain = _draw_gain(rng, alphas[i - 1], b)
-            spent += c + costs[i](b + 1 + (behind[i] if engine else 0))
+            fed = verify_tokens(costs[0], b) if i == 1 else b + 1
+            spent += c + costs[i](fed + (behind[i] if engine else 0))
             behind[i] = 0
             for lower in range(i):
                 behind[lower] += 1  # the correction/bonus of level i is new to every level below
@@ -274,7 +315,8 @@ def simulate(
             per_round_tokens.append(1)
             continue
         b, c = produce(top - 1)
-        per_round_cost.append(c + costs[top](b + 1 + (behind[top] if engine else 0)))
+        fed = verify_tokens(costs[0], b) if top == 1 else b + 1
+        per_round_cost.append(c + costs[top](fed + (behind[top] if engine else 0)))
         behind[top] = 0
         for lower in range(top):
             behind[lower] += 1

@@ -65,6 +65,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=non_negative_int, help="0: no top-k")
     p.add_argument("--top-p", type=probability)
     p.add_argument("--max-T", type=positive_int, default=8)
+    p.add_argument(
+        "--trees",
+        type=positive_int,
+        nargs="+",
+        default=[],
+        metavar="N",
+        help="also consider each draft drafting a token tree of N nodes (the best for its rank acceptance)",
+    )
     p.add_argument("--context", type=positive_int, default=96, help="cached tokens when timing forwards")
     p.add_argument("--measure", action="store_true", help="run every listed hierarchy with the engine")
     p.add_argument("--prompt-len", type=positive_int, default=64, help="prompt tokens per measured row")
@@ -229,9 +237,10 @@ def run(args: argparse.Namespace) -> int:
         context=args.context,
         cache=cache,
         max_T=args.max_T,
+        tree_sizes=args.trees,
         **sampling,
     )
-    labels = [*candidate_names, target_name]
+    names_of = {id(model): name for name, model in models.items()}
     rows = []
     measured_ar = None
     if args.measure:
@@ -239,8 +248,9 @@ def run(args: argparse.Namespace) -> int:
     for rank, h in enumerate([pick, *pick.runner_ups]):
         row = {
             "rank": rank,
-            "chain": [labels[i] for i in h.chain],
+            "chain": [*(names_of.get(id(d), LOOKUP) for d in h.drafts), target_name],
             "T": list(h.T),
+            "tree": "" if h.tree is None else repr(h.tree),
             "predicted_tok_s": 1 / h.predicted_latency,
             "predicted_speedup_over_ar": h.speedup_over_ar,
             "predicted_speedup_over_best_single": h.speedup_over_best_single,
@@ -273,8 +283,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _table(rows: list[dict], measured: bool) -> list[str]:
-    columns = ["#", "chain", "T", "predicted tok/s", "pred. x AR", "pred. x best single"]
-    keys = ["rank", "chain", "T", "predicted_tok_s", "predicted_speedup_over_ar"]
+    columns = ["#", "chain", "T", "tree", "predicted tok/s", "pred. x AR", "pred. x best single"]
+    keys = ["rank", "chain", "T", "tree", "predicted_tok_s", "predicted_speedup_over_ar"]
     keys += ["predicted_speedup_over_best_single"]
     if measured:
         columns += ["measured tok/s", "meas. x AR", "measured / predicted latency"]

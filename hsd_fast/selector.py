@@ -30,6 +30,7 @@ from hsd_fast.latency import (
     draft_seconds,
     expected_latency,
     mean_gain,
+    verify_tokens,
 )
 
 
@@ -62,7 +63,7 @@ def select(
     drafts = _drafts_in_cost_order(costs)
     finals = fixed_block_candidates(costs, alpha, max_T, keep)
     shortlisted = {chain for _, chain in finals[:rescore]}
-    shortlisted |= {((m, t),) for m in drafts for t in range(1, max_T + 1)} | {()}  # every single draft, AR
+    shortlisted |= {((m, t),) for m in drafts for t in _block_sizes_of(costs[m], max_T)} | {()}  # + AR
 
     # The decomposable form ranks T's a little differently from the exact recursion: polish each
     # shortlisted chain's T by coordinate descent on the exact latency.
@@ -104,10 +105,10 @@ def fixed_block_candidates(
     # best[(m, T)]: up to `keep` (cost of producing T tokens at m, chain of (model, T) up to m)
     best: dict[tuple[int, int], list[tuple[float, tuple[tuple[int, int], ...]]]] = {}
     for pos, m in enumerate(drafts):
-        for t in range(1, max_T + 1):
+        for t in _block_sizes_of(costs[m], max_T):
             options = [(draft_seconds(costs[m], t), ((m, t),))]
             for below in drafts[:pos] if not _is_lookup(costs[m]) else ():
-                for t_below in range(1, max_T + 1):
+                for t_below in _block_sizes_of(costs[below], max_T):
                     for value, chain in best[(below, t_below)]:
                         verify, gain = _verify_and_gain(costs, alpha, chain, m)
                         options.append((t / gain * (verify + value), (*chain, (m, t))))
@@ -125,11 +126,20 @@ def _verify_and_gain(costs, alpha, chain, m: int) -> tuple[float, float]:
     block is T' for a chain of models, random for a lookup level alone."""
     below, t_below = chain[-1]
     block = block_sizes(costs[below], t_below) if len(chain) == 1 else {t_below: 1.0}
-    verify = sum(p * costs[m](b + 1) for b, p in block.items())
+    fed = (lambda b: verify_tokens(costs[below], b)) if len(chain) == 1 else (lambda b: b + 1)
+    verify = sum(p * costs[m](fed(b)) for b, p in block.items())
     return verify, mean_gain(alpha[below][m], block)
 
 
+def _block_sizes_of(cost: Cost, max_T: int) -> range:
+    """The T's worth trying for a candidate: 1..max_T, or only 1 for a token tree (its block is the
+    tree, whatever T: every T would score the same)."""
+    return range(1, 2) if hasattr(cost, "fed") else range(1, max_T + 1)
+
+
 def _is_lookup(cost: Cost) -> bool:
+    """A level-0-only candidate: a lookup level, or a model drafting a token tree (a cost with its
+    own ``block``)."""
     return hasattr(cost, "block")
 
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 MAX_NODES = 256
 """The largest tree accepted: a verification feeds every node at once."""
@@ -112,6 +114,15 @@ class Tree:
             spine_node = first  # the top-ranked child continues the spine
         return cls(tuple(parents))
 
+    @classmethod
+    def optimal(cls, n: int, rank_acceptance: Sequence[float], max_depth: int | None = None) -> Tree:
+        """The tree of at most ``n`` nodes (and ``max_depth`` depths) whose accepted path is longest
+        on average when the rank-k candidate is accepted with probability ``rank_acceptance[k]``
+        given the earlier ones were rejected (``tree_latency.optimal_tree``)."""
+        from hsd_fast.tree_latency import optimal_tree  # the tree's value model lives there
+
+        return optimal_tree(n, rank_acceptance, max_depth)
+
     # ---------------------------------------------------------------------------------- properties
     @property
     def num_nodes(self) -> int:
@@ -150,6 +161,8 @@ class Tree:
     def ancestors(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """[n, n] bool: ``[i, j]`` where node j is node i or one of its ancestors (what node i attends
         to inside the tree; for a chain the lower triangle)."""
+        import torch  # here only: the topology is pure Python, and the latency model reads it
+
         n = self.num_nodes
         mask = torch.zeros(n, n, dtype=torch.bool)
         for i, p in enumerate(self.parents):

@@ -34,9 +34,9 @@ class HSDModel:
         tree: Tree | None = None,
     ) -> None:
         if hierarchy is not None:
-            if drafts or T is not None:
-                raise ValueError("pass either hierarchy= or drafts=/T=, not both")
-            drafts, T = hierarchy.drafts, hierarchy.T
+            if drafts or T is not None or tree is not None:
+                raise ValueError("pass either hierarchy= or drafts=/T=/tree=, not both")
+            drafts, T, tree = hierarchy.drafts, hierarchy.T, hierarchy.tree
         if not isinstance(target, torch.nn.Module):
             raise TypeError(f"target must be a model (torch.nn.Module), got {type(target).__name__}")
         self.target = target

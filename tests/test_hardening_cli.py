@@ -237,6 +237,7 @@ SELECT_ERRORS = [
     (["--temperature", "0"], "--temperature: expected a finite number > 0"),
     (["--temperature", "nan"], "--temperature: expected a finite number > 0"),
     (["--top-k", "-1"], "--top-k: expected an integer >= 0"),
+    (["--trees", "0"], "--trees: expected an integer >= 1"),
     (["--top-p", "1.5"], "--top-p: expected a number in (0, 1]"),
     (["--json", "report.md"], "would be overwritten by the markdown report"),
     (["--cache", "x.json", "--no-cache"], "not allowed with argument"),
@@ -296,6 +297,8 @@ def test_select_writes_both_halves_of_the_report(given, stem, tmp_path, monkeypa
     names = zoo.names()
     pick = types.SimpleNamespace(
         chain=[0, len(names) - 1],
+        drafts=(),
+        tree=None,
         T=[2],
         predicted_latency=0.01,
         speedup_over_ar=1.5,
@@ -303,7 +306,8 @@ def test_select_writes_both_halves_of_the_report(given, stem, tmp_path, monkeypa
         runner_ups=[],
     )
 
-    def fake_select(target, candidates, calibration, *, cache, **kwargs):
+    def fake_select(target, candidates, calibration, *, cache, tree_sizes, **kwargs):
+        assert tree_sizes == [4, 8]
         cache.save()  # as select_hierarchy does
         return pick
 
@@ -312,7 +316,16 @@ def test_select_writes_both_halves_of_the_report(given, stem, tmp_path, monkeypa
     blocker = tmp_path / "home"
     blocker.write_text("")
     out = tmp_path / "out"
-    argv = ["select", "--cache", str(blocker / "profiles.json"), "--json", str(out / given)]
+    argv = [
+        "select",
+        "--cache",
+        str(blocker / "profiles.json"),
+        "--json",
+        str(out / given),
+        "--trees",
+        "4",
+        "8",
+    ]
     with warnings.catch_warnings():
         warnings.simplefilter("error", ProfileCacheWarning)
         assert main(argv) == 0

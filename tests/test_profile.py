@@ -280,3 +280,22 @@ def test_profile_cache_keeps_the_noise(tmp_path) -> None:
     cache.save()
     again = ProfileCache(tmp_path / "profiles.json").costs(model, 12)
     assert again == measured and again.noise > 0
+
+
+def test_select_hierarchy_chooses_among_token_trees() -> None:
+    """Tree candidates of 4 and 6 nodes: where a wide verify costs little and the draft's second
+    guesses are often right, a tree is picked; it runs through ``generate(hierarchy=)`` (greedy = the
+    target's), and no chain configuration the selector also scored is predicted faster."""
+    clock = FakeClock(per_column=0.0001)  # a wide verify costs little: trees should pay
+    target = tiny_model("llama")
+    draft = clock.attach(noisy_copy(target, 0.3, seed=1), scale=1)  # its second guesses are often right
+    clock.attach(target, scale=10)
+    prompts = torch.randint(3, 96, (2, 16), generator=torch.Generator().manual_seed(1))
+    pick = hsd_fast.select_hierarchy(target, [draft], prompts, clock=clock, progress=False, tree_sizes=[4, 6])
+    assert pick.tree is not None, "a nearly free wide verify and useful second guesses: a tree should win"
+    assert pick.T[0] == pick.tree.depth and pick.drafts == (draft,)
+    chains = [h for h in pick.runner_ups if h.tree is None]
+    assert chains and all(pick.predicted_latency <= h.predicted_latency for h in chains)
+    expected = target.generate(prompts[:1], do_sample=False, max_new_tokens=12)
+    out = target.generate(prompts[:1], custom_generate=hsd_fast.generate, hierarchy=pick, max_new_tokens=12)
+    assert out.tolist() == expected.tolist()

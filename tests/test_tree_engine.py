@@ -28,6 +28,8 @@ from transformers import TopKLogitsWarper
 
 import hsd_fast
 from hsd_fast import LookupDraft, Tree, run_hsd
+from hsd_fast.hf_runner import HFRunner
+from hsd_fast.layout import FedBlock
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.testing.exactness import pooled_chi_square
 from hsd_fast.testing.tables import TableModel, TableRunner, table_family
@@ -218,3 +220,30 @@ def test_compiled_tree_steps_sample_what_the_eager_ones_do() -> None:
         assert compiled.tolist() == eager.tolist()
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0, "nothing was compiled"
     assert not torch._dynamo.utils.counters["graph_break"]
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("tree", [Tree.full([2, 2]), Tree.spine(3, 3)], ids=["full", "spine"])
+def test_caches_after_tree_runs_equal_a_chain_fed_cache(tree: Tree) -> None:
+    """After a run of tree verifications and moves, both levels' caches hold what feeding the
+    committed sequence as a chain gives (up to the positions they hold validly at the end)."""
+    target = tiny_model("llama", lm_head_scale=2.0)
+    draft = derived_drafts(target, 1)[0]
+    prompt = torch.tensor([5, 9, 11, 40, 3, 7, 12, 60])
+    runners = [HFRunner(draft, 96), HFRunner(target, 96)]
+    out = run_hsd(
+        runners, [prompt], block_sizes=[1], max_new_tokens=24, greedy=True, tree=tree, compile=False
+    )
+    sequence = out.sequences[0]
+    assert out.stats.accepted[1] > 0 and len(out.stats.accepted_by_rank) > 1, out.stats.summary()
+    for runner, held in zip(runners, [len(sequence) - 2, len(sequence) - 1], strict=True):
+        chain = HFRunner(runner.model, 96)
+        chain.prepare(1, len(sequence))
+        positions = torch.arange(held)[None]
+        chain.forward(
+            FedBlock(sequence[None, :held], positions, torch.ones_like(positions, dtype=torch.bool)), 1
+        )
+        for ours, theirs in zip(
+            runner.cache.keys + runner.cache.values, chain.cache.keys + chain.cache.values, strict=True
+        ):
+            torch.testing.assert_close(ours[:, :, :held], theirs[:, :, :held], atol=1e-5, rtol=1e-5)

@@ -76,7 +76,7 @@ def test_hierarchy_sets_drafts_and_block_sizes(target, drafts) -> None:
 def test_hierarchy_excludes_drafts_and_T(target, drafts, extra) -> None:
     pick = _hierarchy(target, drafts)
     extra = {k: drafts if v == "drafts" else v for k, v in extra.items()}
-    with pytest.raises(ValueError, match="either hierarchy= or drafts=/T=, not both"):
+    with pytest.raises(ValueError, match="either hierarchy= or drafts=/T=/tree=, not both"):
         hsd_fast.wrap(target, hierarchy=pick, **extra)
 
 

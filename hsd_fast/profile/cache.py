@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from hsd_fast.latency import Acceptance, LookupCost
 from hsd_fast.lookup import LookupDraft
 from hsd_fast.processors import LogitsTransform
-from hsd_fast.profile import lookup_replay
+from hsd_fast.profile import lookup_replay, rank_acceptance
 from hsd_fast.profile.acceptance_rates import acceptance, teacher_forced_scores
 from hsd_fast.profile.costs import CostProfile, forward_costs
 
@@ -220,6 +220,40 @@ class ProfileCache:
         for (j, m), key in keys.items():
             alpha[j][m] = alpha[m][j] = self.entries[key]
         return alpha
+
+    def rank_acceptance(
+        self,
+        models: Sequence[torch.nn.Module],
+        pairs: Sequence[tuple[int, int]],
+        ids: torch.Tensor,
+        transform: LogitsTransform,
+        greedy: bool,
+        max_rank: int,
+        progress: bool = True,
+    ) -> dict[tuple[int, int], tuple[float, ...]]:
+        """Rank acceptance (``profile.rank_acceptance``) of ``models[d]`` drafting token trees under
+        ``models[m]`` for every ``(d, m)`` of ``pairs``, teacher-forced on ``ids``. Each model's
+        logits are computed once for all the pairs it is in."""
+        names = {i: model_identity(models[i]) for pair in pairs for i in pair}  # models only, no lookup
+        sampling = sampling_key(transform, greedy)
+        keys = {
+            (d, m): f"ranks {max_rank} {names[d]} on {names[m]} {sampling} {ids_hash(ids)}" for d, m in pairs
+        }
+        missing = [pair for pair, key in keys.items() if not _rates(self.entries.get(key))]
+        if missing:
+            vocab = models[-1].get_output_embeddings().weight.shape[0]  # the target's
+            needed = sorted({i for pair in missing for i in pair})
+            logits = {
+                i: rank_acceptance.processed_logits(models[i], ids, transform, vocab)
+                for i in tqdm(needed, desc="rank acceptance forwards", disable=not progress)
+            }
+            for d, m in missing:
+                rates = rank_acceptance.rank_acceptance_of_logits(
+                    logits[d], logits[m].to(logits[d].device), max_rank, transform.temperature, greedy
+                )
+                self.entries[keys[(d, m)]] = list(rates)
+            self.changed = True
+        return {pair: tuple(self.entries[key]) for pair, key in keys.items()}
 
     def lookup(
         self,
