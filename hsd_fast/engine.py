@@ -144,6 +144,8 @@ def run_hsd(
     budget = np.broadcast_to(_token_counts(max_new_tokens, "max_new_tokens"), (num_rows,))
     prompt_lens = np.array([p.numel() for p in prompts], dtype=np.int64)
     budget_end = prompt_lens + budget  # [B] where each row's length budget ends
+    if tree is not None and int(budget_end.max()) + tree.depth >= 1 << COLUMN_SHIFT:  # the keys' field
+        raise ValueError(f"token trees need positions below 2**{COLUMN_SHIFT}")
     ledger = Ledger(num_levels, block_sizes, prompt_lens.tolist(), budget.tolist(), policy)
     sampling = SamplingMetadata.build(
         num_rows, prompts[0].device, seeds, temperature, eos_token_id, greedy, use_kernel
@@ -164,8 +166,6 @@ def run_hsd(
     window = speculative_window(block_sizes, int(budget.max()))
     state = DecodeState(prompts, positions, window, vocab, ring_dtype, sampling, transform, keep_q)
     if tree is not None:
-        if int(budget_end.max()) + tree.depth >= 1 << COLUMN_SHIFT:  # the keys' position field
-            raise ValueError(f"token trees need positions below 2**{COLUMN_SHIFT}")
         plan = TreePlan.of(tree, state.tokens.device)
         state.set_tree(TreeBuffers(plan, num_rows, vocab, ring_dtype, greedy))
     compiled = _decide_compile(compile, runners, block_sizes)

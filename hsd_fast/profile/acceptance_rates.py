@@ -51,8 +51,17 @@ def teacher_forced_scores(
     """``model``'s distribution of the token after each prefix ``ids[n, :i + 1]`` under the sampling
     ``transform``, over the target's ``vocab``: probabilities [N, L, V], or under greedy decoding
     the argmax [N, L]."""
-    ids = embeddable_ids(model, ids.to(next(model.parameters()).device))
-    logits = fit_logits(model(ids).logits, vocab)  # [N, L, V]
-    flat = transform(logits.reshape(-1, vocab)).float() / transform.temperature  # [N * L, V]
+    flat = teacher_forced_logits(model, ids, transform, vocab) / transform.temperature  # [N * L, V]
     scores = flat.argmax(-1) if greedy else torch.softmax(flat, -1)
     return scores.unflatten(0, ids.shape)
+
+
+@torch.inference_mode()
+def teacher_forced_logits(
+    model: torch.nn.Module, ids: torch.Tensor, transform: LogitsTransform, vocab: int
+) -> torch.Tensor:
+    """[N * L, V] fp32 ``model``'s logits after each prefix of ``ids`` ([N, L]), through the sampling
+    ``transform`` (temperature not applied), over the target's ``vocab``."""
+    ids = embeddable_ids(model, ids.to(next(model.parameters()).device))
+    logits = fit_logits(model(ids).logits, vocab)  # [N, L, V]
+    return transform(logits.reshape(-1, vocab)).float()

@@ -35,7 +35,7 @@ from hsd_fast.latency import Acceptance, LookupCost
 from hsd_fast.lookup import LookupDraft
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile import lookup_replay, rank_acceptance
-from hsd_fast.profile.acceptance_rates import acceptance, teacher_forced_scores
+from hsd_fast.profile.acceptance_rates import acceptance, teacher_forced_logits, teacher_forced_scores
 from hsd_fast.profile.costs import CostProfile, forward_costs
 
 
@@ -244,7 +244,7 @@ class ProfileCache:
             vocab = models[-1].get_output_embeddings().weight.shape[0]  # the target's
             needed = sorted({i for pair in missing for i in pair})
             logits = {
-                i: rank_acceptance.processed_logits(models[i], ids, transform, vocab)
+                i: teacher_forced_logits(models[i], ids, transform, vocab)
                 for i in tqdm(needed, desc="rank acceptance forwards", disable=not progress)
             }
             for d, m in missing:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from hsd_fast.compat import embeddable_ids, fit_logits
 from hsd_fast.processors import LogitsTransform
+from hsd_fast.profile.acceptance_rates import teacher_forced_logits
 from hsd_fast.tree import Tree
 from hsd_fast.triton_kernels.tree_torch import draft_children_torch, verify_tree_torch
 
@@ -37,8 +37,8 @@ def rank_acceptance(
     no context reached gets 0."""
     transform = transform or LogitsTransform()
     vocab = verifier.get_output_embeddings().weight.shape[0]  # the target's, as decoding uses it
-    q = processed_logits(draft, calibration_ids, transform, vocab)  # [R, V]
-    p = processed_logits(verifier, calibration_ids, transform, vocab).to(q.device)  # [R, V]
+    q = teacher_forced_logits(draft, calibration_ids, transform, vocab)  # [R, V]
+    p = teacher_forced_logits(verifier, calibration_ids, transform, vocab).to(q.device)  # [R, V]
     return rank_acceptance_of_logits(q, p, max_rank, transform.temperature, greedy, seed)
 
 
@@ -75,13 +75,3 @@ def rank_acceptance_of_logits(
         reached += ((chosen[:, None] < 0) | (chosen[:, None] >= ranks)).sum(0)
         accepted += (chosen[:, None] == ranks).sum(0)
     return tuple(float(a / r) if r > 0 else 0.0 for a, r in zip(accepted, reached, strict=True))
-
-
-def processed_logits(
-    model: torch.nn.Module, ids: torch.Tensor, transform: LogitsTransform, vocab: int
-) -> torch.Tensor:
-    """[N * L, V] ``model``'s logits after each prefix of ``ids`` ([N, L]), through the sampling
-    ``transform`` (temperature not applied), over the target's ``vocab``."""
-    ids = embeddable_ids(model, ids.to(next(model.parameters()).device))
-    logits = fit_logits(model(ids).logits, vocab)  # [N, L, V]
-    return transform(logits.reshape(-1, vocab)).float()
