@@ -108,10 +108,13 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / (ms * 1e-3)
 
 
-def parse_args(doc: str, quick_help: str) -> argparse.Namespace:
+def parse_args(doc: str, quick_help: str, **switches: str) -> argparse.Namespace:
+    """--device, --quick, and one more on/off switch per keyword (name -> help)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help=quick_help)
+    for name, help_text in switches.items():
+        parser.add_argument(f"--{name}", action="store_true", help=help_text)
     return parser.parse_args()
 
 

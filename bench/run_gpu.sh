@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Staged GPU work, one device call per stage (each < 10 minutes), results written under $OUT:
 #   bash bench/run_gpu.sh build test          # build the extension, run the `gpu` kernel tests
+#   bash bench/run_gpu.sh test-attention      # the tree-attention kernel's `gpu` tests alone
 #   bash bench/run_gpu.sh bench-rejection     # bench/bench_rejection.py -> $OUT/rejection_*.{json,md}
 #   bash bench/run_gpu.sh bench-sampling      # bench/bench_sampling.py -> $OUT/sampling_*.{json,md}
+#   bash bench/run_gpu.sh bench-tree-attention  # bench/bench_tree_attention.py --flex -> $OUT/tree_attention_*
+#   bash bench/run_gpu.sh attention-e2e       # bench/bench_attention_e2e.py -> $OUT/attention_e2e_*
+#   bash bench/run_gpu.sh attention-e2e-compiled  # the same with compiled steps, batch 1, context 768
 #   bash bench/run_gpu.sh zoo-train xxs xs    # train zoo sizes on CUDA from the carried token file
 #
 # zoo-train needs the corpus tokens built on the CPU machine, carried as an ignored path:
@@ -11,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
-stage=${1:?stage: build | test | bench-rejection | bench-sampling | zoo-train SIZES...}
+stage=${1:?stage: build | test | test-attention | bench-rejection | bench-sampling | bench-tree-attention | attention-e2e | attention-e2e-compiled | zoo-train SIZES...}
 shift
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/run_gpu.log"; }
 
@@ -26,11 +30,26 @@ for s in "$stage" "$@"; do
     test)
       log "gpu tests"
       python3 -m pytest -q -m gpu tests/ 2>&1 | tee "$OUT/gpu_tests.txt" | tail -5 ;;
-    bench-rejection | bench-sampling)
+    test-attention)
+      log "tree-attention gpu tests"
+      python3 -m pytest -q -m gpu tests/test_tree_attention.py 2>&1 | tee "$OUT/gpu_tests_attention.txt" | tail -5 ;;
+    bench-rejection | bench-sampling | bench-tree-attention)
       op=${s#bench-}
+      op=${op//-/_}
       log "$op bench"
-      python3 "bench/bench_$op.py" 2>&1 | tee "$OUT/bench_$op.txt" | tail -20
+      flags=()
+      [[ $op == tree_attention ]] && flags=(--flex)
+      python3 "bench/bench_$op.py" "${flags[@]}" 2>&1 | tee "$OUT/bench_$op.txt" | tail -20
       cp "bench/results/${op}_cuda.json" "bench/results/${op}_cuda.md" "$OUT"/ ;;
+    attention-e2e)
+      log "fused attention end to end"
+      python3 bench/bench_attention_e2e.py --passes 2 2>&1 | tee "$OUT/attention_e2e.txt" | tail -20
+      cp bench/results/attention_e2e_cuda.json bench/results/attention_e2e_cuda.md "$OUT"/ ;;
+    attention-e2e-compiled)
+      log "fused attention end to end, compiled steps"
+      python3 bench/bench_attention_e2e.py --compiled --passes 2 --batch 1 --context 768 2>&1 \
+        | tee "$OUT/attention_e2e_compiled.txt" | tail -20
+      cp bench/results/attention_e2e_compiled_cuda.json bench/results/attention_e2e_compiled_cuda.md "$OUT"/ ;;
     zoo-train)
       log "zoo training: $*"
       mkdir -p "$OUT/zoo"

@@ -15,14 +15,18 @@ shapes, so a compiled step traces through it.
 from __future__ import annotations
 
 import inspect
+import os
 import weakref
 
 import torch
 from transformers.cache_utils import Cache
 
+from hsd_fast import attention
 from hsd_fast.architectures import layer_types, module_source, window
 from hsd_fast.compat import embeddable_ids, fit_logits
 from hsd_fast.layout import FedBlock, capacity_bucket
+from hsd_fast.triton_kernels.ops import triton_installed
+from hsd_fast.triton_kernels.tree_attention_torch import attention_meta
 
 
 class SlotCache(Cache):
@@ -93,13 +97,21 @@ class SlotCache(Cache):
         return len(self.keys)
 
 
+ATTENTION_VARIABLE = "HSD_FAST_ATTENTION"
+"""Where a user picks the attention path of the runners ``generate`` makes ("dense" or "auto")."""
+
 _RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {vocab size: runner}
 
 
 class HFRunner:
     """One level of the hierarchy backed by an HF causal LM."""
 
-    def __init__(self, model: torch.nn.Module, vocab_size: int) -> None:
+    def __init__(self, model: torch.nn.Module, vocab_size: int, attention_path: str | None = None) -> None:
+        """``attention_path``: "dense" (SDPA or eager with a dense 4D mask), "fused" (the
+        tree-attention kernel, ``hsd_fast.attention``; refused for a model it cannot serve) or
+        "auto" (fused on CUDA where Triton is installed and the model qualifies, dense elsewhere).
+        None: the environment variable ``HSD_FAST_ATTENTION`` ("dense" or "auto"), "dense" if unset
+        (docs/design.md, "Tree attention": why dense is the default for now)."""
         self.model = model
         # The hierarchy's vocabulary: the target's. A draft's logits are cut or padded to it, and ids
         # it cannot embed are fed as a stand-in (docs/design.md, "Vocabularies").
@@ -120,6 +132,24 @@ class HFRunner:
         # name stays a deprecated alias on most classes, not all: a class without the alias would drop
         # the cache into **kwargs unread).
         self.cache_keyword = "cache" if "cache" in parameters else "past_key_values"
+        self.fused = self._fused(attention_path)
+        if self.fused:
+            attention.use_fused(model)
+
+    def _fused(self, path: str | None) -> bool:
+        if path is None:
+            path = os.environ.get(ATTENTION_VARIABLE, "dense")
+            if path not in ("auto", "dense"):
+                raise ValueError(f"{ATTENTION_VARIABLE} must be 'auto' or 'dense', got {path!r}")
+        if path not in ("auto", "fused", "dense"):
+            raise ValueError(f"attention_path must be 'auto', 'fused' or 'dense', got {path!r}")
+        refusal = attention.refusal(self.model, self.windows)
+        if path == "fused" and refusal is not None:
+            raise ValueError(f"{type(self.model).__name__} cannot take the fused attention kernel: {refusal}")
+        if path == "auto":
+            on_cuda = next(self.model.parameters()).is_cuda
+            return on_cuda and triton_installed() and refusal is None
+        return path == "fused"
 
     @classmethod
     def of(cls, model: torch.nn.Module, vocab_size: int) -> HFRunner:
@@ -179,6 +209,10 @@ class HFRunner:
             ) from err
         finally:
             cache.calls = None
+        if self.fused and any(
+            k.shape[-1] != v.shape[-1] for k, v in zip(cache.keys, cache.values, strict=True)
+        ):
+            self.fused = False  # keys and values of different head dims (MLA): the dense path
         if calls != [1] * len(cache):
             self.cache = None
             raise ValueError(
@@ -190,13 +224,18 @@ class HFRunner:
     def forward(self, block: FedBlock, num_outputs: int) -> torch.Tensor:
         cache = self.cache
         assert cache is not None, "prepare() first"
-        slot_ids = torch.arange(cache.num_slots, device=block.positions.device)  # [S]
         written = block.positions if block.slots is None else block.slots  # [B, L]
         cache.slots = torch.where(block.valid, written, self.scratch)  # [B, L] write slots
-        masks = {t: self._mask(block, slot_ids, w) for t, w in self.windows.items()}  # [B, 1, L, S] each
+        if self.fused:  # the kernel's metadata [B, 1, L, F] instead of a mask (hsd_fast.attention)
+            last_seen = torch.where(block.valid, block.positions, -1)  # [B, L]
+            mask = attention_meta(last_seen, block.tree_start, block.tree_sees)[:, None]
+        else:
+            slot_ids = torch.arange(cache.num_slots, device=block.positions.device)  # [S]
+            masks = {t: self._mask(block, slot_ids, w) for t, w in self.windows.items()}  # [B, 1, L, S] each
+            mask = masks if len(masks) > 1 else next(iter(masks.values()))
         out = self.model(
             input_ids=embeddable_ids(self.model, block.input_ids) if self.stand_in else block.input_ids,
-            attention_mask=masks if len(masks) > 1 else next(iter(masks.values())),
+            attention_mask=mask,
             position_ids=block.positions,
             use_cache=True,
             **{self.cache_keyword: cache},

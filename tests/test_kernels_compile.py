@@ -19,7 +19,7 @@ import pytest
 pytestmark = pytest.mark.triton
 
 ARCHS = (90, 80)
-KERNEL_MODULES = ("keyed_random", "rejection", "sampling")
+KERNEL_MODULES = ("keyed_random", "rejection", "sampling", "tree_attention")
 LOGITS_DTYPES = (("bfloat16", "bfloat16"), ("float32", "float32"), ("bfloat16", "float32"))
 """(verifier, draft) logits dtypes: the launchers take logits in the models' dtype, and the engine
 keeps the widest dtype of the levels for the drafts' logits (bf16 target over an fp32 draft)."""
@@ -34,7 +34,7 @@ def test_kernels_compile_for_hopper_and_ampere() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     kernels = set(report["kernels"])
-    assert {"_accept_kernel", "_sample_chunk_kernel", "_uniform_kernel"} <= kernels, kernels
+    assert {"_accept_kernel", "_sample_chunk_kernel", "_uniform_kernel", "_tree_attention_kernel"} <= kernels
     for arch in ARCHS:
         compiled = [c for c in report["compiled"] if c["arch"] == arch]
         assert {c["kernel"] for c in compiled} == kernels, f"sm_{arch}: a kernel was not compiled"
@@ -107,6 +107,24 @@ def _run_launchers(logits_dtypes: tuple[str, str]) -> None:
     keyed_random.uniform_triton(batch["seeds"], 1, batch["positions"], keyed_random.ACCEPT, vocab)
 
 
+def _run_attention_launchers() -> None:
+    """The tree-attention launcher in every model dtype, with one split and several (the combine
+    kernel), plain and grouped-query heads and head dims 64 and 128."""
+    import torch
+
+    from hsd_fast.triton_kernels.tree_attention import tree_attention_triton
+    from hsd_fast.triton_kernels.tree_attention_torch import attention_meta
+
+    rows, width, slots = 2, 5, 512
+    meta = attention_meta(torch.tensor([[3, 4, 5, 6, 7], [-1, 10, 11, 12, 13]]))
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for heads, kv_heads, dim in ((4, 4, 64), (8, 2, 128)):
+            query = torch.randn(rows, heads, width, dim).to(dtype)
+            cache = torch.randn(rows, kv_heads, slots, dim).to(dtype)
+            for splits in (1, 4):
+                tree_attention_triton(query, cache, cache, meta, dim**-0.5, splits=splits)
+
+
 def _main() -> None:
     import importlib
     import inspect
@@ -133,6 +151,7 @@ def _main() -> None:
     JITFunction.run = record
     for dtypes in LOGITS_DTYPES:
         _run_launchers(dtypes)
+    _run_attention_launchers()
     launched = {fn.__name__ for fn, _, _ in launches}
     assert launched == set(kernels), f"launched {sorted(launched)}, defined {sorted(kernels)}"
 

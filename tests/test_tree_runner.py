@@ -57,11 +57,13 @@ def _depth_block(tree: Tree, d: int, prompt_lens: list[int], nodes: torch.Tensor
     return FedBlock(nodes[:, span], (lens + d).expand(-1, width), valid, slots, lens[:, 0], tree_sees)
 
 
-def _cached_prompts(model: torch.nn.Module, prompts: list[list[int]], uncached: list[int]) -> tuple:
-    """A runner for ``model`` that has cached each prompt but its last ``uncached[r]`` tokens, and
-    the token buffer ([rows, 32]) holding the prompts."""
+def _cached_prompts(
+    model: torch.nn.Module, prompts: list[list[int]], uncached: list[int], attention_path: str
+) -> tuple:
+    """A runner for ``model`` (on ``attention_path``) that has cached each prompt but its last
+    ``uncached[r]`` tokens, and the token buffer ([rows, 32]) holding the prompts."""
     rows = len(prompts)
-    runner = HFRunner(model, VOCAB)
+    runner = HFRunner(model, VOCAB, attention_path)
     runner.prepare(rows, 32)
     tokens = torch.zeros(rows, 32, dtype=torch.int64)
     for r, p in enumerate(prompts):
@@ -73,14 +75,20 @@ def _cached_prompts(model: torch.nn.Module, prompts: list[list[int]], uncached: 
     return runner, tokens
 
 
+# "fused": the tree-attention kernel (interpreted on the CPU) through transformers' attention
+# interface, reading the compact metadata instead of a dense mask (hsd_fast/attention.py).
+PATHS = ["dense", pytest.param("fused", marks=pytest.mark.triton)]
+
+
+@pytest.mark.parametrize("attention_path", PATHS)
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_a_tree_forward_gives_every_path_its_own_logits(arch: str) -> None:
+def test_a_tree_forward_gives_every_path_its_own_logits(arch: str, attention_path: str) -> None:
     model = tiny_model(arch, vocab_size=VOCAB, seed=3)
     tree = Tree.from_parents([-1, -1, 0, 0, 1, 2, 2])
     prompts = [[5, 17, 3, 40, 8, 11], [9, 9, 30, 2, 71, 64, 12, 7]]
     catch_up = [prompts[0][-1:], prompts[1][-2:]]  # row 0 cached all but 1 prompt token, row 1 all but 2
     lens = [len(p) for p in prompts]
-    runner, tokens = _cached_prompts(model, prompts, [len(c) for c in catch_up])
+    runner, tokens = _cached_prompts(model, prompts, [len(c) for c in catch_up], attention_path)
     with torch.no_grad():
         nodes = torch.randint(3, VOCAB, (2, tree.num_nodes), generator=torch.Generator().manual_seed(0))
         width = 2 + tree.num_nodes + 1  # one padding column for row 1, two for row 0
@@ -117,13 +125,14 @@ def test_a_tree_forward_gives_every_path_its_own_logits(arch: str) -> None:
         torch.testing.assert_close(after[r, 0], _plain_logits(model, sequence), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("attention_path", PATHS)
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_a_tree_fed_depth_by_depth_sees_its_cached_ancestors(arch: str) -> None:
+def test_a_tree_fed_depth_by_depth_sees_its_cached_ancestors(arch: str, attention_path: str) -> None:
     model = tiny_model(arch, vocab_size=VOCAB, seed=4)
     tree = Tree.full([2, 2, 1])
     prompts = [[5, 17, 3, 40], [9, 30, 2, 71, 64, 12]]
     lens = [len(p) for p in prompts]
-    runner, _ = _cached_prompts(model, prompts, [0, 0])
+    runner, _ = _cached_prompts(model, prompts, [0, 0], attention_path)
     nodes = torch.randint(3, VOCAB, (2, tree.num_nodes), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         for d in range(tree.depth):
