@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--compiled", action="store_true", help="our steps compiled (CUDA graphs on CUDA)")
+    parser.add_argument("--only", nargs="+", help="only our configurations whose name contains one of these")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     models = {name: zoo.load(name, torch.float32, device) for name in ("xxs", "s")}
@@ -74,7 +75,9 @@ def main() -> None:
     configs = {"HF generate": hf}
     for label, (drafts, T, tree) in HIERARCHIES.items():
         for path in ("dense", "fused"):
-            configs[f"ours, {label}, {path}"] = ours(path, drafts, T, tree)
+            name = f"ours, {label}, {path}"
+            if not args.only or any(part in name for part in args.only):
+                configs[name] = ours(path, drafts, T, tree)
 
     rows = []
     for context in args.context:
@@ -95,11 +98,17 @@ def main() -> None:
                         out = configs[name](prompts)
                     except Exception as err:  # the report says which failed and why
                         errors[name] = f"{type(err).__name__}: {err}"[:300]
+                        print(f"failed {name}: {type(err).__name__}: {err}"[:3000], flush=True)
                         continue
                     _synchronize(device)
                     if k:
                         times[name].append(time.perf_counter() - start)
                     equal[name] &= out == reference
+                    if not k:  # the warm-up's outcome at once: a run cut short still says it
+                        print(
+                            f"warm-up {name}: {time.perf_counter() - start:.1f} s, equal {out == reference}",
+                            flush=True,
+                        )
             tokens = sum(len(r) for r in reference)
             hf_seconds = sorted(times["HF generate"])[len(times["HF generate"]) // 2]
             for name in names:
