@@ -26,7 +26,7 @@ from hsd_fast.triton_kernels.tree_attention_torch import (
     visible_slots,
 )
 
-pytestmark = pytest.mark.triton
+pytestmark = [pytest.mark.triton, pytest.mark.hf]  # the kernel, and its wiring into transformers
 
 TREES = {
     "none": None,

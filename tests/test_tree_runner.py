@@ -14,6 +14,8 @@ from hsd_fast.hf_runner import HFRunner
 from hsd_fast.layout import FedBlock, fed_block
 from hsd_fast.tree import Tree
 
+pytestmark = pytest.mark.hf
+
 VOCAB = 96
 
 
