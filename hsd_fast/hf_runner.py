@@ -143,13 +143,15 @@ class HFRunner:
                 raise ValueError(f"{ATTENTION_VARIABLE} must be 'auto' or 'dense', got {path!r}")
         if path not in ("auto", "fused", "dense"):
             raise ValueError(f"attention_path must be 'auto', 'fused' or 'dense', got {path!r}")
+        if path == "dense":
+            return False  # the default: no need to read the modeling source for a refusal
         refusal = attention.refusal(self.model, self.windows)
         if path == "fused" and refusal is not None:
             raise ValueError(f"{type(self.model).__name__} cannot take the fused attention kernel: {refusal}")
         if path == "auto":
             on_cuda = next(self.model.parameters()).is_cuda
             return on_cuda and triton_installed() and refusal is None
-        return path == "fused"
+        return True
 
     @classmethod
     def of(cls, model: torch.nn.Module, vocab_size: int) -> HFRunner:
