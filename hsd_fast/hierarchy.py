@@ -101,8 +101,9 @@ def select_hierarchy(
     **generation_kwargs,
 ) -> Hierarchy:
     """Profile ``candidates`` and ``target`` (costs at ``context`` cached tokens, default the prompt
-    length; acceptance teacher-forced on ``prompts`` under exactly the sampling transform that
-    ``target.generate(**generation_kwargs)`` applies: do_sample, temperature, top_k, ...), pick the
+    length; acceptance teacher-forced on the target's own continuations of ``prompts``, under exactly
+    the sampling transform that ``target.generate(**generation_kwargs)`` applies: do_sample,
+    temperature, top_k, ...; docs/design.md, "Acceptance on the run's own text"), pick the
     latency-optimal hierarchy, and with ``measure=True`` time it with the engine on ``prompts[:1]``.
     ``compile``: select for compiled steps (``generate(compile=True)``, and ``"auto"`` once warm)
     rather than eager ones: each candidate's steps are then compiled to be timed. ``clock``: what
@@ -136,7 +137,7 @@ def select_hierarchy(
         cache.costs(m, context, compile, transform, greedy, clock=clock)
         for m in tqdm(models, desc="step costs", disable=not progress)
     ]
-    alpha = cache.acceptance(models, prompts, transform, greedy, progress)
+    alpha = cache.acceptance(models, prompts, transform, greedy, progress, generation_kwargs)
     if lookups:
         at = lookups[0]
         spec = candidates[at]
@@ -146,8 +147,9 @@ def select_hierarchy(
         costs, alpha = with_lookup_level(costs, alpha, at, lookup_cost, rates)
     if tree_sizes:
         costs, alpha, everything = with_tree_candidates(
-            costs, alpha, everything, tree_sizes, max_T, cache, prompts, transform, greedy, progress
-        )
+            costs, alpha, everything, tree_sizes, max_T, cache, prompts, transform, greedy, progress,
+            generation_kwargs,
+        )  # fmt: skip
     cache.save()
     pick = Hierarchy.bind(select(costs, alpha, max_T=max_T), everything)
     noise = max(c.noise for c in costs)
@@ -174,6 +176,7 @@ def with_tree_candidates(
     transform,
     greedy: bool,
     progress: bool,
+    generation_kwargs: dict | None = None,
 ) -> tuple[list[Cost], list[list[Acceptance]], list]:
     """Candidates extended by token trees (inserted before the target): for every model d and every
     model m costlier than it, and every size n, the best tree of n nodes (at most ``max_T`` deep)
@@ -186,7 +189,9 @@ def with_tree_candidates(
     pairs = [(d, m) for d, ms in above.items() for m in ms]
     if not pairs:
         return list(costs), [list(row) for row in alpha], list(everything)
-    ranks = cache.rank_acceptance(everything, pairs, prompts, transform, greedy, MAX_TREE_RANK, progress)
+    ranks = cache.rank_acceptance(
+        everything, pairs, prompts, transform, greedy, MAX_TREE_RANK, progress, generation_kwargs
+    )
     found: dict[tuple[int, Tree], None] = {}
     for d, m in pairs:
         for n in sizes:

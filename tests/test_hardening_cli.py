@@ -35,7 +35,8 @@ COST = CostProfile((1, 2), (0.01, 0.02), (1,), (0.005,))
 
 @pytest.fixture
 def fake_measurements(monkeypatch) -> dict:
-    """forward_costs and acceptance replaced by constants; counts the calls."""
+    """forward_costs and acceptance replaced by constants (the run's text by the calibration ids);
+    counts the calls."""
     calls = {"costs": 0, "alpha": 0}
 
     def costs(*args, **kwargs):
@@ -48,6 +49,7 @@ def fake_measurements(monkeypatch) -> dict:
 
     monkeypatch.setattr(cache_module, "forward_costs", costs)
     monkeypatch.setattr(cache_module, "acceptance", alpha)
+    monkeypatch.setattr(cache_module.run_text, "continued", lambda target, ids, **kwargs: ids)
     return calls
 
 

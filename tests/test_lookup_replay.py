@@ -18,13 +18,8 @@ from hsd_fast import LookupDraft
 from hsd_fast.latency import mean_gain
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile import ProfileCache, ProfileNoiseWarning
-from hsd_fast.profile.lookup_replay import (
-    acceptance_by_position,
-    continued,
-    host_seconds,
-    offered_lengths,
-    replay,
-)
+from hsd_fast.profile.lookup_replay import acceptance_by_position, host_seconds, offered_lengths, replay
+from hsd_fast.profile.run_text import continued
 
 TEXT = torch.tensor([[5, 6, 7, 5, 6, 8]])  # [1, 6]
 SPEC = LookupDraft(max_ngram=2, min_ngram=1)

@@ -24,6 +24,7 @@ from hsd_fast.profile import (
     measured_latency,
     model_identity,
 )
+from hsd_fast.profile.run_text import continued
 
 pytestmark = pytest.mark.hf
 
@@ -160,9 +161,7 @@ def test_profile_cache_reuses_measurements(tmp_path, monkeypatch) -> None:
 
     reread = ProfileCache(tmp_path / "other.json", fallbacks=[path])  # a committed profile as fallback
     assert [reread.costs(m, 12).seconds for m in (draft, target)] == [p.seconds for p in first]
-    assert reread.acceptance([target, draft], ids, identity, greedy=True, progress=False) == [
-        row[::-1] for row in greedy[::-1]
-    ]
+    assert reread.acceptance([draft, target], ids, identity, greedy=True, progress=False) == greedy
     assert calls == {"costs": 2, "alpha": 1}  # nothing re-measured
     reread.costs(target, 24)  # another context length: a new measurement
     transform, is_greedy = generation_sampling(target, do_sample=True, temperature=0.5)
@@ -172,6 +171,31 @@ def test_profile_cache_reuses_measurements(tmp_path, monkeypatch) -> None:
     reread.save()
     entries = [json.loads(p.read_text())["entries"] for p in (path, tmp_path / "other.json")]
     assert len(entries[1]) == len(entries[0]) + 2  # only the two new measurements were added
+
+
+def test_acceptance_is_measured_on_the_targets_own_continuation() -> None:
+    """The cached rates average over the contexts a run meets: the last prompt token's and each
+    one the target generated (greedy: the text's next token is the target's argmax there), and the
+    draft's argmax agrees with the target's at that share of them; the held-out half is not
+    scored. Sampled settings give another text and other rates."""
+    target = tiny_model("llama")
+    draft = layer_dropped_copy(target, 1)
+    ids = torch.randint(3, 96, (3, 16), generator=torch.Generator().manual_seed(5))
+    cache = ProfileCache()
+    greedy = cache.acceptance([draft, target], ids, LogitsTransform(), True, False, {"do_sample": False})
+    text = continued(target, ids, do_sample=False)
+    with torch.inference_mode():
+        draft_argmax, target_argmax = (m(text).logits.argmax(-1) for m in (draft, target))  # [3, 16]
+    assert torch.equal(target_argmax[:, 7:15], text[:, 8:])  # the continuation is the target's greedy text
+    agree = (draft_argmax == target_argmax)[:, 7:].float().mean()
+    assert greedy[0][1] == greedy[1][0] == pytest.approx(float(agree), abs=1e-6)
+
+    settings = {"do_sample": True, "temperature": 0.5}
+    transform, is_greedy = generation_sampling(target, **settings)
+    sampled = cache.acceptance([draft, target], ids, transform, is_greedy, False, settings)
+    text = continued(target, ids, **settings)
+    expected = acceptance([draft, target], text, transform, progress=False, contexts=slice(7, None))
+    assert sampled[0][1] == pytest.approx(expected[0][1], abs=1e-6) and sampled[0][1] != greedy[0][1]
 
 
 def test_generation_sampling_captures_hf_default_top_k() -> None:

@@ -189,7 +189,7 @@ def _profile(scenario: Scenario, sampling: dict, args) -> tuple[list, list[list]
     context = _prompt_tokens(scenario) + args.max_new_tokens // 2
     desc = "step costs" + ("" if args.eager else " (compiled)")
     costs = [cache.costs(m, context, not args.eager, transform, greedy) for m in tqdm(models, desc=desc)]
-    alpha = cache.acceptance(models, scenario.calibration, transform, greedy)
+    alpha = cache.acceptance(models, scenario.calibration, transform, greedy, generation_kwargs=sampling)
     lookup, rates = cache.lookup(
         LookupDraft(), models, scenario.calibration, transform, greedy, GRID_MAX_T, generation_kwargs=sampling
     )

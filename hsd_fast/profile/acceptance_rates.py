@@ -1,7 +1,8 @@
-"""Pairwise acceptance rates for the latency model, teacher-forced on calibration token ids:
-alpha(j, m) = E_h[sum_x min(p_j(x|h), p_m(x|h))] after the sampling transform (the probability that
-m accepts a token of j, averaged over contexts), or under greedy decoding how often the two argmaxes
-agree. Symmetric: each unordered pair is measured once."""
+"""Pairwise acceptance rates for the latency model, teacher-forced on token ids: alpha(j, m) =
+E_h[sum_x min(p_j(x|h), p_m(x|h))] after the sampling transform (the probability that m accepts a
+token of j, averaged over contexts h), or under greedy decoding how often the two argmaxes agree.
+Symmetric: each unordered pair is measured once. The selector averages over the contexts a run
+meets: the target's own continuations of calibration text (``run_text``)."""
 
 from __future__ import annotations
 
@@ -18,18 +19,20 @@ from hsd_fast.processors import LogitsTransform
 @torch.inference_mode()
 def acceptance(
     models: Sequence[torch.nn.Module],
-    calibration_ids: torch.Tensor,  # [N, L] token ids, teacher-forced
+    ids: torch.Tensor,  # [N, L] token ids, teacher-forced
     transform: LogitsTransform | None = None,
     greedy: bool = False,
     progress: bool = True,
+    contexts: slice = slice(None),
 ) -> list[list[float]]:
     """The symmetric matrix alpha[j][m] over ``models`` (sharing one tokenizer; the last one's
     vocabulary, the target's, is the one decoding samples over) under the sampling ``transform``
-    (default: none, temperature 1)."""
+    (default: none, temperature 1), averaged over the contexts ending at the positions ``contexts``
+    of ``ids`` (default: all)."""
     transform = transform or LogitsTransform()
     vocab = models[-1].get_output_embeddings().weight.shape[0]  # the target's, as decoding uses it
     dists = [
-        teacher_forced_scores(model, calibration_ids, transform, greedy, vocab).flatten(0, 1)
+        teacher_forced_scores(model, ids, transform, greedy, vocab)[:, contexts].flatten(0, 1)
         for model in tqdm(models, desc="teacher-forced forwards", disable=not progress)
     ]  # each [N * L, V], or [N * L] under greedy
     alpha = [[1.0] * len(models) for _ in models]
@@ -58,10 +61,15 @@ def teacher_forced_scores(
 
 @torch.inference_mode()
 def teacher_forced_logits(
-    model: torch.nn.Module, ids: torch.Tensor, transform: LogitsTransform, vocab: int
+    model: torch.nn.Module,
+    ids: torch.Tensor,  # [N, L]
+    transform: LogitsTransform,
+    vocab: int,
+    contexts: slice = slice(None),
 ) -> torch.Tensor:
-    """[N * L, V] fp32 ``model``'s logits after each prefix of ``ids`` ([N, L]), through the sampling
-    ``transform`` (temperature not applied), over the target's ``vocab``."""
+    """[N * L', V] fp32 ``model``'s logits after each prefix of ``ids`` that ends at one of the
+    positions ``contexts`` (L' of them; default: all), through the sampling ``transform``
+    (temperature not applied), over the target's ``vocab``."""
     ids = embeddable_ids(model, ids.to(next(model.parameters()).device))
-    logits = fit_logits(model(ids).logits, vocab)  # [N, L, V]
+    logits = fit_logits(model(ids).logits, vocab)[:, contexts]  # [N, L', V]
     return transform(logits.reshape(-1, vocab)).float()

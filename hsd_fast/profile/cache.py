@@ -1,10 +1,12 @@
 """Measured forward costs and acceptance rates, cached in JSON across runs and machines.
 
 Keys name what was measured: a cost by model identity (a hash of the weights), device, dtype and
-context length; an acceptance rate by the unordered pair of identities, the sampling transform and
-the hash of the calibration ids; a lookup level's profile (``lookup_replay``) by its n-gram sizes
-and largest block, with the calibration hash for what it offers, the model identity and sampling
-for the rates a model accepts it with, and the device too for its host cost.
+context length; rates measured on the text a run meets (``run_text``: the target's continuations of
+the calibration ids) by what they compare and by that text (the target's identity, the sampling
+transform, the hash of the calibration ids): an acceptance rate by the unordered pair of
+identities, a rank acceptance by the draft and the verifier, a lookup level's profile
+(``lookup_replay``) by its n-gram sizes and largest block, with the model identity for the rates a
+model accepts it with, and the device for its host cost. The text is generated once per cache.
 ``fallbacks`` (e.g. the zoo's committed CPU profile) are read but never written.
 
 A cache file is never fatal: one that is not this cache's JSON (corrupt, truncated, foreign) is
@@ -34,7 +36,7 @@ from tqdm.auto import tqdm
 from hsd_fast.latency import Acceptance, LookupCost
 from hsd_fast.lookup import LookupDraft
 from hsd_fast.processors import LogitsTransform
-from hsd_fast.profile import lookup_replay, rank_acceptance
+from hsd_fast.profile import lookup_replay, rank_acceptance, run_text
 from hsd_fast.profile.acceptance_rates import acceptance, teacher_forced_logits, teacher_forced_scores
 from hsd_fast.profile.costs import CostProfile, forward_costs
 
@@ -115,6 +117,7 @@ class ProfileCache:
         self.entries: dict = {}
         self.changed = False  # something was measured since the files were read
         self.writable = self.path is not None  # False where the file must be left alone
+        self._texts: dict[str, torch.Tensor] = {}  # the run's text per _text_key, generated once
         for source in fallbacks:
             self._read(Path(source), fallback=True)
         if self.path is not None:
@@ -205,15 +208,22 @@ class ProfileCache:
         transform: LogitsTransform,
         greedy: bool,
         progress: bool = True,
+        generation_kwargs: dict | None = None,
     ) -> list[list[float]]:
+        """The pairwise acceptance rates of ``models`` (the target last) over the contexts a run
+        meets: the target's own continuations of ``ids`` under ``generation_kwargs`` (the run's
+        sampling settings; ``run_text``)."""
         names = [model_identity(m) for m in models]
-        sampling = sampling_key(transform, greedy)
+        text = self._text_key(models[-1], ids, transform, greedy)
         keys = {
-            (j, m): f"alpha {' '.join(sorted((names[j], names[m])))} {sampling} {ids_hash(ids)}"
+            (j, m): f"alpha {' '.join(sorted((names[j], names[m])))} on {text}"
             for j, m in itertools.combinations(range(len(models)), 2)
         }
         if not all(_is_rate(self.entries.get(key)) for key in keys.values()):
-            alpha = acceptance(models, ids, transform, greedy=greedy, progress=progress)
+            text_ids = self._run_text(models[-1], ids, text, generation_kwargs)
+            alpha = acceptance(
+                models, text_ids, transform, greedy, progress, contexts=run_text.run_contexts(text_ids)
+            )
             self.entries.update({key: alpha[j][m] for (j, m), key in keys.items()})
             self.changed = True
         alpha = [[1.0] * len(models) for _ in models]
@@ -230,21 +240,23 @@ class ProfileCache:
         greedy: bool,
         max_rank: int,
         progress: bool = True,
+        generation_kwargs: dict | None = None,
     ) -> dict[tuple[int, int], tuple[float, ...]]:
         """Rank acceptance (``profile.rank_acceptance``) of ``models[d]`` drafting token trees under
-        ``models[m]`` for every ``(d, m)`` of ``pairs``, teacher-forced on ``ids``. Each model's
-        logits are computed once for all the pairs it is in."""
+        ``models[m]`` for every ``(d, m)`` of ``pairs``, over the contexts a run meets (as
+        ``acceptance``; ``models[-1]`` is the target). Each model's logits are computed once for all
+        the pairs it is in."""
         names = {i: model_identity(models[i]) for pair in pairs for i in pair}  # models only, no lookup
-        sampling = sampling_key(transform, greedy)
-        keys = {
-            (d, m): f"ranks {max_rank} {names[d]} on {names[m]} {sampling} {ids_hash(ids)}" for d, m in pairs
-        }
+        text = self._text_key(models[-1], ids, transform, greedy)
+        keys = {(d, m): f"ranks {max_rank} {names[d]} on {names[m]} in {text}" for d, m in pairs}
         missing = [pair for pair, key in keys.items() if not _rates(self.entries.get(key))]
         if missing:
+            text_ids = self._run_text(models[-1], ids, text, generation_kwargs)
+            contexts = run_text.run_contexts(text_ids)
             vocab = models[-1].get_output_embeddings().weight.shape[0]  # the target's
             needed = sorted({i for pair in missing for i in pair})
             logits = {
-                i: teacher_forced_logits(models[i], ids, transform, vocab)
+                i: teacher_forced_logits(models[i], text_ids, transform, vocab, contexts)
                 for i in tqdm(needed, desc="rank acceptance forwards", disable=not progress)
             }
             for d, m in missing:
@@ -271,16 +283,16 @@ class ProfileCache:
         at which each of ``models`` (the target last) accepts its proposals, replayed on the target's
         own continuations of ``ids`` under ``generation_kwargs`` (the run's sampling settings)."""
         level = f"{spec.max_ngram}-{spec.min_ngram} T{max_T}"
-        sampling = sampling_key(transform, greedy)
-        text = f"{model_identity(models[-1])} {sampling} {ids_hash(ids)}"  # what the replayed text is
+        text = self._text_key(models[-1], ids, transform, greedy)
         lengths_key = f"lookup lengths {level} {text}"
         rate_keys = [f"lookup rates {level} {model_identity(m)} on {text}" for m in models]
         cost_key = f"lookup cost {level} {ids.device.type} {ids_hash(ids)}"
         missing = [k for k in (lengths_key, *rate_keys) if not _rates(self.entries.get(k))]
         if missing:
-            text_ids = lookup_replay.continued(models[-1], ids, **(generation_kwargs or {}))  # [N, L]
+            text_ids = self._run_text(models[-1], ids, text, generation_kwargs)  # [N, L]
             vocab = models[-1].get_output_embeddings().weight.shape[0]
-            proposals = lookup_replay.replay(spec, text_ids, max_T, start=text_ids.shape[1] // 2)
+            start = run_text.continuation_start(text_ids)
+            proposals = lookup_replay.replay(spec, text_ids, max_T, start=start)
             self.entries[lengths_key] = list(lookup_replay.offered_lengths(proposals, max_T))
             replayed = tqdm(
                 zip(models, rate_keys, strict=True),
@@ -302,6 +314,21 @@ class ProfileCache:
         cost = self.entries[cost_key]
         level_cost = LookupCost(cost["seconds"], tuple(self.entries[lengths_key]), cost["noise"])
         return level_cost, [tuple(self.entries[key]) for key in rate_keys]
+
+    @staticmethod
+    def _text_key(
+        target: torch.nn.Module, ids: torch.Tensor, transform: LogitsTransform, greedy: bool
+    ) -> str:
+        """What the text a run meets is made of: the target, the sampling, the calibration ids."""
+        return f"{model_identity(target)} {sampling_key(transform, greedy)} {ids_hash(ids)}"
+
+    def _run_text(
+        self, target: torch.nn.Module, ids: torch.Tensor, key: str, generation_kwargs: dict | None
+    ) -> torch.Tensor:
+        """[N, L] ``run_text.continued(target, ids)``, generated once per cache and ``key``."""
+        if key not in self._texts:
+            self._texts[key] = run_text.continued(target, ids, **(generation_kwargs or {}))
+        return self._texts[key]
 
 
 def _numbers(value: object) -> bool:

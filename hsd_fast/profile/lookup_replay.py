@@ -1,10 +1,10 @@
 """The lookup level's profile for the latency model (docs/design.md, "The lookup level"), measured by
 replaying calibration text as the lookup would meet it in a run:
 
-- ``continued``: each calibration row's first half followed by the target's own continuation of it
-  (greedy, or sampled under the run's settings). A lookup proposes while the target generates, and
-  generated text repeats itself far more than held-out text does (a small model loops): replayed on
-  the held-out text alone, the zoo's lookup level was predicted 2-3x below what it measured;
+- the text (``run_text.continued``): each calibration row's first half followed by the target's
+  own continuation of it. A lookup proposes while the target generates, and generated text repeats
+  itself far more than held-out text does (a small model loops): replayed on the held-out text
+  alone, the zoo's lookup level was predicted 2-3x below what it measured;
 - ``replay``: the lookup's calls as a run under the target makes them: at position t of a
   generated row it proposes from the row's first t tokens (the longest proposal a block allows; a
   smaller block takes its prefix); the target accepts the proposed tokens that equal the text and
@@ -42,22 +42,6 @@ from hsd_fast.sampling_metadata import SamplingMetadata
 from hsd_fast.steps import DecodeState
 
 Proposal = tuple[int, int, list[int]]  # (row, t, tokens proposed after the row's first t tokens)
-
-
-@torch.inference_mode()
-def continued(target: torch.nn.Module, prompts: torch.Tensor, **generation_kwargs) -> torch.Tensor:
-    """[N, L]: the first L // 2 tokens of each row of ``prompts`` ([N, L]) and ``target``'s own
-    continuation of them, L - L // 2 tokens (HF ``generate`` with ``generation_kwargs``; EOS
-    ignored; sampling seeded, without touching the global random state)."""
-    half = prompts.shape[1] // 2
-    head = prompts[:, :half]
-    devices = [head.device] if head.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(0)
-        return target.generate(
-            head, attention_mask=torch.ones_like(head), max_new_tokens=prompts.shape[1] - half,
-            eos_token_id=None, pad_token_id=0, **generation_kwargs,
-        )  # fmt: skip
 
 
 def replay(spec: LookupDraft, ids: torch.Tensor, max_T: int, start: int = 1) -> list[Proposal]:

@@ -1,9 +1,9 @@
 """Rank acceptance of a draft under a verifier, for choosing token trees (docs/design.md, "Choosing a
 tree"): ``rates[k]``, the probability that the verifier accepts the draft's rank-k candidate at a
-context given that it rejected the candidates ranked before it, measured teacher-forced on
-calibration token ids after the sampling transform.
+context given that it rejected the candidates ranked before it, measured teacher-forced on token
+ids after the sampling transform (the selector's ids: the run's own text, ``run_text``).
 
-At every calibration context the draft draws ``max_rank`` candidates exactly as the engine drafts a
+At every context the draft draws ``max_rank`` candidates exactly as the engine drafts a
 tree's children (greedy: its top-k; sampling: Gumbel-top-k under a keyed seed) and the verifier tries
 them with the engine's own rule (``verify_tree_torch`` on a one-depth tree: recursive rejection
 sampling without replacement; greedy: the candidate equal to its argmax). ``rates[k]`` is the
