@@ -32,9 +32,9 @@ def acceptance(
     transform = transform or LogitsTransform()
     vocab = models[-1].get_output_embeddings().weight.shape[0]  # the target's, as decoding uses it
     dists = [
-        teacher_forced_scores(model, ids, transform, greedy, vocab)[:, contexts].flatten(0, 1)
+        teacher_forced_scores(model, ids, transform, greedy, vocab, contexts).flatten(0, 1)
         for model in tqdm(models, desc="teacher-forced forwards", disable=not progress)
-    ]  # each [N * L, V], or [N * L] under greedy
+    ]  # each [N * L', V], or [N * L'] under greedy
     alpha = [[1.0] * len(models) for _ in models]
     for j, m in itertools.combinations(range(len(models)), 2):
         a, b = dists[j], dists[m].to(dists[j].device)
@@ -50,13 +50,16 @@ def teacher_forced_scores(
     transform: LogitsTransform,
     greedy: bool,
     vocab: int,
+    contexts: slice = slice(None),
 ) -> torch.Tensor:
-    """``model``'s distribution of the token after each prefix ``ids[n, :i + 1]`` under the sampling
-    ``transform``, over the target's ``vocab``: probabilities [N, L, V], or under greedy decoding
-    the argmax [N, L]."""
-    flat = teacher_forced_logits(model, ids, transform, vocab) / transform.temperature  # [N * L, V]
+    """``model``'s distribution of the token after each prefix ``ids[n, :i + 1]`` that ends at one
+    of the positions ``contexts`` (L' of them; default: all) under the sampling ``transform``, over
+    the target's ``vocab``: probabilities [N, L', V], or under greedy decoding the argmax [N, L']."""
+    flat = (
+        teacher_forced_logits(model, ids, transform, vocab, contexts) / transform.temperature
+    )  # [N * L', V]
     scores = flat.argmax(-1) if greedy else torch.softmax(flat, -1)
-    return scores.unflatten(0, ids.shape)
+    return scores.unflatten(0, (ids.shape[0], -1))
 
 
 @torch.inference_mode()
