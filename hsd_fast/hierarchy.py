@@ -51,6 +51,12 @@ class Hierarchy:
     cost_noise: float = 0.0  # relative standard error of the step costs it was chosen on (0: unknown)
     within_noise: bool = False  # its predicted advantage is smaller than that noise can resolve
     tree: Tree | None = None
+    batch: int = 1  # rows it was chosen for: its latencies are per token of each row
+
+    @property
+    def predicted_tokens_per_second(self) -> float:
+        """Tokens per second the whole batch is predicted to make."""
+        return self.batch / self.predicted_latency
 
     @classmethod
     def bind(
@@ -98,13 +104,14 @@ def select_hierarchy(
     compile: bool = False,
     clock: Callable[[], float] = time.perf_counter,
     tree_sizes: Sequence[int] = (),
+    batch: int = 1,
     **generation_kwargs,
 ) -> Hierarchy:
     """Profile ``candidates`` and ``target`` (costs at ``context`` cached tokens, default the prompt
     length; acceptance teacher-forced on the target's own continuations of ``prompts``, under exactly
     the sampling transform that ``target.generate(**generation_kwargs)`` applies: do_sample,
     temperature, top_k, ...; docs/design.md, "Acceptance on the run's own text"), pick the
-    latency-optimal hierarchy, and with ``measure=True`` time it with the engine on ``prompts[:1]``.
+    latency-optimal hierarchy, and with ``measure=True`` time it with the engine on ``prompts[:batch]``.
     ``compile``: select for compiled steps (``generate(compile=True)``, and ``"auto"`` once warm)
     rather than eager ones: each candidate's steps are then compiled to be timed. ``clock``: what
     every timing reads (tests inject a fake one). One candidate may be a lookup level
@@ -113,12 +120,17 @@ def select_hierarchy(
     can only be level 0. ``tree_sizes``: also consider every model candidate drafting a token
     tree of each of these sizes, the best tree for its measured rank acceptance under each model
     that could verify it (docs/design.md, "Choosing a tree"); the pick's ``tree`` says which.
+    ``batch``: select for runs of that many rows (costs timed at that batch, the lookup level's
+    blocks padded to the widest row; docs/design.md, "Selecting for a batch"): a draft that pays
+    at batch 1 can lose to plain decoding at batch 16, where a forward over more tokens costs more.
 
     A profile is only as good as the machine was quiet: the returned ``Hierarchy`` carries the
     costs' relative noise (``cost_noise``), and when the pick's predicted speed-up over
     autoregressive decoding or over the best single draft is within ``NOISE_MARGIN`` standard
     errors of it, ``within_noise`` is set and a ``ProfileNoiseWarning`` says so."""
     unknown = set(generation_kwargs) - set(SAMPLING_KWARGS)
+    if batch < 1:
+        raise ValueError(f"select_hierarchy: batch must be >= 1, got {batch}")
     if unknown:
         raise ValueError(f"select_hierarchy: unsupported {sorted(unknown)}; supported: {SAMPLING_KWARGS}")
     cache = cache if cache is not None else ProfileCache()
@@ -134,7 +146,7 @@ def select_hierarchy(
     context = context or prompts.shape[1]
     transform, greedy = generation_sampling(target, **generation_kwargs)
     costs = [
-        cache.costs(m, context, compile, transform, greedy, clock=clock)
+        cache.costs(m, context, compile, transform, greedy, batch, clock=clock)
         for m in tqdm(models, desc="step costs", disable=not progress)
     ]
     alpha = cache.acceptance(models, prompts, transform, greedy, progress, generation_kwargs)
@@ -142,7 +154,7 @@ def select_hierarchy(
         at = lookups[0]
         spec = candidates[at]
         lookup_cost, rates = cache.lookup(
-            spec, models, prompts, transform, greedy, max_T, progress, generation_kwargs, clock=clock
+            spec, models, prompts, transform, greedy, max_T, progress, generation_kwargs, batch, clock=clock
         )
         costs, alpha = with_lookup_level(costs, alpha, at, lookup_cost, rates)
     if tree_sizes:
@@ -156,11 +168,13 @@ def select_hierarchy(
     doubt = _doubt(pick.selection, noise)
     if doubt is not None:
         warnings.warn(f"select_hierarchy: {doubt}", ProfileNoiseWarning, stacklevel=2)
-    pick = replace(pick, cost_noise=noise, within_noise=doubt is not None)
+    runner_ups = tuple(replace(h, batch=batch) for h in pick.runner_ups)
+    pick = replace(pick, cost_noise=noise, within_noise=doubt is not None, batch=batch, runner_ups=runner_ups)
     if measure:
         seconds = measured_latency(
-            target, pick, prompts[:1], max_new_tokens, compile=compile, clock=clock, **generation_kwargs
-        )
+            target, pick, prompts[:batch], max_new_tokens, compile=compile, clock=clock, batch=batch,
+            **generation_kwargs,
+        )  # fmt: skip
         pick = replace(pick, measured_latency=seconds)
     return pick
 

@@ -14,6 +14,12 @@ the rate its verifier accepts them with is given per position of the proposal (a
 ``(a_1, a_2, ...)``: a_j is the probability that token j is accepted given tokens 1..j-1 were),
 because a matched passage tends to be accepted whole or not at all.
 
+A batch of B rows runs every step over all its rows at once (docs/design.md, "Selecting for a
+batch"): with costs measured at B rows, a latency is the seconds per token each row commits, and
+the batch makes B / latency tokens per second. The recursion follows one row (rows accept
+independently); what the batch adds besides costs is the lookup level's padding: its rows' blocks
+differ and one verification feeds them all, padded to the widest (``LookupCost.rows``).
+
 The loop of docs/design.md, "The one loop", as a recursion: level 0 returns exactly T_0 tokens for
 d_0(T_0) (one draft step); level i (0 < i < K) calls level i-1 and verifies its block b (gain
 G = min(A, b) + 1, P(A >= k) = a^k) until its running gain reaches T_i, and returns that gain. The
@@ -77,14 +83,17 @@ class AffineCost:
 
 @dataclass(frozen=True)
 class LookupCost:
-    """A lookup level's cost and output: ``seconds`` of host work per call (no forward), and
-    ``lengths[b]``, the fraction of calls whose match offers b tokens (b = 0..len - 1, the last
-    entry: at least that many); a call with block size T proposes min(b, T) of them. ``noise``: the
-    relative standard error of ``seconds``, as for a ``CostProfile``."""
+    """A lookup level's cost and output: ``seconds`` of host work per call (no forward) for a batch
+    of ``rows`` rows, and ``lengths[b]``, the fraction of a row's calls whose match offers b tokens
+    (b = 0..len - 1, the last entry: at least that many); a call with block size T proposes
+    min(b, T) of them. ``noise``: the relative standard error of ``seconds``, as for a
+    ``CostProfile``. In a batch the rows' blocks differ, but one verification step feeds them all,
+    padded to the widest (``padded_block``); each row gains from its own block."""
 
     seconds: float
     lengths: tuple[float, ...]
     noise: float = 0.0
+    rows: int = 1
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.seconds) and self.seconds >= 0):
@@ -93,6 +102,8 @@ class LookupCost:
             raise ValueError(f"lengths must be probabilities, got {self.lengths}")
         if abs(sum(self.lengths) - 1.0) > 1e-6:
             raise ValueError(f"lengths must sum to 1, got {sum(self.lengths)}")
+        if self.rows < 1:
+            raise ValueError(f"a batch has at least one row, got rows={self.rows}")
 
     def __call__(self, n: int) -> float:  # what ordering by c(1) reads: the lookup is the cheapest
         return self.seconds
@@ -104,12 +115,22 @@ class LookupCost:
         raise ValueError("a lookup level cannot decode on its own: it needs a model above it")
 
     def block(self, T: int) -> dict[int, float]:
-        """The distribution of the number of tokens one call proposes with block size T."""
+        """The distribution of the number of tokens one call proposes to a row with block size T."""
         out: dict[int, float] = {}
         for b, p in enumerate(self.lengths):
             if p > 0:
                 out[min(b, T)] = out.get(min(b, T), 0.0) + p
         return out
+
+    def padded_block(self, T: int) -> dict[int, float]:
+        """The distribution of the widest of ``rows`` independent blocks: what the verification of
+        a call feeds every row (P(widest <= b) = P(block <= b) ** rows)."""
+        out, below = {}, 0.0  # below: P(a block < b)
+        for b, p in sorted(self.block(T).items()):
+            at_most = min(1.0, below + p)
+            out[b] = at_most**self.rows - below**self.rows
+            below = at_most
+        return {b: p for b, p in out.items() if p > 0}
 
 
 @dataclass(frozen=True)
@@ -151,10 +172,23 @@ def verify_tokens(below: Cost, block: int) -> int:
 
 
 def block_sizes(cost: Cost, T: int) -> dict[int, float]:
-    """The distribution of the block a level-0 call returns: exactly T for a model that drafts, a
-    random 0..T for a lookup level."""
+    """The distribution of the block a level-0 call returns to a row: exactly T for a model that
+    drafts, a random 0..T for a lookup level."""
     block = getattr(cost, "block", None)
     return block(T) if block is not None else {T: 1.0}
+
+
+def padded_block_sizes(cost: Cost, T: int) -> dict[int, float]:
+    """The distribution of the block the verification of a level-0 call feeds each row: the
+    widest over the batch's rows (a random block differs between rows), else the block itself."""
+    padded = getattr(cost, "padded_block", None)
+    return padded(T) if padded is not None else block_sizes(cost, T)
+
+
+def first_verify_seconds(above: Cost, below: Cost, T: int) -> float:
+    """Expected seconds of the verification of a level-0 call (``below``, block size T) by the
+    level above it: over the padded block, and a token tree's nodes."""
+    return sum(p * above(verify_tokens(below, b)) for b, p in padded_block_sizes(below, T).items())
 
 
 def draft_seconds(cost: Cost, k: int) -> float:
@@ -222,8 +256,7 @@ def level_outcomes(
     outcomes = [LevelOutcome(block_sizes(costs[0], T[0]), draft_seconds(costs[0], T[0]), 1.0)]
     for i in range(1, len(costs) - 1):
         below, a, target = outcomes[-1], alphas[i - 1], T[i]
-        fed = (lambda b: verify_tokens(costs[0], b)) if i == 1 else (lambda b: b + 1)
-        step_cost = below.cost + below.mean(lambda b, c=costs[i], fed=fed: c(fed(b)))
+        step_cost = below.cost + _verify_seconds(costs, T, i, below)
         reach = [0.0] * target  # reach[s]: probability the running gain ever equals s (< T_i)
         reach[0] = 1.0
         returned: dict[int, float] = {}
@@ -247,9 +280,15 @@ def expected_latency(costs: Sequence[Cost], alphas: Sequence[Acceptance], T: Seq
     if len(costs) == 1:
         return decode_seconds(costs[0])
     below = level_outcomes(costs, alphas, T)[-1]
-    top, a = costs[-1], alphas[-1]
-    fed = (lambda b: verify_tokens(costs[0], b)) if len(costs) == 2 else (lambda b: b + 1)
-    return (below.cost + below.mean(lambda b: top(fed(b)))) / below.mean(lambda b: expected_gain(a, b))
+    verify = _verify_seconds(costs, T, len(costs) - 1, below)
+    return (below.cost + verify) / below.mean(lambda b: expected_gain(alphas[-1], b))
+
+
+def _verify_seconds(costs: Sequence[Cost], T: Sequence[int], i: int, below: LevelOutcome) -> float:
+    """Expected seconds of level i's verification of the block level i - 1 returns (``below``)."""
+    if i == 1:
+        return first_verify_seconds(costs[1], costs[0], T[0])
+    return below.mean(lambda b: costs[i](b + 1))
 
 
 def fixed_block_latency(costs: Sequence[Cost], alphas: Sequence[Acceptance], T: Sequence[int]) -> float:
@@ -262,7 +301,7 @@ def fixed_block_latency(costs: Sequence[Cost], alphas: Sequence[Acceptance], T: 
     produce = draft_seconds(costs[0], T[0])  # seconds for level 0 to produce its block
     block = block_sizes(costs[0], T[0])
     for i in range(1, len(costs)):
-        verify = sum(p * costs[i](verify_tokens(costs[0], b) if i == 1 else b + 1) for b, p in block.items())
+        verify = first_verify_seconds(costs[1], costs[0], T[0]) if i == 1 else costs[i](T[i - 1] + 1)
         gain = mean_gain(alphas[i - 1], block)
         if i == len(costs) - 1:
             return (verify + produce) / gain
@@ -279,7 +318,9 @@ def simulate(
     seed: int = 0,
     engine: bool = False,
 ) -> tuple[float, float]:
-    """Monte Carlo of the same control flow: (mean seconds per committed token, standard error).
+    """Monte Carlo of the same control flow: (mean seconds per committed token, standard error),
+    following one row; a lookup level's other ``rows`` draw their own blocks, and the verification
+    is padded to the widest.
 
     ``engine=True`` also charges the catch-up tokens the engine feeds (a level re-feeds the tokens
     emitted above it since its last forward), which the analytic model ignores."""
@@ -289,24 +330,29 @@ def simulate(
     behind = [0] * len(costs)  # per level: tokens it has not fed yet besides its block
     blocks = list(block_sizes(costs[0], T[0]).items())  # level 0's block sizes and their probabilities
 
-    def produce(i: int) -> tuple[int, float]:
+    def draw_block() -> int:
+        return rng.choices([b for b, _ in blocks], [p for _, p in blocks])[0]
+
+    def produce(i: int) -> tuple[int, int, float]:
+        """(block returned to the followed row, tokens its verification feeds, seconds)."""
         if i == 0:
-            b = rng.choices([b for b, _ in blocks], [p for _, p in blocks])[0]
+            b = draw_block()
             fed = b + (behind[0] if engine else 0)
             behind[0] = 0
             catch_up = costs[0](fed) - costs[0](b) if engine else 0.0
-            return b, draft_seconds(costs[0], b) + catch_up
+            # the other rows of a batch draw their own blocks: the verification is padded to the widest
+            widest = max([b, *(draw_block() for _ in range(getattr(costs[0], "rows", 1) - 1))])
+            return b, verify_tokens(costs[0], widest), draft_seconds(costs[0], b) + catch_up
         total, spent = 0, 0.0
         while total < T[i]:
-            b, c = produce(i - 1)
+            b, fed, c = produce(i - 1)
             gain = _draw_gain(rng, alphas[i - 1], b)
-            fed = verify_tokens(costs[0], b) if i == 1 else b + 1
             spent += c + costs[i](fed + (behind[i] if engine else 0))
             behind[i] = 0
             for lower in range(i):
                 behind[lower] += 1  # the correction/bonus of level i is new to every level below
             total += gain
-        return total, spent
+        return total, total + 1, spent
 
     per_round_cost, per_round_tokens = [], []
     for _ in range(rounds):
@@ -314,8 +360,7 @@ def simulate(
             per_round_cost.append(decode_seconds(costs[0]))
             per_round_tokens.append(1)
             continue
-        b, c = produce(top - 1)
-        fed = verify_tokens(costs[0], b) if top == 1 else b + 1
+        b, fed, c = produce(top - 1)
         per_round_cost.append(c + costs[top](fed + (behind[top] if engine else 0)))
         behind[top] = 0
         for lower in range(top):

@@ -3,8 +3,9 @@
 
 Models are zoo names (``hsd_fast.zoo``) or local HF checkpoint directories, and ``lookup`` names the
 model-free lookup level; by default the largest zoo model is the target and the lookup level and the
-other zoo models are the candidates. Acceptance is measured on the zoo's
-held-out calibration windows; costs at ``--context`` cached tokens. Measurements are cached
+other zoo models are the candidates. Acceptance is measured on the target's own continuations of
+the zoo's calibration windows; costs at ``--context`` cached tokens for ``--batch`` rows, eager or
+(``--compile``) compiled, and ``--measure`` runs that batch. Measurements are cached
 (``--cache``); the zoo's committed CPU profile (``zoo/profile_cpu.json``) is read as a fallback.
 
 Arguments that cannot work (``--max-T 0``, ``--measure`` with ``--max-new-tokens 1``, a context or a
@@ -74,6 +75,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="also consider each draft drafting a token tree of N nodes (the best for its rank acceptance)",
     )
     p.add_argument("--context", type=positive_int, default=96, help="cached tokens when timing forwards")
+    p.add_argument(
+        "--batch", type=positive_int, default=1, help="select for runs of this many rows (costs timed at it)"
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="select for compiled steps (what generate runs once warm; each step is compiled to be timed)",
+    )
     p.add_argument("--measure", action="store_true", help="run every listed hierarchy with the engine")
     p.add_argument("--prompt-len", type=positive_int, default=64, help="prompt tokens per measured row")
     p.add_argument("--max-new-tokens", type=positive_int, default=64, help="--measure: at least 2")
@@ -238,20 +247,24 @@ def run(args: argparse.Namespace) -> int:
         cache=cache,
         max_T=args.max_T,
         tree_sizes=args.trees,
+        batch=args.batch,
+        compile=args.compile,
         **sampling,
     )
     names_of = {id(model): name for name, model in models.items()}
     rows = []
     measured_ar = None
+    measured_run = {"max_new_tokens": args.max_new_tokens, "batch": args.batch, "compile": args.compile}
+    measured_run |= sampling
     if args.measure:
-        measured_ar = measured_latency(models[target_name], None, prompts, args.max_new_tokens, **sampling)
+        measured_ar = measured_latency(models[target_name], None, prompts, **measured_run)
     for rank, h in enumerate([pick, *pick.runner_ups]):
         row = {
             "rank": rank,
             "chain": [*(names_of.get(id(d), LOOKUP) for d in h.drafts), target_name],
             "T": list(h.T),
             "tree": "" if h.tree is None else repr(h.tree),
-            "predicted_tok_s": 1 / h.predicted_latency,
+            "predicted_tok_s": h.predicted_tokens_per_second,
             "predicted_speedup_over_ar": h.speedup_over_ar,
             "predicted_speedup_over_best_single": h.speedup_over_best_single,
         }
@@ -259,9 +272,9 @@ def run(args: argparse.Namespace) -> int:
             if len(h.chain) == 1:
                 seconds = measured_ar
             else:
-                seconds = measured_latency(models[target_name], h, prompts, args.max_new_tokens, **sampling)
+                seconds = measured_latency(models[target_name], h, prompts, **measured_run)
             row |= {
-                "measured_tok_s": 1 / seconds,
+                "measured_tok_s": args.batch / seconds,
                 "measured_speedup_over_ar": measured_ar / seconds,
                 "measured_over_predicted_latency": seconds / h.predicted_latency,
             }
@@ -271,9 +284,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         meta = run_metadata(
             args.device,
-            batch=1,
+            batch=args.batch,
             dtype=args.dtype,
             sampling=sampling,
+            compiled=args.compile,
             context=args.context,
             prompts=f"{len(prompts)} rows x {args.prompt_len} tokens (zoo calibration, one per source)",
             max_new_tokens=args.max_new_tokens,

@@ -28,9 +28,10 @@ from hsd_fast.latency import (
     block_sizes,
     decode_seconds,
     draft_seconds,
+    expected_gain,
     expected_latency,
+    first_verify_seconds,
     mean_gain,
-    verify_tokens,
 )
 
 
@@ -125,10 +126,10 @@ def _verify_and_gain(costs, alpha, chain, m: int) -> tuple[float, float]:
     """Expected seconds of m's verification of the block ``chain`` returns, and expected gain: the
     block is T' for a chain of models, random for a lookup level alone."""
     below, t_below = chain[-1]
-    block = block_sizes(costs[below], t_below) if len(chain) == 1 else {t_below: 1.0}
-    fed = (lambda b: verify_tokens(costs[below], b)) if len(chain) == 1 else (lambda b: b + 1)
-    verify = sum(p * costs[m](fed(b)) for b, p in block.items())
-    return verify, mean_gain(alpha[below][m], block)
+    if len(chain) > 1:
+        return costs[m](t_below + 1), expected_gain(alpha[below][m], t_below)
+    verify = first_verify_seconds(costs[m], costs[below], t_below)
+    return verify, mean_gain(alpha[below][m], block_sizes(costs[below], t_below))
 
 
 def _block_sizes_of(cost: Cost, max_T: int) -> range:

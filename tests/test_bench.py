@@ -40,11 +40,51 @@ def test_quick_bench_writes_its_files_with_every_field(tmp_path) -> None:
         } <= set(row)
         assert row["tok_s"] > 0 and row["same_output"] is True, row["config"]
     ours = [r for r in rows if r["family"] == "ours"]
-    assert any(r["config"] == "ours, no draft" for r in ours) and len(ours) >= 2
-    assert all(r["predicted_tok_s"] > 0 and r["measured_decode_tok_s"] > 0 for r in ours)
     markdown = (tmp_path / "e2e_tiny_cpu.md").read_text()
+    # the selector's pick runs, or is named as the same hierarchy as our no-draft decoding
+    assert any(r["config"] == "ours, no draft" for r in ours)
+    assert len(ours) >= 2 or "selector's pick: the same hierarchy as ours, no draft" in markdown
+    assert all(r["predicted_tok_s"] > 0 and r["measured_decode_tok_s"] > 0 for r in ours)
     assert "| configuration | tokens/s | x HF generate |" in markdown and meta["commit"] in markdown
     assert (tmp_path / "e2e_tiny_cpu.png").is_file() == (importlib.util.find_spec("matplotlib") is not None)
+
+
+def test_a_larger_batch_gets_its_own_pick_and_predictions(tmp_path) -> None:
+    """With batch 3 asked for, step costs are also timed at 3 rows (stored apart), the predictions
+    in batch 3's tables come from them, and the selector's pick for batch 3 runs there only, or is
+    named as the same hierarchy as a configuration that runs anyway. HF's batch-1-only
+    configurations sit batch 3 out."""
+    cache = tmp_path / "p.json"
+    assert (
+        _bench(
+            "--scenario",
+            "tiny",
+            "--quick",
+            "--batch",
+            "1",
+            "3",
+            "--out",
+            str(tmp_path),
+            "--cache",
+            str(cache),
+        )
+        == 0
+    )
+    rows = json.loads((tmp_path / "e2e_tiny_cpu.json").read_text())["rows"]
+    at = {batch: {r["config"]: r for r in rows if r["batch"] == batch} for batch in (1, 3)}
+    assert not any(r["family"] in ("hf assisted", "hf lookup") for r in at[3].values())
+    entries = json.loads(cache.read_text())["entries"]
+    assert (
+        sum(k.startswith("cost ") and k.endswith(" batch 3") for k in entries) == 3
+    )  # two drafts and the target
+    assert sum(k.startswith("lookup cost ") and k.endswith(" batch 3") for k in entries) == 1
+    alone = "ours, no draft"
+    assert at[3][alone]["predicted_tok_s"] != pytest.approx(3 * at[1][alone]["predicted_tok_s"], rel=1e-9)
+    picked = [name for name in at[3] if name.endswith("(selector's pick for batch 3)")]
+    markdown = (tmp_path / "e2e_tiny_cpu.md").read_text()
+    assert len(picked) == 1 or "selector's pick for batch 3: the same hierarchy as" in markdown
+    assert not any(name.endswith("(selector's pick for batch 3)") for name in at[1])
+    assert all(r["predicted_tok_s"] > 0 for r in at[3].values() if r["family"] == "ours")
 
 
 def test_a_run_beyond_the_position_table_is_refused_before_measuring(tmp_path, capsys) -> None:

@@ -96,3 +96,13 @@ def test_select_prints_and_measures_the_best_hierarchies(zoo_without_profile, tm
     again = json.loads(report.read_text())["rows"]
     predicted = ("chain", "T", "predicted_tok_s", "predicted_speedup_over_ar")
     assert [[r[k] for k in predicted] for r in again] == [[r[k] for k in predicted] for r in rows]
+
+    # for a batch: the costs (the models' and the lookup level's host time) are measured at it and
+    # stored apart, acceptance is reused; tokens/s count every row
+    assert main([*args, "--batch", "3"]) == 0
+    batched = json.loads(cache.read_text())["entries"]
+    added = sorted(set(batched) - set(entries))
+    assert len(added) == len(identities) + 1 and all(k.endswith(" batch 3") for k in added), added
+    report_json = json.loads(report.read_text())
+    assert report_json["meta"]["batch"] == 3
+    assert all(r["predicted_tok_s"] > 0 for r in report_json["rows"])

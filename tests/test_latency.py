@@ -130,3 +130,37 @@ def test_a_lookup_level_only_at_the_bottom() -> None:
         expected_latency([lookup], [], [])
     with pytest.raises(ValueError, match="sum to 1"):
         LookupCost(1e-4, (0.5, 0.2))
+    with pytest.raises(ValueError, match="one row"):
+        LookupCost(1e-4, (0.5, 0.5), rows=0)
+
+
+# ----------------------------------------------------------------------------- a batch of rows
+def test_a_batch_pads_a_lookup_verification_to_its_widest_row() -> None:
+    """Two rows, each offered 0 or 1 token with even odds: the widest is 0 only if both are."""
+    lookup = LookupCost(1e-4, (0.5, 0.5), rows=2)
+    assert lookup.block(4) == pytest.approx({0: 0.5, 1: 0.5})  # a row's own block is unchanged
+    assert lookup.padded_block(4) == pytest.approx({0: 0.25, 1: 0.75})
+    spread = LookupCost(1e-4, (0.5, 0.1, 0.1, 0.3), rows=3)
+    widest = spread.padded_block(2)
+    assert sum(widest.values()) == pytest.approx(1.0) and widest[0] == pytest.approx(0.5**3)
+    assert LookupCost(1e-4, (0.5, 0.1, 0.1, 0.3)).padded_block(2) == pytest.approx({0: 0.5, 1: 0.1, 2: 0.4})
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_exact_latency_of_a_padded_batch_matches_monte_carlo(k: int) -> None:
+    """The Monte Carlo draws the other rows' blocks and pads the verification to the widest."""
+    rng = random.Random(200 + k)
+    for trial in range(3):
+        costs, alphas, T = _random_instance(rng, k)
+        one_row = _lookup(rng)
+        padded = LookupCost(one_row.seconds, one_row.lengths, rows=4)
+        alphas = [_rates(rng), *alphas[1:]]
+        exact = expected_latency([padded, *costs[1:]], alphas, T)
+        mc, stderr = simulate([padded, *costs[1:]], alphas, T, rounds=20_000, seed=trial)
+        assert abs(exact - mc) < 4 * stderr, (costs, alphas, T, exact, mc, stderr)
+        # padding costs only where a fed token does
+        assert exact > expected_latency([one_row, *costs[1:]], alphas, T)
+        flat = [AffineCost(c.fixed) for c in costs[1:]]
+        assert expected_latency([padded, *flat], alphas, T) == pytest.approx(
+            expected_latency([one_row, *flat], alphas, T), rel=1e-12
+        )

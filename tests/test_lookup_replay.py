@@ -84,6 +84,8 @@ def test_host_seconds_is_a_positive_time_per_call() -> None:
     ids = torch.tensor([[1, 2, 3, 4] * 12])
     seconds, noise = host_seconds(SPEC, ids, max_T=4, repeats=3)
     assert 0 < seconds < 0.05 and noise >= 0
+    batch, _ = host_seconds(SPEC, ids, max_T=4, repeats=3, batch=3)  # the one row, three times
+    assert 0 < batch < 0.15
     fake, _ = host_seconds(SPEC, ids, max_T=4, repeats=3, clock=FakeClock())
     assert fake == 0.0  # only the fake clock's forwards advance it: the clock is the one given
 

@@ -30,14 +30,17 @@ pytestmark = pytest.mark.hf
 
 
 class FakeClock:
-    """Time that only the models' forwards advance: a forward over w fed columns of a model
-    attached with ``scale`` takes ``scale * (fixed + per_column * w) * load(k)`` seconds, k counting
-    the forwards of all models. The profiler may read the clock as often as it likes; only the
-    forwards inside a reading pair count. Nothing here reads the real time."""
+    """Time that only the models' forwards advance: a forward over B rows of w fed columns of a
+    model attached with ``scale`` takes ``scale * (fixed + per_column * w + per_token * B * w) *
+    load(k)`` seconds, k counting the forwards of all models. The profiler may read the clock as
+    often as it likes; only the forwards inside a reading pair count. Nothing here reads the real
+    time."""
 
-    def __init__(self, fixed: float = 0.002, per_column: float = 0.001, load=lambda k: 1.0) -> None:
+    def __init__(
+        self, fixed: float = 0.002, per_column: float = 0.001, load=lambda k: 1.0, per_token: float = 0.0
+    ) -> None:
         self.now, self.forwards = 0.0, 0
-        self.fixed, self.per_column, self.load = fixed, per_column, load
+        self.fixed, self.per_column, self.per_token, self.load = fixed, per_column, per_token, load
 
     def __call__(self) -> float:
         return self.now
@@ -47,8 +50,9 @@ class FakeClock:
         return model
 
     def _forward(self, scale: float, module, args, kwargs) -> None:
-        width = (kwargs["input_ids"] if "input_ids" in kwargs else args[0]).shape[1]
-        self.now += scale * (self.fixed + self.per_column * width) * self.load(self.forwards)
+        rows, width = (kwargs["input_ids"] if "input_ids" in kwargs else args[0]).shape
+        seconds = self.fixed + self.per_column * width + self.per_token * rows * width
+        self.now += scale * seconds * self.load(self.forwards)
         self.forwards += 1
 
 
@@ -83,6 +87,60 @@ def test_forward_costs_arithmetic_with_a_fake_clock() -> None:
     assert profile.draft(8) == pytest.approx(0.024) and profile.decode() == pytest.approx(0.003)
     assert profile.noise == 0.0  # every repeat took the same time
     assert clock.forwards == slow + REPEATS * (len(SPANS) + sum(DRAFTS))  # none extra
+
+
+def test_forward_costs_times_every_row_of_a_batch() -> None:
+    """Steps over a batch of 3 rows feed all 3: where each fed token costs 1 ms, a step over n
+    columns takes 2 ms + 3 ms * n, and a draft of k tokens k forwards of one column each."""
+    clock = FakeClock(per_column=0.0, per_token=0.001)
+    model = clock.attach(tiny_model("llama"))
+    profile = forward_costs(
+        model, spans=SPANS, drafts=DRAFTS, context=16, repeats=3, warmup=1, clock=clock, batch=3
+    )
+    assert profile.fit.fixed == pytest.approx(0.002) and profile.fit.per_token == pytest.approx(0.003)
+    assert profile.draft_seconds == pytest.approx([0.005 * k for k in DRAFTS])
+    with pytest.raises(ValueError, match="batch"):
+        forward_costs(model, context=16, batch=0)
+
+
+def test_profile_cache_keeps_batches_apart(tmp_path) -> None:
+    """Costs at batch 3 are measured and stored apart from batch 1's (whose key is unchanged)."""
+    clock = FakeClock(per_column=0.0, per_token=0.001)
+    model = clock.attach(tiny_model("llama"))
+    cache = ProfileCache(tmp_path / "profiles.json")
+    timing = {"spans": SPANS, "drafts": DRAFTS, "repeats": 3, "warmup": 1, "clock": clock}
+    one, three = (cache.costs(model, 16, batch=batch, **timing) for batch in (1, 3))
+    assert one.fit.per_token == pytest.approx(0.001) and three.fit.per_token == pytest.approx(0.003)
+    cache.save()
+    keys = list(json.loads((tmp_path / "profiles.json").read_text())["entries"])
+    assert (
+        len(keys) == 2
+        and sum(k.endswith(" batch 3") for k in keys) == 1
+        and "batch" not in min(keys, key=len)
+    )
+
+
+def test_select_hierarchy_for_a_batch_drops_drafts_when_tokens_cost_per_row() -> None:
+    """Fake time where a forward costs 4 ms plus 3 ms per token fed (every row's), a draft a tenth
+    of that, accepted 89 % of the time: at batch 1 a draft pays; at batch 16 a verification of
+    T + 1 tokens costs about T + 1 decoding steps, more than it gains, and plain decoding is
+    picked. The batch's pick is measured with 16 rows."""
+    target = tiny_model("llama")
+    prompts = torch.randint(3, 96, (2, 16), generator=torch.Generator().manual_seed(1))
+    picks = {}
+    for batch in (1, 16):
+        clock = FakeClock(fixed=0.004, per_column=0.0, per_token=0.003)
+        draft = clock.attach(noisy_copy(target, 0.1, seed=1), scale=0.1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ProfileNoiseWarning)
+            picks[batch] = hsd_fast.select_hierarchy(
+                clock.attach(copy.deepcopy(target)), [draft], prompts, clock=clock, progress=False,
+                batch=batch, measure=batch > 1, max_new_tokens=8,
+            )  # fmt: skip
+    assert len(picks[1].chain) == 2 and picks[1].speedup_over_ar > 1.0
+    assert picks[16].chain == (1,) and picks[16].batch == 16
+    assert picks[16].predicted_tokens_per_second == pytest.approx(16 / picks[16].predicted_latency)
+    assert picks[16].measured_latency == pytest.approx(0.004 + 16 * 0.003, rel=0.05)  # a forward per token
 
 
 def test_acceptance_is_one_against_itself_and_symmetric() -> None:

@@ -144,3 +144,20 @@ def test_picks_the_lookup_level_where_text_repeats_and_not_where_it_never_matche
     never = LookupCost(1e-3, (1.0,))
     pick = select([never, *costs], [[1.0, rates, rates], [rates, *alpha[0]], [rates, *alpha[1]]], max_T=6)
     assert pick.chain == (1, 2)
+
+
+def test_a_batch_drops_a_lookup_level_whose_padding_costs_more_than_it_gains() -> None:
+    """A lookup that offers 4 tokens 40 % of the time, nothing otherwise, under a target whose cost
+    is mostly per fed token: one row verifies 5 tokens only when offered them, and the lookup pays;
+    in a batch of 16 some row almost always is, every verification feeds 5, and plain decoding
+    wins. The DP and the exact rescoring both see the padding (the pick is no worse than brute
+    force)."""
+    target = AffineCost(1.0, 1.0)
+    rates = (0.9,)
+    alpha = [[1.0, rates], [rates, 1.0]]
+    for rows, drafts in ((1, 1), (16, 0)):
+        costs = [LookupCost(1e-4, (0.6, 0.0, 0.0, 0.0, 0.4), rows=rows), target]
+        pick = select(costs, alpha, max_T=MAX_T)
+        assert len(pick.chain) - 1 == drafts, (rows, pick)
+        best = min(lat for lat, _, _ in _all_chains(costs, alpha, expected_latency, lookup=True))
+        assert pick.predicted_latency <= best * (1 + REGRET_BOUND)

@@ -3,7 +3,9 @@ process, interleaved, after warm-up, with the machine checked for contention; gr
 compared with the target's own. Writes ``bench/results/e2e_<scenario>[_sampled]_<device>.{json,md,png}``.
 
 Which hierarchies run: ours with no draft; the selector's pick (``select_hierarchy`` with compiled
-step costs, the lookup level among the candidates); the best single draft and the best hierarchy of
+step costs, the lookup level among the candidates) for batch 1, at every batch, and for each larger
+batch its own pick, from step costs timed at that batch, at that batch only (docs/design.md,
+"Selecting for a batch"); the best single draft and the best hierarchy of
 a grid: every chain of one or two drafts (the lookup level only at the bottom) with T up to
 ``GRID_MAX_T``, ranked by the latency model, its ``GRID_MEASURED`` best measured
 once each (a tuning pass) and the fastest kept. HF assisted generation runs with each draft, with
@@ -93,26 +95,31 @@ def run(args: argparse.Namespace) -> int:
         notes.append(
             "Eager: our configurations ran uncompiled (and HF's compiled static cache was left out)."
         )
-    costs, alpha, names = _profile(scenario, sampling, args)
+    profiles = {batch: _profile(scenario, sampling, args, batch) for batch in dict.fromkeys([1, *args.batch])}
+    costs, alpha, names = profiles[1]
     pick = select(costs, alpha, max_T=GRID_MAX_T)
-    hierarchies = {"selector's pick": pick}
+    hierarchies = {"selector's pick": (pick, None)}
     extra_sections: list[str] = []
     if not args.quick:
         measured = _grid(scenario, costs, alpha, names, sampling, args, tuning_prompts)
         extra_sections = _selector_check(pick, measured, names)
-        hierarchies["grid's best"] = min(measured, key=measured.get)
+        hierarchies["grid's best"] = (min(measured, key=measured.get), None)
         for label, kind in GRID_KINDS.items():
             of_kind = {s: t for s, t in measured.items() if kind(s.chain)}
             if of_kind:
-                hierarchies[label] = min(of_kind, key=of_kind.get)
+                hierarchies[label] = (min(of_kind, key=of_kind.get), None)
         notes.append(
             "Grid: chains of one or two drafts (the lookup level only at the bottom) with "
             f"T <= {GRID_MAX_T}, ranked by the latency model; the {GRID_MEASURED} best predicted, and "
             f"the best predicted of each kind ({', '.join(GRID_KINDS)}), measured once each at batch 1 on "
             "the first prompt set; 'grid's best' is the fastest of those, and so on."
         )
+    for batch in args.batch:  # after the others: a batch's pick that is one of them runs as that one
+        if batch != 1:
+            batch_pick = select(*profiles[batch][:2], max_T=GRID_MAX_T)
+            hierarchies[f"selector's pick for batch {batch}"] = (batch_pick, (batch,))
 
-    configs = _configs(scenario, sampling, args, hierarchies, names, costs, alpha, tuning_prompts, notes)
+    configs = _configs(scenario, sampling, args, hierarchies, names, profiles, tuning_prompts, notes)
     rows = []
     meter = CpuMeter()
     redone = recompiled = 0
@@ -120,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     bar = tqdm(total=len(groups) * args.passes, desc="measuring (counted passes)", unit=" pass")
     for batch, set_name in groups:
         bar.set_postfix_str(f"batch {batch}, {set_name}")
-        chosen = [c for c in configs if batch == 1 or not c.batch_one_only]
+        chosen = [c for c in configs if c.runs_at(batch)]
         work = _batches(scenario.prompt_sets[set_name][: args.prompts_per_set], batch)
         batch_rows, busy, compiling = _measure(chosen, work, args, meter, sampling, scenario, bar.update)
         redone += busy
@@ -136,8 +143,9 @@ def run(args: argparse.Namespace) -> int:
         + ("" if meter.available else " (not checked: no /proc/stat)")
         + f", {recompiled} because something compiled in them (each configuration is warmed up "
         "until a call compiles nothing).",
-        "predicted / measured decode tokens/s: the latency model's prediction (prefill excluded) and the "
-        "same measured at batch 1 on the first prompt set (time for N tokens minus time for 1, per token).",
+        "predicted tokens/s: the latency model's prediction (prefill excluded) from step costs timed at "
+        "the table's batch, for all its rows; measured decode tokens/s: the same measured at batch 1 on the "
+        "first prompt set (time for N tokens minus time for 1, per token).",
     ]
     device = str(next(scenario.target.parameters()).device)
     meta = run_metadata(
@@ -179,19 +187,21 @@ def _label(sampling: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- choosing hierarchies
-def _profile(scenario: Scenario, sampling: dict, args) -> tuple[list, list[list], list[str]]:
-    """Compiled step costs and acceptance of the lookup level and every model (drafts, then the
-    target), cached: candidate 0 is the lookup level."""
+def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> tuple[list, list[list], list[str]]:
+    """Compiled step costs at ``batch`` rows and acceptance of the lookup level and every model
+    (drafts, then the target), cached: candidate 0 is the lookup level."""
     cache = ProfileCache(args.cache, fallbacks=_fallback_profiles(scenario))
     models = [*scenario.drafts.values(), scenario.target]
     names = [LOOKUP, *scenario.drafts, "target"]
     transform, greedy = generation_sampling(scenario.target, **sampling)
     context = _prompt_tokens(scenario) + args.max_new_tokens // 2
-    desc = "step costs" + ("" if args.eager else " (compiled)")
-    costs = [cache.costs(m, context, not args.eager, transform, greedy) for m in tqdm(models, desc=desc)]
+    desc = f"step costs{'' if args.eager else ' (compiled)'}, batch {batch}"
+    costs = [
+        cache.costs(m, context, not args.eager, transform, greedy, batch) for m in tqdm(models, desc=desc)
+    ]
     alpha = cache.acceptance(models, scenario.calibration, transform, greedy, generation_kwargs=sampling)
     lookup, rates = cache.lookup(
-        LookupDraft(), models, scenario.calibration, transform, greedy, GRID_MAX_T, generation_kwargs=sampling
+        LookupDraft(), models, scenario.calibration, transform, greedy, GRID_MAX_T, True, sampling, batch
     )
     cache.save()
     return (*with_lookup_level(costs, alpha, 0, lookup, rates), names)
@@ -261,7 +271,9 @@ def _selector_check(pick: Selection, measured: dict[Selection, float], names: li
     return [title, "", *markdown_table(columns, rows), ""]
 
 
-def _configs(scenario, sampling, args, hierarchies, names, costs, alpha, prompts, notes) -> list[cfg.Config]:
+def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, notes) -> list[cfg.Config]:
+    """The configurations measured. ``hierarchies``: label -> (selection, the batches it runs at or
+    None: all); ``profiles``: batch -> (costs, alpha, names) for the predictions at each batch."""
     n = args.max_new_tokens
     configs = [cfg.hf_generate(scenario.target, sampling, n)]
     if not args.eager:
@@ -272,21 +284,25 @@ def _configs(scenario, sampling, args, hierarchies, names, costs, alpha, prompts
             configs.append(_best_fixed_assisted(scenario, draft_name, draft, sampling, n, prompts, notes))
     configs.append(cfg.hf_lookup(scenario.target, sampling, n))
     alone = cfg.ours(scenario.target, scenario.drafts, [], [], sampling, n, not args.eager, "ours, no draft")
-    alone.notes["predicted_latency"] = decode_seconds(costs[-1])
+    alone.predicted = {batch: decode_seconds(costs[-1]) for batch, (costs, _, _) in profiles.items()}
     configs.append(alone)
-    seen = set()
-    for label, selection in hierarchies.items():
+    seen = {((), ()): alone}
+    for label, (selection, batches) in hierarchies.items():
         chain = tuple(names[i] for i in selection.chain[:-1])
-        if (chain, selection.T) in seen:
-            notes.append(
-                f"{label}: the same hierarchy as one listed above "
-                f"({' > '.join(chain)}, T={list(selection.T)})"
-            )
+        same = seen.get((chain, selection.T))
+        if same is not None:
+            notes.append(f"{label}: the same hierarchy as {same.name}")
+            if same.batches is not None:  # it now runs where this one would have too
+                same.batches = None if batches is None else (*same.batches, *batches)
             continue
-        seen.add((chain, selection.T))
         config = cfg.ours(scenario.target, scenario.drafts, chain, selection.T, sampling, n, not args.eager)
         config.name = f"{config.name} ({label})"
-        config.notes["predicted_latency"] = _predicted(costs, alpha, selection.chain, selection.T)
+        config.batches = batches
+        config.predicted = {
+            batch: _predicted(costs, alpha, selection.chain, selection.T)
+            for batch, (costs, alpha, _) in profiles.items()
+        }
+        seen[(chain, selection.T)] = config
         configs.append(config)
     return configs
 
@@ -351,6 +367,7 @@ def _measure(configs, work, args, meter, sampling, scenario, on_pass) -> tuple[l
         [runner(i, c) for i, c in enumerate(configs)], args.passes, meter, on_pass=lambda p: on_pass()
     )
     new_tokens = sum(ids.shape[0] for ids, _ in work) * args.max_new_tokens
+    batch = work[0][0].shape[0]
     reference = [seq for seq, _ in outputs[0]]  # HF generate: the target's own output
     rows = []
     for i, config in enumerate(configs):
@@ -368,8 +385,8 @@ def _measure(configs, work, args, meter, sampling, scenario, on_pass) -> tuple[l
             stats = [st for _, st in outputs[i]]
             steps = sum(sum(st.forwards) for st in stats)
             row["host_us_per_step"] = 1e6 * sum(st.host_time for st in stats) / steps
-        if "predicted_latency" in config.notes:
-            row["predicted_tok_s"] = 1.0 / config.notes["predicted_latency"]
+        if batch in config.predicted:
+            row["predicted_tok_s"] = batch / config.predicted[batch]
         rows.append(row)
     hf = next(r["tok_s"] for r in rows if r["family"] == "hf")
     ours_alone = next((r["tok_s"] for r in rows if r["config"] == "ours, no draft"), None)
@@ -398,8 +415,10 @@ def _tokens_per_target_forward(config, outputs, work, args, scenario) -> float |
 
 def _measured_decode(rows, configs, scenario, sampling, args, prompts) -> None:
     """Decode tokens/s of the configurations with a prediction, prefill excluded (batch 1)."""
+    if 1 not in args.batch:
+        return
     for config in configs:
-        if "predicted_latency" not in config.notes:
+        if not config.predicted or not config.runs_at(1):
             continue
         hierarchy = Hierarchy(_drafts(scenario, config.chain), config.T, Selection((), (), 0.0))
         seconds = _decode_seconds(scenario, hierarchy, sampling, args, prompts)

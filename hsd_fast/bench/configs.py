@@ -21,6 +21,8 @@ from hsd_fast.stats import HSDStats
 from hsd_fast.tree import Tree
 
 Generate = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, HSDStats | None]]
+BATCH_ONE = (1,)
+"""Where HF assisted generation and prompt lookup run: they refuse larger batches."""
 
 
 @dataclass
@@ -28,10 +30,13 @@ class Config:
     name: str
     family: str  # "hf", "hf compiled", "hf assisted", "hf lookup", "ours"
     generate: Generate  # (input_ids [B, L], attention_mask [B, L]) -> (sequences, stats or None)
-    batch_one_only: bool = False  # HF assisted generation and prompt lookup refuse larger batches
+    batches: tuple[int, ...] | None = None  # the batch sizes it runs at (None: every one)
     chain: tuple[str, ...] = ()  # ours: the drafts, smallest first
     T: tuple[int, ...] = ()
-    notes: dict = field(default_factory=dict)  # e.g. predicted latency, how it was chosen
+    predicted: dict[int, float] = field(default_factory=dict)  # batch -> predicted seconds per row-token
+
+    def runs_at(self, batch: int) -> bool:
+        return self.batches is None or batch in self.batches
 
 
 def _hf_kwargs(sampling: dict, max_new_tokens: int) -> dict:
@@ -78,7 +83,7 @@ def hf_assisted(
         return target.generate(ids, attention_mask=mask, **kwargs), None
 
     return Config(
-        f"HF assisted, {draft_name} ({label})", "hf assisted", run, batch_one_only=True, chain=(draft_name,)
+        f"HF assisted, {draft_name} ({label})", "hf assisted", run, batches=BATCH_ONE, chain=(draft_name,)
     )
 
 
@@ -88,7 +93,7 @@ def hf_lookup(target: torch.nn.Module, sampling: dict, max_new_tokens: int, num_
     def run(ids, mask):
         return target.generate(ids, attention_mask=mask, **kwargs), None
 
-    return Config(f"HF prompt lookup ({num_tokens} tokens)", "hf lookup", run, batch_one_only=True)
+    return Config(f"HF prompt lookup ({num_tokens} tokens)", "hf lookup", run, batches=BATCH_ONE)
 
 
 def ours(

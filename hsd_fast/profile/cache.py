@@ -181,19 +181,26 @@ class ProfileCache:
         compile: bool = False,
         transform: LogitsTransform | None = None,
         greedy: bool = True,
+        batch: int = 1,
         **kwargs,
     ) -> CostProfile:
         """``model``'s step costs at ``context`` cached tokens, on the path ``generate`` takes
-        (compiled or not, greedy or sampled under ``transform``)."""
+        (compiled or not, greedy or sampled under ``transform``), for ``batch`` rows."""
         transform = transform or LogitsTransform()
         p = next(model.parameters())
         key = (
             f"cost {model_identity(model)} {p.device.type} {str(p.dtype).removeprefix('torch.')} {context} "
-            f"{'compiled' if compile else 'eager'} {sampling_key(transform, greedy)}"
+            f"{'compiled' if compile else 'eager'} {sampling_key(transform, greedy)}{_batch_key(batch)}"
         )
         if not _usable_cost(self.entries.get(key)):
             profile = forward_costs(
-                model, context=context, compile=compile, greedy=greedy, transform=transform, **kwargs
+                model,
+                context=context,
+                compile=compile,
+                greedy=greedy,
+                transform=transform,
+                batch=batch,
+                **kwargs,
             )
             self.entries[key] = {field: list(getattr(profile, field)) for field in COST_FIELDS}
             self.entries[key]["noise"] = profile.noise
@@ -277,16 +284,18 @@ class ProfileCache:
         max_T: int,
         progress: bool = True,
         generation_kwargs: dict | None = None,
+        batch: int = 1,
         **timing,
     ) -> tuple[LookupCost, list[Acceptance]]:
-        """A lookup level's cost (host seconds per call, lengths offered) and the rates per position
-        at which each of ``models`` (the target last) accepts its proposals, replayed on the target's
-        own continuations of ``ids`` under ``generation_kwargs`` (the run's sampling settings)."""
+        """A lookup level's cost (host seconds per call for ``batch`` rows, lengths offered) and the
+        rates per position at which each of ``models`` (the target last) accepts its proposals,
+        replayed on the target's own continuations of ``ids`` under ``generation_kwargs`` (the
+        run's sampling settings)."""
         level = f"{spec.max_ngram}-{spec.min_ngram} T{max_T}"
         text = self._text_key(models[-1], ids, transform, greedy)
         lengths_key = f"lookup lengths {level} {text}"
         rate_keys = [f"lookup rates {level} {model_identity(m)} on {text}" for m in models]
-        cost_key = f"lookup cost {level} {ids.device.type} {ids_hash(ids)}"
+        cost_key = f"lookup cost {level} {ids.device.type} {ids_hash(ids)}{_batch_key(batch)}"
         missing = [k for k in (lengths_key, *rate_keys) if not _rates(self.entries.get(k))]
         if missing:
             text_ids = self._run_text(models[-1], ids, text, generation_kwargs)  # [N, L]
@@ -308,11 +317,11 @@ class ProfileCache:
             self.changed = True
         cost = self.entries.get(cost_key)
         if not (isinstance(cost, dict) and _numbers([cost.get("seconds"), cost.get("noise")])):
-            seconds, noise = lookup_replay.host_seconds(spec, ids, max_T, **timing)
+            seconds, noise = lookup_replay.host_seconds(spec, ids, max_T, batch=batch, **timing)
             self.entries[cost_key] = {"seconds": seconds, "noise": noise}
             self.changed = True
         cost = self.entries[cost_key]
-        level_cost = LookupCost(cost["seconds"], tuple(self.entries[lengths_key]), cost["noise"])
+        level_cost = LookupCost(cost["seconds"], tuple(self.entries[lengths_key]), cost["noise"], batch)
         return level_cost, [tuple(self.entries[key]) for key in rate_keys]
 
     @staticmethod
@@ -329,6 +338,11 @@ class ProfileCache:
         if key not in self._texts:
             self._texts[key] = run_text.continued(target, ids, **(generation_kwargs or {}))
         return self._texts[key]
+
+
+def _batch_key(batch: int) -> str:
+    """A cost key's batch: none for one row (the keys measured before batches had one)."""
+    return f" batch {batch}" if batch != 1 else ""
 
 
 def _numbers(value: object) -> bool:

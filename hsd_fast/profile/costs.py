@@ -5,7 +5,8 @@ transform, the draft or verification op, and the host's part of a step):
 - ``c(n)``: a verification step over n fed tokens (n - 1 drafts), for n in ``spans``;
 - ``d(k)``: a draft step that draws k tokens, for k in ``drafts``;
 
-each fitted as ``a + b n`` with ``a, b >= 0`` (``AffineCost.fit``). Autoregressive decoding (K = 0)
+each fitted as ``a + b n`` with ``a, b >= 0`` (``AffineCost.fit``), for a batch of ``batch`` rows
+(every row feeds the same span: a step runs over all of a batch's rows). Autoregressive decoding (K = 0)
 draws ``TOKENS_PER_DECODE_STEP`` tokens per step: its cost per token is ``d(that) / that``.
 
 A busy machine makes single timings meaningless (docs/design.md, "Measuring costs on a busy
@@ -79,32 +80,33 @@ def forward_costs(
     compile: bool = False,
     greedy: bool = True,
     transform: LogitsTransform | None = None,
+    batch: int = 1,
 ) -> CostProfile:
     """Time ``model``'s steps after ``context`` cached tokens, as ``generate`` runs them
-    (``compile``, greedy or sampled under ``transform``)."""
+    (``compile``, greedy or sampled under ``transform``), for ``batch`` rows at once."""
+    if batch < 1:
+        raise ValueError(f"forward_costs: batch must be >= 1, got {batch}")
     runner = HFRunner(model, model.get_output_embeddings().weight.shape[0])
     device = next(model.parameters()).device
     positions = context + max(*spans, *drafts) + 1
-    ids = torch.randint(3, runner.vocab_size, (1, positions), device=device)
+    ids = torch.randint(3, runner.vocab_size, (batch, positions), device=device)
     transform = transform or LogitsTransform()
-    sampling = SamplingMetadata.build(1, device, temperature=transform.temperature, greedy=greedy)
+    sampling = SamplingMetadata.build(batch, device, temperature=transform.temperature, greedy=greedy)
     ring_dtype = torch.float32 if transform.processors else runner.dtype
     state = DecodeState(
         list(ids), positions, 2 * positions, runner.vocab_size, ring_dtype, sampling, transform, not greedy
     )
-    runner.prepare(1, positions)
+    runner.prepare(batch, positions)
     # Each measured shape is compiled at its first call, inside the warm-up: with the default
     # (compile at the third use) the compilation could fall among the timed calls.
     verify = LevelStep(runner, level=1, top=2, compile=compile, compile_after_uses=1)  # keeps its p
     draft = LevelStep(runner, level=0, top=1, compile=compile, compile_after_uses=1)
-    row = np.zeros(1, dtype=np.int64)
-    steps = [lambda n=n: verify(state, row, row + context, row + context + n, row + context) for n in spans]
-    steps += [
-        lambda k=k: draft(state, row, row + context, row + context + 1, row + context, row + k)
-        for k in drafts
-    ]
+    rows = np.arange(batch, dtype=np.int64)  # every row takes part in every step
+    at = np.full(batch, context, dtype=np.int64)  # [B] each row's cached tokens
+    steps = [lambda n=n: verify(state, rows, at, at + n, at) for n in spans]
+    steps += [lambda k=k: draft(state, rows, at, at + 1, at, np.full_like(at, k)) for k in drafts]
     with torch.inference_mode():
-        verify(state, row, row, row + context, row + context - 1)  # prefill the context once
+        verify(state, rows, np.zeros_like(at), at, at - 1)  # prefill the context once
         medians, noise = interleaved_medians(steps, clock, device, warmup, repeats)
     return CostProfile(
         tuple(spans), tuple(medians[: len(spans)]), tuple(drafts), tuple(medians[len(spans) :]), noise

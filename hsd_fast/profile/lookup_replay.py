@@ -120,26 +120,27 @@ def host_seconds(
     max_T: int,
     repeats: int = 5,
     clock: Callable[[], float] = time.perf_counter,
+    batch: int = 1,
 ) -> tuple[float, float]:
     """Seconds of one lookup call as the engine makes it (read the new tokens, propose, write the
-    proposal into the token buffer): a pass of calls over the second half of the first row, timed
-    as step costs are (warmed up, median of ``repeats``), per call; and the noise of that median
-    (``costs.forward_costs``)."""
-    row = ids[0]
-    length = row.numel()
-    sampling = SamplingMetadata.build(1, row.device, temperature=1.0, greedy=True)
+    proposal into the token buffer) for ``batch`` rows: a pass of calls over the second half of
+    the first ``batch`` rows (repeated if fewer), timed as step costs are (warmed up, median of
+    ``repeats``), per call; and the noise of that median (``costs.forward_costs``)."""
+    text = ids[torch.arange(batch) % ids.shape[0]]  # [B, L]
+    length = text.shape[1]
+    sampling = SamplingMetadata.build(batch, text.device, temperature=1.0, greedy=True)
     state = DecodeState(
-        [row], length + max_T + 1, 2 * (max_T + 1), 1, torch.float32, sampling, LogitsTransform(), False
+        list(text), length + max_T + 1, 2 * (max_T + 1), 1, torch.float32, sampling, LogitsTransform(), False
     )
-    rows, wanted = np.zeros(1, dtype=np.int64), np.full(1, max_T, dtype=np.int64)
-    ends = [np.full(1, end, dtype=np.int64) for end in range(length // 2, length)]
+    rows, wanted = np.arange(batch, dtype=np.int64), np.full(batch, max_T, dtype=np.int64)
+    ends = [np.full(batch, end, dtype=np.int64) for end in range(length // 2, length)]
 
     def one_pass() -> None:
-        proposer = LookupProposer(spec, 1, ())  # a fresh index: each pass indexes the row again
+        proposer = LookupProposer(spec, batch, ())  # a fresh index: each pass indexes the rows again
         for end in ends:
             proposals, counts, _ = proposer.propose(state.tokens, rows, end, wanted)
             state.write_proposals(rows, end, proposals, counts)
-        state.tokens[0, :length] = row  # the proposals overwrote text the next pass reads
+        state.tokens[:, :length] = text  # the proposals overwrote text the next pass reads
 
-    medians, noise = interleaved_medians([one_pass], clock, row.device, warmup=2, repeats=repeats)
+    medians, noise = interleaved_medians([one_pass], clock, text.device, warmup=2, repeats=repeats)
     return medians[0] / len(ends), noise

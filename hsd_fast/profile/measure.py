@@ -20,24 +20,26 @@ if TYPE_CHECKING:
 def measured_latency(
     target: torch.nn.Module,
     hierarchy: Hierarchy | None,
-    prompts: torch.Tensor,  # [N, L]: each row is generated alone (batch 1)
+    prompts: torch.Tensor,  # [N, L]: generated ``batch`` rows at a time
     max_new_tokens: int = 64,
     clock: Callable[[], float] = time.perf_counter,
     repeats: int = 3,
+    batch: int = 1,
     **generation_kwargs,
 ) -> float:
-    """Seconds per generated token with the engine (``hierarchy=None``: autoregressive, K = 0), the
-    prefill excluded: (time for ``max_new_tokens`` - time for 1 token) / (``max_new_tokens`` - 1),
-    the median of ``repeats`` such pairs per prompt row (timed one after the other, so that load
-    that comes and goes spoils a pair, not a whole side), summed over the rows. EOS is ignored so
-    every run has the same length. NaN, with a ``ProfileNoiseWarning``, when the machine was too
+    """Seconds per token each row generates with the engine (``hierarchy=None``: autoregressive,
+    K = 0), the prefill excluded: (time for ``max_new_tokens`` - time for 1 token) /
+    (``max_new_tokens`` - 1), the median of ``repeats`` such pairs per batch of ``batch`` rows of
+    ``prompts`` (rows repeated to fill one batch if fewer; timed one after the other, so that load
+    that comes and goes spoils a pair, not a whole side), averaged over the batches. EOS is ignored
+    so every run has the same length. NaN, with a ``ProfileNoiseWarning``, when the machine was too
     busy to tell: the long runs took no longer than the short ones."""
     from hsd_fast.hf_generate import generate
 
-    if max_new_tokens < 2 or repeats < 1:
+    if max_new_tokens < 2 or repeats < 1 or batch < 1:
         raise ValueError(
-            "measured_latency needs max_new_tokens >= 2 (the first token is the prefill's) and "
-            f"repeats >= 1, got {max_new_tokens} and {repeats}"
+            "measured_latency needs max_new_tokens >= 2 (the first token is the prefill's), "
+            f"repeats >= 1 and batch >= 1, got {max_new_tokens}, {repeats} and {batch}"
         )
     levels = {"hierarchy": hierarchy} if hierarchy is not None else {"drafts": [], "T": []}
     kwargs = {"eos_token_id": None, "seed": 0, **generation_kwargs, **levels}
@@ -50,10 +52,12 @@ def measured_latency(
         synchronize(device)
         return clock() - start
 
-    warm_up(lambda: [timed(row[None], max_new_tokens) for row in prompts])  # every row's step shapes
+    rows = prompts[torch.arange(max(len(prompts), batch) // batch * batch) % len(prompts)]
+    batches = rows.split(batch)  # each [batch, L]
+    warm_up(lambda: [timed(ids, max_new_tokens) for ids in batches])  # every batch's step shapes
     total = sum(
-        statistics.median(timed(row[None], max_new_tokens) - timed(row[None], 1) for _ in range(repeats))
-        for row in prompts
+        statistics.median(timed(ids, max_new_tokens) - timed(ids, 1) for _ in range(repeats))
+        for ids in batches
     )
     if total <= 0:
         warnings.warn(
@@ -63,4 +67,4 @@ def measured_latency(
             stacklevel=2,
         )
         return math.nan
-    return total / (len(prompts) * (max_new_tokens - 1))
+    return total / (len(batches) * (max_new_tokens - 1))
