@@ -8,9 +8,9 @@ The zoo, compiled steps, fp32, the `code` prompts (64 tokens, repeated to fill a
 tokens. Each hierarchy is timed generating 128 tokens and 1 token, all runs interleaved in rotated
 passes after warm-up, contended passes redone (``hsd_fast.bench.timing``): decode tokens/s of the
 whole batch = B * 127 / (median long - median short), which is what the latency model predicts (the
-prefill excluded). The profile cache is a scratch copy of ``zoo/profile_cpu.json``: the batch-1
-costs come from it, the costs at larger batches are timed here (about 10 minutes per batch on 2
-cores, most of it compiling). Writes bench/results/batch_select_cpu[_sampled].{json,md}.
+prefill excluded). The profile cache is a scratch copy of ``zoo/profile_cpu.json`` (or ``--cache``,
+kept): the batch-1 costs come from it, the costs at larger batches are timed here (20-30 minutes
+per batch on 2 cores, most of it compiling). Writes bench/results/batch_select_cpu[_sampled].{json,md}.
 """
 
 from __future__ import annotations
@@ -37,14 +37,20 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--do-sample", action="store_true", help="temperature 0.8 (default: greedy)")
     parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        help="profile cache to use and keep (default: a scratch copy of zoo/profile_cpu.json)",
+    )
     args = parser.parse_args()
     sampling = {"do_sample": True, "temperature": 0.8} if args.do_sample else {"do_sample": False}
     scenario = zoo_scenario()
     prompts = scenario.prompt_sets["code"][:4]
 
     with tempfile.TemporaryDirectory() as scratch:
-        cache = Path(scratch) / "profile_cpu.json"
-        shutil.copy(ZOO / "profile_cpu.json", cache)
+        cache = args.cache or Path(scratch) / "profile_cpu.json"
+        if not cache.exists():
+            shutil.copy(ZOO / "profile_cpu.json", cache)
         profile_args = argparse.Namespace(cache=cache, eager=False, max_new_tokens=NEW_TOKENS)
         profiles = {
             b: command._profile(scenario, sampling, profile_args, b) for b in dict.fromkeys([1, *args.batch])
