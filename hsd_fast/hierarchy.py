@@ -60,17 +60,19 @@ class Hierarchy:
 
     @classmethod
     def bind(
-        cls, selection: Selection, models: Sequence[torch.nn.Module | LookupDraft | TreeDraft]
+        cls, selection: Selection, models: Sequence[torch.nn.Module | LookupDraft | TreeDraft], batch: int = 1
     ) -> Hierarchy:
-        """``selection`` with its drafts taken from ``models`` (the candidates, the target last)."""
+        """``selection`` (chosen for ``batch`` rows) with its drafts taken from ``models`` (the
+        candidates, the target last)."""
         drafts = [models[i] for i in selection.chain[:-1]]
         tree = drafts[0].tree if drafts and isinstance(drafts[0], TreeDraft) else None
         return cls(
             drafts=tuple(d.model if isinstance(d, TreeDraft) else d for d in drafts),
             T=selection.T if tree is None else (tree.depth, *selection.T[1:]),
             selection=selection,
-            runner_ups=tuple(cls.bind(s, models) for s in selection.runner_ups),
+            runner_ups=tuple(cls.bind(s, models, batch) for s in selection.runner_ups),
             tree=tree,
+            batch=batch,
         )
 
     @property
@@ -163,13 +165,12 @@ def select_hierarchy(
             generation_kwargs,
         )  # fmt: skip
     cache.save()
-    pick = Hierarchy.bind(select(costs, alpha, max_T=max_T), everything)
+    pick = Hierarchy.bind(select(costs, alpha, max_T=max_T), everything, batch)
     noise = max(c.noise for c in costs)
     doubt = _doubt(pick.selection, noise)
     if doubt is not None:
         warnings.warn(f"select_hierarchy: {doubt}", ProfileNoiseWarning, stacklevel=2)
-    runner_ups = tuple(replace(h, batch=batch) for h in pick.runner_ups)
-    pick = replace(pick, cost_noise=noise, within_noise=doubt is not None, batch=batch, runner_ups=runner_ups)
+    pick = replace(pick, cost_noise=noise, within_noise=doubt is not None)
     if measure:
         seconds = measured_latency(
             target, pick, prompts[:batch], max_new_tokens, compile=compile, clock=clock, batch=batch,
