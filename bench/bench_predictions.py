@@ -23,6 +23,7 @@ from pathlib import Path
 
 from kernel_bench import run_meta, write_results
 
+from hsd_fast.batch_latency import chain_latency
 from hsd_fast.bench import command
 from hsd_fast.bench.scenarios import SCENARIOS
 
@@ -59,7 +60,7 @@ def main() -> None:
             args = argparse.Namespace(cache=cache, eager=False, max_new_tokens=128)
             costs, alpha, names = command._profile(scenario, sampling, args)
         for chain, T, then, measured in measured_rows((RESULTS / table).read_text()):
-            now = 1 / command._predicted(costs, alpha, tuple(names.index(n) for n in chain), T)
+            now = 1 / chain_latency(costs, alpha, tuple(names.index(n) for n in chain), T)
             rows.append({
                 "table": table, "hierarchy": " > ".join(chain), "T": list(T), "measured_tok_s": measured,
                 "predicted_then_tok_s": then, "measured_over_predicted_then": round(measured / then, 3),

@@ -192,7 +192,7 @@ def run_hsd(
             rows = ledger.rows_for(level)
             starts, ends, outs = ledger.spans(level, rows)
             if level == 0 and lookup is not None:
-                wanted = _drafts_wanted(ledger, rows, budget_end, block_sizes)
+                wanted = drafts_wanted(ledger, rows, budget_end, block_sizes)
                 started = time.perf_counter()
                 proposals, counts, last_is_eos = lookup.propose(state.tokens, rows, ends, wanted)
                 state.write_proposals(rows, ends, proposals, counts)
@@ -200,13 +200,13 @@ def run_hsd(
                 inside = time.perf_counter() - started
                 log.proposed(counts)
             elif level == 0 and tree is not None:
-                wanted = _drafts_wanted(ledger, rows, budget_end, block_sizes)
+                wanted = drafts_wanted(ledger, rows, budget_end, block_sizes)
                 (proposed, _, broken), inside = steps[0](state, rows, starts, ends, outs, wanted)
                 _check_logits(level, rows, broken)
                 ledger.commit_proposal(rows, proposed, np.zeros_like(proposed))
                 log.drafted_tree(starts, ends, tree)
             elif level == 0:
-                wanted = _drafts_wanted(ledger, rows, budget_end, block_sizes)
+                wanted = drafts_wanted(ledger, rows, budget_end, block_sizes)
                 (drawn, last_is_eos, broken), inside = steps[0](
                     state, rows, starts, ends, outs, wanted, count=draft_count
                 )
@@ -341,7 +341,7 @@ TOKENS_PER_DECODE_STEP = 4
 """Without drafts (K = 0) the target decodes this many tokens per step (stopping at EOS)."""
 
 
-def _drafts_wanted(ledger: Ledger, rows: np.ndarray, budget_end: np.ndarray, block_sizes) -> np.ndarray:
+def drafts_wanted(ledger: Ledger, rows: np.ndarray, budget_end: np.ndarray, block_sizes) -> np.ndarray:
     """[R] how many tokens each row drafts before it wants another level: up to its block size T_0
     (or TOKENS_PER_DECODE_STEP without drafts), within its length budget."""
     frontiers = ledger.frontiers()[rows]  # [R, K + 1]

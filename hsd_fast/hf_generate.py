@@ -111,6 +111,8 @@ def _generate(
     num_drafts = len(bottom) + len(drafts)
     T = check_block_sizes([DEFAULT_T] * num_drafts if T is None else T, num_drafts, "T")
     check_input_ids(input_ids, model_kwargs)
+    if hierarchy is not None:
+        hierarchy.warn_unless_selected_for(input_ids.shape[0])
     _check_request(model, drafts, input_ids, config, stopping_criteria)
     vocab = hierarchy_vocab_size(model, drafts)
     prompts = _prompts(input_ids, model_kwargs.get("attention_mask"), vocab)

@@ -15,15 +15,20 @@ from dataclasses import dataclass, replace
 import torch
 from tqdm.auto import tqdm
 
+from hsd_fast.batch_latency import select_for_batch
 from hsd_fast.latency import Acceptance, Cost, LookupCost
 from hsd_fast.lookup import LookupDraft, as_lookup
 from hsd_fast.processors import generation_sampling
 from hsd_fast.profile import ProfileCache, ProfileNoiseWarning, measured_latency
-from hsd_fast.selector import Selection, select
+from hsd_fast.selector import Selection
 from hsd_fast.tree import Tree
 from hsd_fast.tree_latency import tree_acceptance, tree_cost
 
 SAMPLING_KWARGS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p")
+
+
+class HierarchyBatchWarning(UserWarning):
+    """A hierarchy runs at a batch size other than the one it was selected for."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,18 @@ class Hierarchy:
     def chain(self) -> tuple[int, ...]:
         return self.selection.chain
 
+    def warn_unless_selected_for(self, rows: int) -> None:
+        """A ``HierarchyBatchWarning`` when it runs ``rows`` rows but was selected for another batch:
+        a step's cost grows with the rows it feeds, so drafts that pay at one batch can cost more than
+        they save at another (docs/design.md, "Selecting for a batch")."""
+        if rows != self.batch:
+            warnings.warn(
+                f"this hierarchy was selected for batch {self.batch} and runs a batch of {rows}: it may "
+                f"be slower there than plain decoding; select_hierarchy(..., batch={rows}) picks for it",
+                HierarchyBatchWarning,
+                stacklevel=3,
+            )
+
     @property
     def predicted_latency(self) -> float:
         return self.selection.predicted_latency
@@ -122,9 +139,11 @@ def select_hierarchy(
     can only be level 0. ``tree_sizes``: also consider every model candidate drafting a token
     tree of each of these sizes, the best tree for its measured rank acceptance under each model
     that could verify it (docs/design.md, "Choosing a tree"); the pick's ``tree`` says which.
-    ``batch``: select for runs of that many rows (costs timed at that batch, the lookup level's
-    blocks padded to the widest row; docs/design.md, "Selecting for a batch"): a draft that pays
-    at batch 1 can lose to plain decoding at batch 16, where a forward over more tokens costs more.
+    ``batch``: select for runs of that many rows of ``max_new_tokens`` each (costs timed at that
+    batch; the best candidates then ranked by replaying the engine's loop over that many rows,
+    ``batch_latency``: a lookup level's blocks padded to the widest row, rows that fall out of step
+    or finish apart; docs/design.md, "Selecting for a batch"): a draft that pays at batch 1 can
+    lose to plain decoding at batch 16, where a forward over more tokens costs more.
 
     A profile is only as good as the machine was quiet: the returned ``Hierarchy`` carries the
     costs' relative noise (``cost_noise``), and when the pick's predicted speed-up over
@@ -165,7 +184,8 @@ def select_hierarchy(
             generation_kwargs,
         )  # fmt: skip
     cache.save()
-    pick = Hierarchy.bind(select(costs, alpha, max_T=max_T), everything, batch)
+    selection = select_for_batch(costs, alpha, batch, max_T=max_T, max_new_tokens=max_new_tokens)
+    pick = Hierarchy.bind(selection, everything, batch)
     noise = max(c.noise for c in costs)
     doubt = _doubt(pick.selection, noise)
     if doubt is not None:

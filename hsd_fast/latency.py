@@ -346,7 +346,7 @@ def simulate(
         total, spent = 0, 0.0
         while total < T[i]:
             b, fed, c = produce(i - 1)
-            gain = _draw_gain(rng, alphas[i - 1], b)
+            gain = draw_gain(rng, alphas[i - 1], b)
             spent += c + costs[i](fed + (behind[i] if engine else 0))
             behind[i] = 0
             for lower in range(i):
@@ -365,11 +365,13 @@ def simulate(
         behind[top] = 0
         for lower in range(top):
             behind[lower] += 1
-        per_round_tokens.append(_draw_gain(rng, alphas[top - 1], b))
+        per_round_tokens.append(draw_gain(rng, alphas[top - 1], b))
     return _ratio_with_error(per_round_cost, per_round_tokens)
 
 
-def _draw_gain(rng: random.Random, a: Acceptance, b: int) -> int:
+def draw_gain(rng: random.Random, a: Acceptance, b: int) -> int:
+    """A random gain of verifying a block of ``b`` tokens: the drafts accepted (each in turn with its
+    position's rate, up to the first rejection) plus the correction or bonus."""
     accepted = 0
     while accepted < b and rng.random() < rate_at(a, accepted + 1):
         accepted += 1

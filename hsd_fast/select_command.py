@@ -85,7 +85,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument("--measure", action="store_true", help="run every listed hierarchy with the engine")
     p.add_argument("--prompt-len", type=positive_int, default=64, help="prompt tokens per measured row")
-    p.add_argument("--max-new-tokens", type=positive_int, default=64, help="--measure: at least 2")
+    p.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=64,
+        help="tokens per row: what a batch is selected for, and --measure generates (at least 2)",
+    )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", type=_device, default="cuda" if torch.cuda.is_available() else "cpu")
     store = p.add_mutually_exclusive_group()
@@ -249,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
         tree_sizes=args.trees,
         batch=args.batch,
         compile=args.compile,
+        max_new_tokens=args.max_new_tokens,
         **sampling,
     )
     names_of = {id(model): name for name, model in models.items()}

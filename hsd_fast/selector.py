@@ -41,7 +41,7 @@ class Selection:
 
     chain: tuple[int, ...]
     T: tuple[int, ...]
-    predicted_latency: float  # seconds per committed token (exact recursion)
+    predicted_latency: float  # seconds per token of each row (exact recursion; at B rows batch_latency)
     speedup_over_ar: float = 1.0
     speedup_over_best_single: float = 1.0
     runner_ups: tuple[Selection, ...] = field(default=(), compare=False)

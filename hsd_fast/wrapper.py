@@ -44,6 +44,7 @@ class HSDModel:
         self.drafts = [*([] if lookup is None else [lookup]), *models]  # "lookup" as its LookupDraft
         self.T = check_block_sizes([DEFAULT_T] * len(self.drafts) if T is None else T, len(self.drafts), "T")
         self.compile, self.tree = compile, tree
+        self.hierarchy = hierarchy  # kept for its batch: generate warns when it runs another
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names not found on the wrapper: config, device, generation_config, ...
@@ -65,6 +66,8 @@ class HSDModel:
             ids = inputs if inputs is not None else kwargs["input_ids"]
             if streamer is not None and ids.shape[0] > 1:
                 raise ValueError("a streamer only supports batch size 1 (as in HF)")
+            if self.hierarchy is not None:
+                self.hierarchy.warn_unless_selected_for(ids.shape[0])
             return self.target.generate(
                 inputs,
                 custom_generate=generate,

@@ -2,6 +2,7 @@
 its drafts and block sizes reaching the engine, streaming, and what it refuses."""
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from transformers.generation.streamers import BaseStreamer
 
 import hsd_fast
 from hsd_fast.hf_generate import DEFAULT_T, HSDGenerateOutput
+from hsd_fast.hierarchy import HierarchyBatchWarning
 from hsd_fast.selector import Selection
 from hsd_fast.wrapper import HSDModel
 
@@ -59,10 +61,10 @@ def test_block_sizes_default_per_draft(target, drafts) -> None:
     assert hsd_fast.wrap(target).drafts == [] and hsd_fast.wrap(target).T == []
 
 
-def _hierarchy(target, drafts) -> hsd_fast.Hierarchy:
-    """What select_hierarchy would return had it picked both drafts with T = [3, 2]."""
+def _hierarchy(target, drafts, batch: int = 1) -> hsd_fast.Hierarchy:
+    """What select_hierarchy(..., batch=batch) would return had it picked both drafts with T = [3, 2]."""
     return hsd_fast.Hierarchy.bind(
-        Selection(chain=(0, 1, 2), T=(3, 2), predicted_latency=1.0), [*drafts, target]
+        Selection(chain=(0, 1, 2), T=(3, 2), predicted_latency=1.0), [*drafts, target], batch
     )
 
 
@@ -78,6 +80,26 @@ def test_hierarchy_excludes_drafts_and_T(target, drafts, extra) -> None:
     extra = {k: drafts if v == "drafts" else v for k, v in extra.items()}
     with pytest.raises(ValueError, match="either hierarchy= or drafts=/T=/tree=, not both"):
         hsd_fast.wrap(target, hierarchy=pick, **extra)
+
+
+@pytest.mark.parametrize("through", ["wrap", "generate"])
+def test_a_hierarchy_run_at_another_batch_warns(target, drafts, through) -> None:
+    """Selected for 2 rows: running 2 is quiet, running 1 or 3 warns (and still runs)."""
+    pick = _hierarchy(target, drafts, batch=2)
+    kwargs = {"do_sample": False, "max_new_tokens": 2, "eos_token_id": None, "compile": False}
+
+    def run(rows: int) -> torch.Tensor:
+        ids = torch.tensor([PROMPT] * rows)
+        if through == "wrap":
+            return hsd_fast.wrap(target, hierarchy=pick).generate(ids, **kwargs)
+        return target.generate(ids, custom_generate=hsd_fast.generate, hierarchy=pick, **kwargs)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HierarchyBatchWarning)
+        assert run(2).shape == (2, len(PROMPT) + 2)
+    for rows in (1, 3):
+        with pytest.warns(HierarchyBatchWarning, match=f"selected for batch 2 and runs a batch of {rows}"):
+            assert run(rows).shape == (rows, len(PROMPT) + 2)
 
 
 # ----------------------------------------------------------------------------- generate

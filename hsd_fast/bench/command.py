@@ -4,8 +4,8 @@ compared with the target's own. Writes ``bench/results/e2e_<scenario>[_sampled]_
 
 Which hierarchies run: ours with no draft; the selector's pick (``select_hierarchy`` with compiled
 step costs, the lookup level among the candidates) for batch 1, at every batch, and for each larger
-batch its own pick, from step costs timed at that batch, at that batch only (docs/design.md,
-"Selecting for a batch"); the best single draft and the best hierarchy of
+batch its own pick (``select_for_batch`` on step costs timed at that batch), at that batch only
+(docs/design.md, "Selecting for a batch"); the best single draft and the best hierarchy of
 a grid: every chain of one or two drafts (the lookup level only at the bottom) with T up to
 ``GRID_MAX_T``, ranked by the latency model, its ``GRID_MEASURED`` best measured
 once each (a tuning pass) and the fastest kept. HF assisted generation runs with each draft, with
@@ -23,12 +23,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from hsd_fast.batch_latency import chain_latency, select_for_batch
 from hsd_fast.bench import configs as cfg
 from hsd_fast.bench.results import write
 from hsd_fast.bench.scenarios import SCENARIOS, Scenario
 from hsd_fast.bench.timing import CpuMeter, interleaved
 from hsd_fast.hierarchy import Hierarchy, with_lookup_level
-from hsd_fast.latency import decode_seconds, expected_latency
+from hsd_fast.latency import decode_seconds
 from hsd_fast.lookup import LOOKUP, LookupDraft, as_lookup
 from hsd_fast.processors import generation_sampling
 from hsd_fast.profile import ProfileCache, measured_latency
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         )
     for batch in args.batch:  # after the others: a batch's pick that is one of them runs as that one
         if batch != 1:
-            batch_pick = select(*profiles[batch][:2], max_T=GRID_MAX_T)
+            batch_pick = select_for_batch(*profiles[batch][:2], batch, GRID_MAX_T, args.max_new_tokens)
             hierarchies[f"selector's pick for batch {batch}"] = (batch_pick, (batch,))
 
     configs = _configs(scenario, sampling, args, hierarchies, names, profiles, tuning_prompts, notes)
@@ -220,11 +221,6 @@ def _fallback_profiles(scenario: Scenario) -> list[Path]:
     return [zoo.zoo_dir() / "profile_cpu.json"]
 
 
-def _predicted(costs, alpha, chain: tuple[int, ...], T: tuple[int, ...]) -> float:
-    alphas = [alpha[a][b] for a, b in itertools.pairwise(chain)]
-    return expected_latency([costs[m] for m in chain], alphas, list(T))
-
-
 def _grid(scenario, costs, alpha, names, sampling, args, prompts) -> dict[Selection, float]:
     """Measured decode seconds per token (batch 1, prefill excluded) of the grid's best predicted
     hierarchies: every chain of one or two drafts with T up to GRID_MAX_T (candidate 0, the lookup
@@ -235,7 +231,7 @@ def _grid(scenario, costs, alpha, names, sampling, args, prompts) -> dict[Select
     for size in (1, 2):
         for chain in itertools.combinations(range(target), size):
             for T in itertools.product(range(1, GRID_MAX_T + 1), repeat=size):
-                candidates.append((_predicted(costs, alpha, (*chain, target), T), (*chain, target), T))
+                candidates.append((chain_latency(costs, alpha, (*chain, target), T), (*chain, target), T))
     candidates.sort()
     shortlist = candidates[:GRID_MEASURED]
     shortlist += [next(c for c in candidates if kind(c[1])) for kind in GRID_KINDS.values()]
@@ -299,7 +295,7 @@ def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, no
         config.name = f"{config.name} ({label})"
         config.batches = batches
         config.predicted = {
-            batch: _predicted(costs, alpha, selection.chain, selection.T)
+            batch: chain_latency(costs, alpha, selection.chain, selection.T, batch, n)
             for batch, (costs, alpha, _) in profiles.items()
         }
         seen[(chain, selection.T)] = config

@@ -1,0 +1,158 @@
+"""Seconds per token of a hierarchy run over a batch: the engine's loop replayed on the real ledger
+with random acceptance (docs/design.md, "Selecting for a batch").
+
+The latency model (``hsd_fast.latency``) follows one row. That is exact for a batch whose rows stay
+in step, which they do with one draft model: every row drafts T_0, then every row is verified. With
+two or more levels below the target they fall apart: after a verification some rows have the
+T_1 tokens their next level wants and others go back to drafting, and a step serves only the rows
+that want its level (the ledger's policy picks the level most rows want). Every step still runs
+all B rows (docs/design.md, "Padding and rows that sit out"), at the cost of B rows. So a batch pays
+for steps that serve part of it, and the one-row model predicts it too fast.
+
+``batch_latency`` measures that by Monte Carlo: B rows of the real ``Ledger`` (same spans, same
+policy, same length budget) run the engine's loop, each row drawing its own acceptances (the
+latency model's i.i.d. rates) and a lookup level's rows their own proposal lengths; every step is
+charged the B-row cost of its widest fed span, on the compiled steps' buckets. The prefill is not
+charged (the measured decode latency excludes it too).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from hsd_fast._C import Ledger
+from hsd_fast.engine import TOKENS_PER_DECODE_STEP, drafts_wanted
+from hsd_fast.latency import Acceptance, Cost, draft_seconds, draw_gain, expected_latency, verify_tokens
+from hsd_fast.layout import bucket
+from hsd_fast.selector import Selection, select
+
+PROMPT_TOKENS = 64
+"""The prompt each simulated row starts from (its length sets the positions only: its prefill is
+not charged)."""
+
+
+def batch_latency(
+    costs: Sequence[Cost],
+    alphas: Sequence[Acceptance],
+    T: Sequence[int],
+    rows: int,
+    max_new_tokens: int = 128,
+    runs: int = 8,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """(mean seconds per token each row commits, its standard error over ``runs``) for ``rows``
+    rows generating ``max_new_tokens`` each through levels with ``costs`` (measured at ``rows``
+    rows), acceptance ``alphas[i]`` of level i's tokens by level i+1 and block sizes ``T``. A
+    level 0 with a ``block`` distribution (a lookup level, a token tree) proposes its lengths."""
+    if rows < 1 or max_new_tokens < 1 or runs < 1:
+        raise ValueError(
+            f"batch_latency needs rows, max_new_tokens and runs >= 1, got {rows}, {max_new_tokens}, {runs}"
+        )
+    if len(alphas) != len(costs) - 1 or len(T) != len(costs) - 1:
+        raise ValueError(
+            f"{len(costs) - 1} draft level(s) need as many alphas and T, got {len(alphas)} and {len(T)}"
+        )
+    rng = random.Random(seed)
+    per_token = [
+        _run_seconds(costs, alphas, T, rows, max_new_tokens, rng) / max_new_tokens for _ in range(runs)
+    ]
+    error = statistics.stdev(per_token) / math.sqrt(runs) if runs > 1 else 0.0
+    return statistics.fmean(per_token), error
+
+
+def _run_seconds(
+    costs: Sequence[Cost],
+    alphas: Sequence[Acceptance],
+    T: Sequence[int],
+    rows: int,
+    new: int,
+    rng: random.Random,
+) -> float:
+    """Seconds for ``rows`` rows to commit ``new`` tokens each through the engine's loop."""
+    ledger = Ledger(len(costs), list(T), [PROMPT_TOKENS] * rows, new)
+    budget_end = np.full(rows, PROMPT_TOKENS + new, dtype=np.int64)
+    proposes = len(costs) > 1 and hasattr(costs[0], "block")  # a lookup level or a token tree
+    seconds = 0.0
+    while (level := ledger.next_level()) >= 0:
+        batch_rows = ledger.rows_for(level)
+        starts, ends, outs = ledger.spans(level, batch_rows)
+        starts = np.maximum(starts, PROMPT_TOKENS - 1)  # the prompt itself was fed by the prefill
+        if level == 0 and proposes:
+            wanted = drafts_wanted(ledger, batch_rows, budget_end, T)
+            blocks = costs[0].block(T[0])
+            drawn = rng.choices(list(blocks), list(blocks.values()), k=len(batch_rows))
+            counts = np.minimum(drawn, wanted)
+            ledger.commit_proposal(batch_rows, counts, np.zeros_like(counts))
+            seconds += draft_seconds(costs[0], T[0])
+        elif level == 0:  # a compiled draft step always draws its full count (rows stop at wanted)
+            wanted = drafts_wanted(ledger, batch_rows, budget_end, T)
+            longest = bucket(int((ends - starts).max()))  # catch-up tokens: the profile's step feeds 1
+            count = T[0] if T else TOKENS_PER_DECODE_STEP
+            seconds += draft_seconds(costs[0], count) + max(0.0, costs[0](longest) - costs[0](1))
+            for k in range(int(wanted.max())):  # the ledger takes drafts one at a time
+                now = wanted > k
+                ledger.commit_draft(batch_rows[now], np.zeros(int(now.sum()), dtype=np.int64))
+        else:
+            blocks = ends - outs - 1  # [R] the tokens each row's verification checks
+            catch_up = ends - starts - (blocks + 1)
+            fed = catch_up + np.array([verify_tokens(costs[level - 1], int(b)) for b in blocks])
+            accepted = np.array(
+                [draw_gain(rng, alphas[level - 1], int(b)) - 1 for b in blocks], dtype=np.int64
+            )
+            ledger.commit_verify(level, batch_rows, accepted, np.zeros_like(accepted))
+            seconds += costs[level](bucket(int(fed.max())))
+    return seconds
+
+
+def chain_latency(
+    costs: Sequence[Cost],
+    alpha: Sequence[Sequence[Acceptance]],
+    chain: Sequence[int],
+    T: Sequence[int],
+    rows: int = 1,
+    max_new_tokens: int = 128,
+) -> float:
+    """Predicted seconds per token of each row for the candidates ``chain`` (indices into ``costs``
+    and the acceptance matrix ``alpha``, the target last): the one-row recursion at batch 1, the
+    batch's Monte Carlo (``batch_latency``) at more rows."""
+    levels = [costs[m] for m in chain]
+    alphas = [alpha[a][b] for a, b in itertools.pairwise(chain)]
+    if rows == 1:
+        return expected_latency(levels, alphas, list(T))
+    return batch_latency(levels, alphas, T, rows, max_new_tokens)[0]
+
+
+def select_for_batch(
+    costs: Sequence[Cost],
+    alpha: Sequence[Sequence[Acceptance]],
+    rows: int,
+    max_T: int = 8,
+    max_new_tokens: int = 128,
+) -> Selection:
+    """``selector.select`` for a batch of ``rows`` rows (costs measured at ``rows`` rows): its pick
+    and runner-ups, which always include plain decoding and the best single draft, rescored by
+    ``batch_latency`` and ranked again. The one-row recursion ranks the candidates, so a hierarchy
+    outside its short list is not considered; the batch only penalises hierarchies (rows out of
+    step, rows finishing apart), so the ones it would promote are the single drafts and plain
+    decoding the list always holds."""
+    first = select(costs, alpha, max_T=max_T)
+    if rows == 1:
+        return first
+    candidates = [replace(first, runner_ups=()), *first.runner_ups]
+    latency = {s: chain_latency(costs, alpha, s.chain, s.T, rows, max_new_tokens) for s in candidates}
+    ar = next(lat for s, lat in latency.items() if len(s.chain) == 1)
+    best_single = min((lat for s, lat in latency.items() if len(s.chain) == 2), default=ar)
+    ranked = [
+        replace(
+            s, predicted_latency=lat, speedup_over_ar=ar / lat, speedup_over_best_single=best_single / lat
+        )
+        for s, lat in sorted(latency.items(), key=lambda kv: kv[1])
+    ]
+    return replace(ranked[0], runner_ups=tuple(ranked[1:]))

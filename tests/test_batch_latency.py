@@ -1,0 +1,99 @@
+"""`hsd_fast.batch_latency`: the engine's loop replayed on the real ledger over a batch of rows with
+random acceptance, and the selection it ranks (docs/design.md, "Selecting for a batch"). Pure math
+on fake costs: no model runs."""
+
+from dataclasses import replace
+
+import pytest
+
+from hsd_fast.batch_latency import batch_latency, chain_latency, select_for_batch
+from hsd_fast.latency import AffineCost, LookupCost, expected_latency
+from hsd_fast.selector import select
+
+# Costs with no per-token part: a verification costs the same over any span, so neither the
+# compiled steps' buckets nor catch-up tokens (which the one-row recursion leaves out) change them.
+FLAT = [AffineCost(0.001), AffineCost(0.004), AffineCost(0.03)]
+LONG = 2000  # tokens per row: long enough that the last rounds (rows finishing apart) weigh little
+
+
+def _close(simulated: tuple[float, float], exact: float, slack: float = 0.02) -> bool:
+    mean, error = simulated
+    return abs(mean - exact) <= 4 * error + slack * exact
+
+
+@pytest.mark.parametrize(
+    ("costs", "alphas", "T"),
+    [
+        (FLAT[1:], [0.7], [4]),
+        (FLAT, [0.8, 0.7], [2, 4]),
+        ([LookupCost(0.0002, (0.5, 0.1, 0.1, 0.1, 0.2)), FLAT[2]], [(0.6, 0.8, 0.9)], [4]),
+    ],
+    ids=["one draft", "two drafts", "lookup"],
+)
+def test_one_row_follows_the_recursion(costs, alphas, T) -> None:
+    assert _close(
+        batch_latency(costs, alphas, T, rows=1, max_new_tokens=LONG, runs=4),
+        expected_latency(costs, alphas, T),
+    )
+
+
+def test_rows_that_accept_everything_stay_in_step() -> None:
+    """Every row gains the same every round: the batch runs the steps of one row, to the token."""
+    one = batch_latency(FLAT, [1.0, 1.0], [2, 3], rows=1, max_new_tokens=60, runs=2)
+    assert batch_latency(FLAT, [1.0, 1.0], [2, 3], rows=8, max_new_tokens=60, runs=2) == one
+
+
+def test_two_drafts_fall_out_of_step_and_one_does_not() -> None:
+    """With two drafts, rows whose verifications gained differently want different levels next,
+    and a step serves only some of them at the cost of all; with one draft every row drafts, then
+    every row is verified, and the batch pays only for rows that finish apart."""
+
+    def slowdown(costs, alphas, T) -> float:
+        batch = batch_latency(costs, alphas, T, rows=16, max_new_tokens=LONG, runs=2)[0]
+        return batch / batch_latency(costs, alphas, T, rows=1, max_new_tokens=LONG, runs=2)[0]
+
+    assert slowdown(FLAT, [0.8, 0.7], [2, 4]) > 1.1
+    assert slowdown(FLAT[1:], [0.7], [4]) < 1.03
+
+
+def test_a_lookup_level_pads_to_the_widest_row() -> None:
+    """Proposals of 0-3 tokens: a verification feeds at most 4, a bucket, so the simulation's cost
+    per span is the recursion's; with per-token costs, padding to the widest of 16 rows costs what
+    ``LookupCost.padded_block`` predicts, more than one row's own block."""
+    lookup = LookupCost(0.0002, (0.4, 0.3, 0.2, 0.1))
+    target = AffineCost(0.01, 0.005)
+    alphas, T = [(0.6, 0.8, 0.9)], [3]
+    padded = expected_latency([replace(lookup, rows=16), target], alphas, T)
+    assert padded > 1.1 * expected_latency([lookup, target], alphas, T)
+    assert _close(
+        batch_latency([replace(lookup, rows=16), target], alphas, T, rows=16, max_new_tokens=LONG),
+        padded,
+        slack=0.05,  # rows finishing apart: a few rounds in a thousand run with some rows done
+    )
+
+
+def test_batch_latency_refuses_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="rows, max_new_tokens and runs >= 1"):
+        batch_latency(FLAT, [0.8, 0.7], [2, 4], rows=0)
+    with pytest.raises(ValueError, match="2 draft level"):
+        batch_latency(FLAT, [0.8], [2, 4], rows=2)
+
+
+# ----------------------------------------------------------------------------- selecting
+COSTS = [AffineCost(0.0005, 0.00005), AffineCost(0.002, 0.0002), AffineCost(0.03, 0.001)]
+ALPHA = [[1.0, 0.9, 0.75], [0.9, 1.0, 0.85], [0.75, 0.85, 1.0]]
+
+
+def test_select_for_batch_drops_a_hierarchy_its_rows_take_out_of_step() -> None:
+    one_row = select(COSTS, ALPHA)
+    assert len(one_row.chain) == 3  # both drafts pay for one row
+    pick = select_for_batch(COSTS, ALPHA, rows=16)
+    assert len(pick.chain) == 2
+    assert pick.predicted_latency == chain_latency(COSTS, ALPHA, pick.chain, pick.T, rows=16)
+    ranked = [pick.predicted_latency, *(r.predicted_latency for r in pick.runner_ups)]
+    assert ranked == sorted(ranked)
+    two_drafts = next(r for r in pick.runner_ups if r.chain == one_row.chain)
+    assert two_drafts.predicted_latency > 1.1 * one_row.predicted_latency
+    ar = next(r for r in pick.runner_ups if len(r.chain) == 1)
+    assert pick.speedup_over_ar == pytest.approx(ar.predicted_latency / pick.predicted_latency)
+    assert select_for_batch(COSTS, ALPHA, rows=1) == one_row
