@@ -78,21 +78,21 @@ def _run_seconds(
     """Seconds for ``rows`` rows to commit ``new`` tokens each through the engine's loop."""
     ledger = Ledger(len(costs), list(T), [PROMPT_TOKENS] * rows, new)
     budget_end = np.full(rows, PROMPT_TOKENS + new, dtype=np.int64)
-    proposes = len(costs) > 1 and hasattr(costs[0], "block")  # a lookup level or a token tree
+    # a lookup level or a token tree proposes a block of random (or fixed) length: sizes, probabilities
+    proposed = costs[0].block(T[0]) if len(costs) > 1 and hasattr(costs[0], "block") else None
     seconds = 0.0
     while (level := ledger.next_level()) >= 0:
         batch_rows = ledger.rows_for(level)
         starts, ends, outs = ledger.spans(level, batch_rows)
         starts = np.maximum(starts, PROMPT_TOKENS - 1)  # the prompt itself was fed by the prefill
-        if level == 0 and proposes:
+        if level == 0:
             wanted = drafts_wanted(ledger, batch_rows, budget_end, T)
-            blocks = costs[0].block(T[0])
-            drawn = rng.choices(list(blocks), list(blocks.values()), k=len(batch_rows))
+        if level == 0 and proposed is not None:
+            drawn = rng.choices(list(proposed), list(proposed.values()), k=len(batch_rows))
             counts = np.minimum(drawn, wanted)
             ledger.commit_proposal(batch_rows, counts, np.zeros_like(counts))
             seconds += draft_seconds(costs[0], T[0])
         elif level == 0:  # a compiled draft step always draws its full count (rows stop at wanted)
-            wanted = drafts_wanted(ledger, batch_rows, budget_end, T)
             longest = bucket(int((ends - starts).max()))  # catch-up tokens: the profile's step feeds 1
             count = T[0] if T else TOKENS_PER_DECODE_STEP
             seconds += draft_seconds(costs[0], count) + max(0.0, costs[0](longest) - costs[0](1))
