@@ -27,6 +27,7 @@ import torch
 from kernel_bench import (
     add_ratios,
     compile_notes,
+    compiled_us,
     first_call_s,
     median_us,
     parse_args,
@@ -39,21 +40,20 @@ from hsd_fast.triton_kernels.rejection import verify_torch, verify_triton
 
 DTYPES = [torch.bfloat16, torch.float32]
 KEYS = ["batch", "drafts", "vocab", "dtype"]
-REFERENCE_COMMIT = "acae7d0"  # verify_torch as the kernel issue started; unchanged since
 
 
 def make_inputs(batch: int, drafts: int, vocab: int, dtype: torch.dtype, device: str) -> tuple:
+    """Every row with ``drafts`` drafts, in the op's padded layout (equal counts: no padding)."""
     gen = torch.Generator(device=device).manual_seed(0)
-    rows = batch * (drafts + 1)
-    verifier = torch.randn(rows, vocab, generator=gen, device=device).to(dtype)
-    draft = torch.randn(batch * drafts, vocab, generator=gen, device=device).to(dtype)
-    draft_lse = torch.logsumexp(draft.float(), -1)
-    tokens = torch.randint(0, vocab, (batch * drafts,), generator=gen, device=device)
-    offsets = torch.arange(0, batch + 1, device=device) * drafts
+    verifier = torch.randn(batch, drafts + 1, vocab, generator=gen, device=device).to(dtype)  # [B, D + 1, V]
+    draft = torch.randn(batch, drafts, vocab, generator=gen, device=device).to(dtype)  # [B, D, V]
+    draft_lse = torch.logsumexp(draft.float(), -1)  # [B, D]
+    tokens = torch.randint(0, vocab, (batch, drafts), generator=gen, device=device)  # [B, D]
+    num_drafts = torch.full((batch,), drafts, device=device)  # [B]
     ones = torch.ones(batch, device=device)
     seeds = torch.arange(batch, device=device)
     positions = torch.full((batch,), 100, device=device)
-    return verifier, draft, draft_lse, tokens, offsets, ones, seeds, positions
+    return verifier, draft, draft_lse, tokens, num_drafts, ones, seeds, positions
 
 
 def needed_bytes(batch: int, drafts: int, vocab: int, dtype: torch.dtype) -> int:
@@ -68,8 +68,8 @@ def main() -> None:
     cuda = args.device == "cuda"
     batches = [1, 8] if args.quick or not cuda else [1, 8, 64]
     vocabs = [32000] if args.quick else [32000, 128256, 151936]
-    meta = run_meta(args.device, reference=REFERENCE_COMMIT)
-    compiled = torch.compile(verify_torch, dynamic=True)
+    meta = run_meta(args.device)
+    compiled = torch.compile(_reference, dynamic=True)
 
     rows = []
     for batch, drafts, vocab, dtype in itertools.product(batches, [4, 8, 16], vocabs, DTYPES):
@@ -77,41 +77,53 @@ def main() -> None:
         row = {"batch": batch, "drafts": drafts, "vocab": vocab, "dtype": str(dtype).split(".")[-1]}
         run = functools.partial(_bound, inputs=inputs)
         if not cuda:
-            rows.append(row | {"reference_eager_us": median_us(run(verify_torch), False)})
+            rows.append(row | {"reference_eager_us": median_us(run(_reference), False)})
             print(rows[-1], flush=True)
             continue
         if not rows:  # compile times, reported apart from the timings
-            meta["kernel_first_call_s"] = first_call_s(lambda i=inputs: _both_modes(verify_triton, i))
+            meta["kernel_first_call_s"] = first_call_s(lambda i=inputs: _both_modes(_kernel, i))
             meta["torch_compile_first_call_s"] = first_call_s(lambda i=inputs: _both_modes(compiled, i))
         row |= {
-            "kernel_us": median_us(run(verify_triton), True),
-            "kernel_greedy_us": median_us(run(verify_triton, greedy=True), True),
-            "kernel_unsplit_us": median_us(run(verify_triton, num_chunks=1), True),
-            "reference_eager_us": median_us(run(verify_torch), True),
-            "reference_compiled_us": median_us(run(compiled), True),
+            "kernel_us": median_us(run(_kernel), True),
+            "kernel_greedy_us": median_us(run(_kernel, greedy=True), True),
+            "kernel_unsplit_us": median_us(run(_kernel, num_chunks=1), True),
+            "reference_eager_us": median_us(run(_reference), True),
+            "reference_compiled_us": compiled_us(run(compiled), meta),
             "roofline_us": needed_bytes(batch, drafts, vocab, dtype) / meta["copy_bandwidth_GBps"] / 1e3,
         }
         add_ratios(row)
         if batch == 1:
-            row |= small_batch_us(run(verify_triton))
+            row |= small_batch_us(run(_kernel))
         rows.append(row)
         print(row, flush=True)
 
     notes = [
-        f"Reference: verify_torch at {REFERENCE_COMMIT}. Times in microseconds (medians), sampled mode "
-        "unless named greedy, level 1, rows of equal draft counts, random logits (most drafts rejected).",
+        "Reference: verify_torch (rejection_torch.py) at the run's commit. Times in microseconds "
+        "(medians), sampled mode unless named greedy, level 1, rows of equal draft counts, random logits "
+        "(most drafts rejected).",
         *compile_notes(meta),
     ]
     write_results(f"rejection_{args.device}", "Verification step", notes, KEYS, rows, meta)
 
 
+# The level is a constant of these functions, not an argument: an int argument of a dynamic=True
+# function becomes a symbolic int, and inductor's Triton code for the keyed hash of a symbolic level
+# does not compile (torch 2.11 on the H200: `float ^ float`). The engine compiles at static shapes.
+def _kernel(*args, **kwargs):
+    return verify_triton(*args, level=1, **kwargs)
+
+
+def _reference(*args, **kwargs):
+    return verify_torch(*args, level=1, **kwargs)
+
+
 def _bound(fn, inputs: tuple, greedy: bool = False, **kwargs):
-    return functools.partial(fn, *inputs, level=1, greedy=greedy, **kwargs)
+    return functools.partial(fn, *inputs, greedy=greedy, **kwargs)
 
 
 def _both_modes(fn, inputs: tuple) -> None:
-    fn(*inputs, level=1, greedy=False)
-    fn(*inputs, level=1, greedy=True)
+    fn(*inputs, greedy=False)
+    fn(*inputs, greedy=True)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from hsd_fast import attention
 from hsd_fast.architectures import layer_types, module_source, window
 from hsd_fast.compat import embeddable_ids, fit_logits
 from hsd_fast.layout import FedBlock, capacity_bucket
+from hsd_fast.steps import graph_buffer
 from hsd_fast.triton_kernels.ops import triton_installed
 from hsd_fast.triton_kernels.tree_attention_torch import attention_meta
 
@@ -78,7 +79,7 @@ class SlotCache(Cache):
     def _zeros(self, states: torch.Tensor) -> torch.Tensor:
         # Zero-initialised: a NaN in a masked slot would still poison SDPA.
         batch, heads, _, dim = states.shape
-        return states.new_zeros(batch, heads, self.num_slots, dim)
+        return graph_buffer(states.new_zeros(batch, heads, self.num_slots, dim))
 
     def move(self, rows: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor) -> None:
         """Copy every layer's K/V at slots ``sources`` to slots ``targets`` ([R, M] each, for the

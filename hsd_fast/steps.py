@@ -58,6 +58,16 @@ class Runner(Protocol):
         engine")."""
 
 
+def graph_buffer(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, a buffer that compiled steps write in place, marked on CUDA as a static input.
+    Inductor's CUDA graphs (cudagraph trees) skip every graph that mutates an input not marked so:
+    without the mark no compiled step replays from a graph. A new buffer in a marked input's place
+    (the next run's) makes the graph record again (docs/design.md, "Compiled steps")."""
+    if tensor.is_cuda:
+        torch._dynamo.mark_static_address(tensor, guard=False)
+    return tensor
+
+
 class DecodeState:
     """The tensors of one run: every row's tokens by position and, for every speculative position,
     the distribution of the level that tagged it (processed logits + fp32 log-sum-exp) in a ring of
@@ -76,13 +86,15 @@ class DecodeState:
     ) -> None:
         num_rows, device = len(prompts), prompts[0].device
         self.sampling, self.transform, self.window, self.trash = sampling, transform, window, capacity
-        self.tokens = torch.zeros(num_rows, capacity + 1, dtype=torch.int64, device=device)  # [B, S + 1]
+        tokens = torch.zeros(num_rows, capacity + 1, dtype=torch.int64, device=device)  # [B, S + 1]
+        self.tokens = graph_buffer(tokens)
         for r, p in enumerate(prompts):
             self.tokens[r, : p.numel()] = p
         self.q_logits = self.q_lse = None
         if keep_q:  # slot W is the trash slot
-            self.q_logits = torch.zeros(num_rows, window + 1, vocab, dtype=ring_dtype, device=device)
-            self.q_lse = torch.zeros(num_rows, window + 1, dtype=torch.float32, device=device)
+            ring = torch.zeros(num_rows, window + 1, vocab, dtype=ring_dtype, device=device)  # [B, W + 1, V]
+            self.q_logits = graph_buffer(ring)
+            self.q_lse = graph_buffer(torch.zeros(num_rows, window + 1, dtype=torch.float32, device=device))
         # Everything a step's code depends on besides tensor shapes: a compiled step is built per
         # structure and guards on tensors only (see LevelStep). Without a ring the window is unused.
         ring = window if keep_q else None
@@ -314,8 +326,11 @@ class _Compiling:
     def __init__(self, fn: Callable, name: str, device: torch.device) -> None:
         self.fn, self.name, self.compiled = fn, name, False
         self.config = CPU_INDUCTOR_CONFIG if device.type == "cpu" else {}
+        self.cuda = device.type == "cuda"
 
     def __call__(self, *args):
+        if self.cuda:  # the engine has read the last step's output: its graph memory may be reused
+            torch.compiler.cudagraph_mark_step_begin()
         if self.compiled:
             return self.fn(*args)
         if _Compiling.bar is None:
