@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import time
 import types
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
@@ -363,6 +364,30 @@ MAX_COVER_WASTE = 2
 _STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+GRAPH_MEMORY_RESERVE = 2 * 2**30
+"""Bytes of available memory a new CPU graph must leave, beyond twice the weights it copies
+(compiling packs them while the previous buffers are still alive)."""
+
+
+def available_memory() -> int | None:
+    """Bytes the OS could give this process now (``MemAvailable`` of /proc/meminfo), or None where
+    that is not known."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def graph_memory_ok(weight_bytes: int) -> bool:
+    """Whether a CPU graph that freezes ``weight_bytes`` of weights fits in the available memory."""
+    available = available_memory()
+    return available is None or available >= 2 * weight_bytes + GRAPH_MEMORY_RESERVE
+
+
 def _fingerprint(runner: Runner) -> tuple:
     """What a compiled step assumes of a model beyond tensor shapes: which parameter tensors it
     holds (a replaced or reallocated weight changes this), their contents (a compiled CPU step holds
@@ -404,6 +429,7 @@ class LevelStep:
         self.compiled: dict[tuple, list[tuple[int, int]]] = {}  # (kind, structure) -> compiled shapes
         self.uses: dict[tuple, int] = {}  # shape key -> uses so far
         self.fingerprint = _fingerprint(runner)
+        self.memory_capped = False  # memory allowed no more graphs (_room_for_a_graph)
 
     @classmethod
     def of(
@@ -445,12 +471,37 @@ class LevelStep:
             return self.function(kind, *covering[0], state, compiled=True)  # its own graph comes first
         key = (*family, width, out_width)
         self.uses[key] = self.uses.get(key, 0) + 1
-        if self.uses[key] >= self.compile_after_uses:
+        if self.uses[key] >= self.compile_after_uses and self._room_for_a_graph(state.tokens.device):
             compiled.append((width, out_width))
             return self.function(kind, width, out_width, state, compiled=True)
         if covering:
             return self.function(kind, *covering[0], state, compiled=True)
         return self.function(kind, width, out_width, state, compiled=False)
+
+    def _room_for_a_graph(self, device: torch.device) -> bool:
+        """Whether memory allows one more compiled graph of this level. On a CPU each graph holds
+        its own packed copy of the model's weights (``CPU_INDUCTOR_CONFIG``), so graphs of a large
+        model can exhaust the memory; past ``graph_memory_ok``'s limit a new shape runs in a
+        covering graph or eagerly (the same tokens), and the run warns once."""
+        if self.memory_capped:
+            return False
+        if device.type != "cpu":
+            return True
+        model = getattr(self.runner, "model", None)
+        if not isinstance(model, torch.nn.Module):
+            return True
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        if graph_memory_ok(weights):
+            return True
+        self.memory_capped = True
+        warnings.warn(
+            f"hsd_fast: level {self.level}'s model ({weights / 2**30:.2f} GiB of weights) compiles no more "
+            "step graphs: each holds its own copy of the weights on a CPU and memory is short; new step "
+            "shapes run eagerly or in a wider graph (same tokens, slower)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
 
     def function(
         self, kind: str, width: int, out_width: int, state: DecodeState, compiled: bool = False

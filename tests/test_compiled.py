@@ -10,6 +10,7 @@ import torch._dynamo
 from hf_models import derived_drafts, noisy_copy, tiny_model
 
 import hsd_fast
+from hsd_fast import steps
 from hsd_fast.testing.exactness import pooled_chi_square
 
 pytestmark = [pytest.mark.hf, pytest.mark.slow]
@@ -80,6 +81,24 @@ def test_the_host_time_of_a_run_is_what_its_steps_leave(models) -> None:
     assert all(0 < inside <= wall for inside, wall in zip(stats.step_time, stats.wall_time, strict=True))
     assert stats.host_time == pytest.approx(sum(stats.wall_time) - sum(stats.step_time))
     assert 0 < stats.host_time < sum(stats.wall_time)
+
+
+def test_short_memory_stops_compiling_and_keeps_the_tokens(monkeypatch) -> None:
+    """On a CPU every graph holds a copy of its model's weights: with too little memory for another
+    one, a compiled run builds no graph, says so once, and decodes the same tokens."""
+    target = tiny_model("llama", layers=2, seed=11)
+    drafts = derived_drafts(target, 1)
+    monkeypatch.setattr(steps, "available_memory", lambda: steps.GRAPH_MEMORY_RESERVE - 1)
+    torch._dynamo.utils.counters.clear()
+    ids = torch.tensor([PROMPTS[1]])
+    kwargs = {"do_sample": False, "max_new_tokens": 16, "eos_token_id": None}
+    with pytest.warns(RuntimeWarning, match="compiles no more step graphs") as caught:
+        out = target.generate(
+            ids, custom_generate=hsd_fast.generate, drafts=drafts, T=[2], compile=True, **kwargs
+        )
+    assert out.tolist() == target.generate(ids, **kwargs).tolist()
+    assert _compiles() == 0
+    assert len([w for w in caught if "compiles no more" in str(w.message)]) == 2  # once per level
 
 
 @pytest.mark.gpu
