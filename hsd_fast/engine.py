@@ -111,8 +111,10 @@ def run_hsd(
     ``block_sizes[i]`` is T_i: level i+1 verifies once level i has emitted at least T_i tokens.
     ``seeds``: one int (row seeds derived from it) or one int64 per row. ``temperature``: one float
     or one per row, applied to the runners' logits. ``on_commit(row, tokens)`` is called with every
-    row's newly committed tokens, in order, as the target commits them (streaming). ``use_kernel``:
-    draft and verify with the Triton kernels (default: on CUDA tensors) or the torch references.
+    row's newly committed tokens, in order, as the target commits them (streaming): a view of the
+    run's buffer, valid during the call (a later run may reuse the buffer: copy what you keep).
+    ``use_kernel``: draft and verify with the Triton kernels (default: on CUDA tensors) or the torch
+    references.
     ``transform``: the sampling transform (HF logits processors) every level applies to its logits.
     ``compile``: run the level steps through ``torch.compile`` (``True``), eagerly (``False``), or
     ``"auto"``: eagerly until this hierarchy has spent ``AUTO_COMPILE_AFTER_SECONDS`` decoding, then

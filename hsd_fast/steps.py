@@ -69,6 +69,52 @@ def graph_buffer(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+class BufferPool:
+    """Zeroed buffers for a run, taken from finished runs of the same shapes where it can. On CUDA a
+    compiled step's graph is recorded for the addresses of the buffers it writes, and a run that
+    brings new ones makes every graph record again (an extra run of each step, and one more
+    recorded graph kept for each, request after request): reusing a finished run's buffers keeps the
+    addresses. A buffer returns to the pool when the object that took it is collected, so two live
+    runs never share one; the pool keeps the free buffers of its ``max_shapes`` most recent shapes.
+    Pools on ``device_types`` only (a CPU has no graphs to keep)."""
+
+    def __init__(self, device_types: frozenset[str] = frozenset({"cuda"}), max_shapes: int = 4) -> None:
+        self.device_types, self.max_shapes = device_types, max_shapes
+        self._free: dict[tuple, list[torch.Tensor]] = {}  # shape key -> free buffers, oldest key first
+
+    def zeros(
+        self, owner: object, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        """A zeroed ``shape`` buffer that belongs to ``owner`` until ``owner`` is collected."""
+        if device.type not in self.device_types:
+            return torch.zeros(shape, dtype=dtype, device=device)
+        key = (tuple(shape), dtype, device)
+        free = self._free.pop(key, [])
+        self._keep(key, free)  # the most recent shape now
+        buffer = free.pop().zero_() if free else graph_buffer(torch.zeros(shape, dtype=dtype, device=device))
+        weakref.finalize(owner, self._give_back, key, buffer)
+        return buffer
+
+    @property
+    def free_buffers(self) -> int:
+        """How many buffers the pool holds for later runs."""
+        return sum(len(free) for free in self._free.values())
+
+    def _give_back(self, key: tuple, buffer: torch.Tensor) -> None:
+        free = self._free.pop(key, [])
+        free.append(buffer)
+        self._keep(key, free)
+
+    def _keep(self, key: tuple, free: list[torch.Tensor]) -> None:
+        self._free[key] = free
+        while len(self._free) > self.max_shapes:
+            del self._free[next(iter(self._free))]
+
+
+POOL = BufferPool()
+"""The buffers of every run's ``DecodeState`` and token-tree buffers."""
+
+
 class DecodeState:
     """The tensors of one run: every row's tokens by position and, for every speculative position,
     the distribution of the level that tagged it (processed logits + fp32 log-sum-exp) in a ring of
@@ -87,15 +133,14 @@ class DecodeState:
     ) -> None:
         num_rows, device = len(prompts), prompts[0].device
         self.sampling, self.transform, self.window, self.trash = sampling, transform, window, capacity
-        tokens = torch.zeros(num_rows, capacity + 1, dtype=torch.int64, device=device)  # [B, S + 1]
-        self.tokens = graph_buffer(tokens)
+        self.tokens = POOL.zeros(self, (num_rows, capacity + 1), torch.int64, device)  # [B, S + 1]
         for r, p in enumerate(prompts):
             self.tokens[r, : p.numel()] = p
         self.q_logits = self.q_lse = None
         if keep_q:  # slot W is the trash slot
-            ring = torch.zeros(num_rows, window + 1, vocab, dtype=ring_dtype, device=device)  # [B, W + 1, V]
-            self.q_logits = graph_buffer(ring)
-            self.q_lse = graph_buffer(torch.zeros(num_rows, window + 1, dtype=torch.float32, device=device))
+            ring = (num_rows, window + 1, vocab)  # [B, W + 1, V]
+            self.q_logits = POOL.zeros(self, ring, ring_dtype, device)
+            self.q_lse = POOL.zeros(self, (num_rows, window + 1), torch.float32, device)  # [B, W + 1]
         # Everything a step's code depends on besides tensor shapes: a compiled step is built per
         # structure and guards on tensors only (see LevelStep). Without a ring the window is unused.
         ring = window if keep_q else None

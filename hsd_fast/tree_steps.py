@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from hsd_fast.layout import FedBlock, fed_block
-from hsd_fast.steps import DecodeState, Runner, broken_logits, graph_buffer, processed_logits, step_result
+from hsd_fast.steps import POOL, DecodeState, Runner, broken_logits, processed_logits, step_result
 from hsd_fast.tree import Tree
 from hsd_fast.triton_kernels.tree_torch import draft_children_torch, node_key, verify_tree_torch
 
@@ -73,10 +73,8 @@ class TreeBuffers:
     def __init__(self, plan: TreePlan, num_rows: int, vocab: int, dtype: torch.dtype, greedy: bool) -> None:
         n, device = plan.tree.num_nodes, plan.depths.device
         self.plan = plan
-        self.tokens = graph_buffer(torch.zeros(num_rows, n, dtype=torch.int64, device=device))  # [B, n]
-        self.q_logits = None
-        if not greedy:
-            self.q_logits = graph_buffer(torch.zeros(num_rows, n + 1, vocab, dtype=dtype, device=device))
+        self.tokens = POOL.zeros(self, (num_rows, n), torch.int64, device)  # [B, n]
+        self.q_logits = None if greedy else POOL.zeros(self, (num_rows, n + 1, vocab), dtype, device)
 
 
 def _node_block(
