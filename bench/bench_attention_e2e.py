@@ -5,8 +5,9 @@ steps. One process, a warm-up pass, then passes in rotated order; every greedy o
 with HF's own, token for token.
 
     python bench/bench_attention_e2e.py [--batch 1 8] [--context 64 768] [--passes 3] [--compiled]
+                                        [--twin HIDDEN LAYERS MLP] [--only dense]
 
-Writes bench/results/attention_e2e[_compiled]_<device>.{json,md}.
+Writes bench/results/attention_e2e[_twin][_compiled]_<device>.{json,md}.
 """
 
 from __future__ import annotations
@@ -43,9 +44,15 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--compiled", action="store_true", help="our steps compiled (CUDA graphs on CUDA)")
     parser.add_argument("--only", nargs="+", help="only our configurations whose name contains one of these")
+    parser.add_argument(
+        "--twin", type=int, nargs=3, metavar=("HIDDEN", "LAYERS", "MLP"),
+        help="replace the target s by its cost twin of this shape (same logits, a larger model's cost)",
+    )  # fmt: skip
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     models = {name: zoo.load(name, torch.float32, device) for name in ("xxs", "s")}
+    if args.twin:  # a target bound by its weights, as real ones are on a GPU (docs/design.md, "Cost twins")
+        models["s"] = zoo.cost_twin(models["s"].cpu(), *args.twin).to(device)
     target, vocab = models["s"], models["s"].config.vocab_size
     eos = target.generation_config.eos_token_id
 
@@ -135,7 +142,8 @@ def _synchronize(device: str) -> None:
 def _write(rows: list[dict], device: str, args: argparse.Namespace) -> None:
     meta = run_metadata(
         device,
-        models="zoo xxs, s (fp32)",
+        models="zoo xxs, s (fp32)"
+        + (f"; s as its cost twin {args.twin} (hidden, layers, MLP)" if args.twin else ""),
         new_tokens=args.new_tokens,
         passes=args.passes,
         compiled=args.compiled,
@@ -144,7 +152,8 @@ def _write(rows: list[dict], device: str, args: argparse.Namespace) -> None:
     table = markdown_table(columns, [[r[c] for c in columns] for r in rows])
     steps = "compiled steps (CUDA graphs on CUDA)" if args.compiled else "eager steps"
     notes = [f"Greedy, {steps}, medians over the passes; `equal_to_hf`: every output equals HF's greedy one."]
-    stem = Path(f"bench/results/attention_e2e{'_compiled' * args.compiled}_{device}")
+    twin = "_twin" if args.twin else ""
+    stem = Path(f"bench/results/attention_e2e{twin}{'_compiled' * args.compiled}_{device}")
     title = f"Fused attention end to end: {meta['device']}"
     write_report(stem, title, meta, [*notes, "", *table], {"rows": rows})
 

@@ -7,6 +7,8 @@
 #   bash bench/run_gpu.sh bench-tree-attention  # bench/bench_tree_attention.py --flex -> $OUT/tree_attention_*
 #   bash bench/run_gpu.sh attention-e2e       # bench/bench_attention_e2e.py -> $OUT/attention_e2e_*
 #   bash bench/run_gpu.sh attention-e2e-compiled  # the same with compiled steps, batch 1, context 768
+#   bash bench/run_gpu.sh e2e-twin            # compiled, dense, batch 1: s as a weight-bound cost twin
+#                                             # (hidden 2048, 8 layers, MLP 8192: ~0.5 B parameters, fp32)
 #   bash bench/run_gpu.sh zoo-train xxs xs    # train zoo sizes on CUDA from the carried token file
 #
 # zoo-train needs the corpus tokens built on the CPU machine, carried as an ignored path:
@@ -15,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
-stage=${1:?stage: build | test | test-attention | bench-rejection | bench-sampling | bench-tree-attention | attention-e2e | attention-e2e-compiled | zoo-train SIZES...}
+stage=${1:?stage: build | test | test-attention | bench-rejection | bench-sampling | bench-tree-attention | attention-e2e | attention-e2e-compiled | e2e-twin | zoo-train SIZES...}
 shift
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/run_gpu.log"; }
 
@@ -50,6 +52,11 @@ for s in "$stage" "$@"; do
       python3 bench/bench_attention_e2e.py --compiled --passes 2 --batch 1 --context 768 2>&1 \
         | tee "$OUT/attention_e2e_compiled.txt" | tail -20
       cp bench/results/attention_e2e_compiled_cuda.json bench/results/attention_e2e_compiled_cuda.md "$OUT"/ ;;
+    e2e-twin)
+      log "end to end, compiled steps, the target as a weight-bound cost twin"
+      python3 bench/bench_attention_e2e.py --compiled --only dense --passes 2 --batch 1 --context 768 \
+        --twin 2048 8 8192 2>&1 | tee "$OUT/attention_e2e_twin_compiled.txt" | tail -20
+      cp bench/results/attention_e2e_twin_compiled_cuda.json bench/results/attention_e2e_twin_compiled_cuda.md "$OUT"/ ;;
     zoo-train)
       log "zoo training: $*"
       mkdir -p "$OUT/zoo"
