@@ -13,7 +13,7 @@ bound on what a selector could have picked, and the files say what the selector 
 from __future__ import annotations
 
 import json
-import math
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -41,13 +41,9 @@ def span(values: list[float], digits: int = 2) -> str:
     return low if low == high else f"{low}-{high}"
 
 
-def geometric_mean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
 def best(configs: dict[str, dict[str, float]]) -> str:
     """The configuration whose tokens/s over the prompt sets has the highest geometric mean."""
-    return max(configs, key=lambda name: geometric_mean(list(configs[name].values())))
+    return max(configs, key=lambda name: statistics.geometric_mean(list(configs[name].values())))
 
 
 def short_name(config: str) -> str:
@@ -94,8 +90,7 @@ def summary_rows(run: str) -> list[str]:
 
 
 def main() -> None:
-    present = [run for run in RUNS if (RESULTS / f"{run}.json").exists()]
-    rows = [line for run in present for line in summary_rows(run)]
+    rows = [line for run in RUNS for line in summary_rows(run)]
     text = (
         "# hsd-fast bench: the end-to-end runs in one table\n\n"
         "CPU (2 cores), fp32, compiled, 4 prompts of 64 tokens per set (code, prose, repetitive), "
