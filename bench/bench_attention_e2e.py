@@ -1,11 +1,14 @@
 """End to end, the fused tree-attention kernel against the dense-mask path (CUDA): HF ``generate`` and
-our decoding with no draft, a chain (``xxs > s``, T=3) and a tree (``full([2, 2])`` drafted by
-``xxs``), each with the dense mask (SDPA) and with the kernel, on the zoo in fp32, greedy, eager
-steps. One process, a warm-up pass, then passes in rotated order; every greedy output is compared
-with HF's own, token for token.
+our decoding with no draft, chains (``xxs > s`` and ``xs > s``, T=3; ``lookup > xs > s``, T=[1, 3])
+and a tree (``full([2, 2])`` drafted by ``xxs``), each with the dense mask (SDPA) and with the
+kernel, on the zoo in fp32, greedy, eager steps. One process, a warm-up pass, then passes in
+rotated order; every greedy output is compared with HF's own, token for token.
 
     python bench/bench_attention_e2e.py [--batch 1 8] [--context 64 768] [--passes 3] [--compiled]
                                         [--twin HIDDEN LAYERS MLP] [--only dense]
+
+``--only`` keeps our configurations whose name contains one of its strings (HF ``generate`` always
+runs: it is the reference).
 
 Writes bench/results/attention_e2e[_twin][_compiled]_<device>.{json,md}.
 """
@@ -21,12 +24,15 @@ import torch
 from hsd_fast import zoo
 from hsd_fast.engine import run_hsd
 from hsd_fast.hf_runner import HFRunner
+from hsd_fast.lookup import LOOKUP, LookupDraft
 from hsd_fast.report import markdown_table, run_metadata, write_report
 from hsd_fast.tree import Tree
 from hsd_fast.zoo.build import read_calibration
 
 HIERARCHIES = {"no draft": ((), [], None), "xxs > s, T=3": (("xxs",), [3], None)}
 HIERARCHIES["xxs > s, tree full([2, 2])"] = (("xxs",), [3], Tree.full([2, 2]))
+HIERARCHIES["xs > s, T=3"] = (("xs",), [3], None)
+HIERARCHIES["lookup > xs > s, T=[1, 3]"] = ((LOOKUP, "xs"), [1, 3], None)
 
 
 def prompts_of(context: int, count: int) -> list[torch.Tensor]:
@@ -50,14 +56,14 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    models = {name: zoo.load(name, torch.float32, device) for name in ("xxs", "s")}
+    models = {name: zoo.load(name, torch.float32, device) for name in ("xxs", "xs", "s")}
     if args.twin:  # a target bound by its weights, as real ones are on a GPU (docs/design.md, "Cost twins")
         models["s"] = zoo.cost_twin(models["s"].cpu(), *args.twin).to(device)
     target, vocab = models["s"], models["s"].config.vocab_size
     eos = target.generation_config.eos_token_id
 
     def ours(path: str, drafts: tuple, T: list, tree: Tree | None):
-        runners = [HFRunner(models[d], vocab, path) for d in (*drafts, "s")]
+        runners = [LookupDraft() if d == LOOKUP else HFRunner(models[d], vocab, path) for d in (*drafts, "s")]
 
         def run(prompts: list[torch.Tensor]) -> list[list[int]]:
             out = run_hsd(
@@ -142,7 +148,7 @@ def _synchronize(device: str) -> None:
 def _write(rows: list[dict], device: str, args: argparse.Namespace) -> None:
     meta = run_metadata(
         device,
-        models="zoo xxs, s (fp32)"
+        models="zoo xxs, xs, s (fp32)"
         + (f"; s as its cost twin {args.twin} (hidden, layers, MLP)" if args.twin else ""),
         new_tokens=args.new_tokens,
         passes=args.passes,

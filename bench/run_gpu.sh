@@ -7,8 +7,10 @@
 #   bash bench/run_gpu.sh bench-tree-attention  # bench/bench_tree_attention.py --flex -> $OUT/tree_attention_*
 #   bash bench/run_gpu.sh attention-e2e       # bench/bench_attention_e2e.py -> $OUT/attention_e2e_*
 #   bash bench/run_gpu.sh attention-e2e-compiled  # the same with compiled steps, batch 1, context 768
-#   bash bench/run_gpu.sh e2e-twin            # compiled, dense, batch 1: s as a weight-bound cost twin
-#                                             # (hidden 2048, 8 layers, MLP 8192: ~0.5 B parameters, fp32)
+#   bash bench/run_gpu.sh test-graphs         # the CUDA-graph tests alone: replay, no re-record
+#   bash bench/run_gpu.sh e2e-twin            # compiled, dense, batch 1 and 16: s as a weight-bound cost
+#                                             # twin (hidden 2048, 8 layers, MLP 8192: ~0.5 B parameters,
+#                                             # fp32); no draft, xs > s, lookup > xs > s
 #   bash bench/run_gpu.sh zoo-train xxs xs    # train zoo sizes on CUDA from the carried token file
 #
 # zoo-train needs the corpus tokens built on the CPU machine, carried as an ignored path:
@@ -17,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
-stage=${1:?stage: build | test | test-attention | bench-rejection | bench-sampling | bench-tree-attention | attention-e2e | attention-e2e-compiled | e2e-twin | zoo-train SIZES...}
+stage=${1:?stage: build | test | test-graphs | test-attention | bench-rejection | bench-sampling | bench-tree-attention | attention-e2e | attention-e2e-compiled | e2e-twin | zoo-train SIZES...}
 shift
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/run_gpu.log"; }
 
@@ -32,6 +34,9 @@ for s in "$stage" "$@"; do
     test)
       log "gpu tests"
       python3 -m pytest -q -m gpu tests/ 2>&1 | tee "$OUT/gpu_tests.txt" | tail -5 ;;
+    test-graphs)
+      log "CUDA-graph tests"
+      python3 -m pytest -q -m gpu tests/test_compiled.py 2>&1 | tee "$OUT/gpu_tests_graphs.txt" | tail -5 ;;
     test-attention)
       log "tree-attention gpu tests"
       python3 -m pytest -q -m gpu tests/test_tree_attention.py 2>&1 | tee "$OUT/gpu_tests_attention.txt" | tail -5 ;;
@@ -54,8 +59,9 @@ for s in "$stage" "$@"; do
       cp bench/results/attention_e2e_compiled_cuda.json bench/results/attention_e2e_compiled_cuda.md "$OUT"/ ;;
     e2e-twin)
       log "end to end, compiled steps, the target as a weight-bound cost twin"
-      python3 bench/bench_attention_e2e.py --compiled --only dense --passes 2 --batch 1 --context 768 \
-        --twin 2048 8 8192 2>&1 | tee "$OUT/attention_e2e_twin_compiled.txt" | tail -20
+      python3 bench/bench_attention_e2e.py --compiled --passes 3 --batch 1 16 --context 768 \
+        --twin 2048 8 8192 --only "no draft, dense" ", xs > s, T=3, dense" "lookup > xs > s, T=[1, 3], dense" \
+        2>&1 | tee "$OUT/attention_e2e_twin_compiled.txt" | tail -20
       cp bench/results/attention_e2e_twin_compiled_cuda.json bench/results/attention_e2e_twin_compiled_cuda.md "$OUT"/ ;;
     zoo-train)
       log "zoo training: $*"

@@ -131,3 +131,34 @@ def test_compiled_steps_replay_from_cuda_graphs() -> None:
     assert sampled[0] == sampled[1]
     assert counters["stats"]["unique_graphs"] > 0, "nothing was compiled"
     assert counters["inductor"]["cudagraph_skips"] == 0, "a compiled step ran without a CUDA graph"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_repeated_request_replays_without_recording(monkeypatch) -> None:
+    """A request of shapes already seen takes the finished run's buffers (``steps.BufferPool``), so
+    its steps replay the graphs recorded for those addresses: no CUDA graph is captured."""
+    cpu_target = tiny_model("llama", layers=2)
+    drafts = [d.cuda() for d in derived_drafts(cpu_target, 1)]
+    target = cpu_target.cuda()
+    captures = []
+    capture_begin = torch.cuda.CUDAGraph.capture_begin
+
+    def counting_capture_begin(graph, *args, **kwargs):
+        captures.append(1)
+        return capture_begin(graph, *args, **kwargs)
+
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", counting_capture_begin)
+    ids = torch.tensor([PROMPTS[1]], device="cuda")
+    kwargs = {"do_sample": False, "max_new_tokens": 20, "eos_token_id": None}
+    expected = target.generate(ids, **kwargs).tolist()
+    recorded = []
+    for _ in range(4):  # the first runs warm up and record; the last must only replay
+        captures.clear()
+        out = target.generate(
+            ids, custom_generate=hsd_fast.generate, drafts=drafts, T=[2], compile=True, **kwargs
+        )
+        assert out.tolist() == expected
+        recorded.append(len(captures))
+    assert sum(recorded) > 0, "no CUDA graph was recorded at all"
+    assert recorded[-1] == 0, f"CUDA graphs captured per request: {recorded}"
