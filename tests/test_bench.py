@@ -87,6 +87,33 @@ def test_a_larger_batch_gets_its_own_pick_and_predictions(tmp_path) -> None:
     assert all(r["predicted_tok_s"] > 0 for r in at[3].values() if r["family"] == "ours")
 
 
+def test_profiles_measured_in_a_child_process_are_read_from_the_cache(tmp_path, monkeypatch) -> None:
+    """The child process (``--profile-only``, the command line ``_profile_in_child`` builds) fills the
+    cache with everything ``_profile`` needs, for every batch: the parent then measures nothing."""
+    args = command._check(
+        argparse.Namespace(
+            scenario="tiny", quick=True, eager=False, batch=[1, 2], do_sample=True, temperature=0.8,
+            max_new_tokens=None, passes=None, prompts_per_set=None, out=tmp_path, cache=tmp_path / "p.json",
+            profile_only=False,
+        )
+    )  # fmt: skip
+    command._profile_in_child(args)
+    cached = args.cache.read_text()
+    assert json.loads(cached)["entries"], "the child cached nothing"
+
+    def measure(*_args, **_kwargs):
+        raise AssertionError("step costs measured again in the parent")
+
+    monkeypatch.setattr("hsd_fast.profile.cache.forward_costs", measure)
+    scenario = command.SCENARIOS["tiny"]()
+    sampling = {"do_sample": True, "temperature": 0.8}
+    for batch in (1, 2):
+        costs, alpha, names = command._profile(scenario, sampling, args, batch)
+        assert len(costs) == len(names) and len(alpha) == len(names)
+    assert args.cache.read_text() == cached, "the parent measured something the child had not cached"
+    assert not list(tmp_path.glob("e2e_*")), "--profile-only wrote result files"
+
+
 def test_a_run_beyond_the_position_table_is_refused_before_measuring(tmp_path, capsys) -> None:
     # the tiny scenario: prompts of 16 tokens, 512 positions
     with pytest.raises(SystemExit, match=r"max_position_embeddings \(512\); use --max-new-tokens <= 496"):

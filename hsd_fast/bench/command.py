@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -62,6 +64,10 @@ def add_parser(sub) -> None:
     p.add_argument("--prompts-per-set", type=int, help="default 8 (--quick: 2)")
     p.add_argument("--out", type=Path, default=Path("bench/results"), help="folder for the result files")
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="profile cache for the selector")
+    p.add_argument(
+        "--profile-only", action="store_true",
+        help="measure and cache the selector's step costs and acceptance for every batch, then exit",
+    )  # fmt: skip
 
 
 def _check(args: argparse.Namespace) -> argparse.Namespace:
@@ -96,6 +102,13 @@ def run(args: argparse.Namespace) -> int:
         notes.append(
             "Eager: our configurations ran uncompiled (and HF's compiled static cache was left out)."
         )
+    if args.profile_only:
+        for batch in dict.fromkeys([1, *args.batch]):
+            _profile(scenario, sampling, args, batch)
+        print(f"profiles cached in {args.cache}")
+        return 0
+    if not args.eager:
+        _profile_in_child(args)
     profiles = {batch: _profile(scenario, sampling, args, batch) for batch in dict.fromkeys([1, *args.batch])}
     costs, alpha, names = profiles[1]
     pick = select(costs, alpha, max_T=GRID_MAX_T)
@@ -206,6 +219,21 @@ def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> tuple[
     )
     cache.save()
     return (*with_lookup_level(costs, alpha, 0, lookup, rates), names)
+
+
+def _profile_in_child(args: argparse.Namespace) -> None:
+    """Measure what ``_profile`` needs in a child process (``--profile-only``), which fills the
+    cache; the bench then reads it. On a CPU every compiled step packs its own copy of the weights,
+    and those copies stay with the process after the steps are gone (docs/design.md, "Compiled
+    steps"): timing the step costs of a large target at several batch sizes in the bench's own
+    process left too little memory for the configurations it then compiles."""
+    argv = [sys.executable, "-m", "hsd_fast.cli", "bench", "--scenario", args.scenario, "--profile-only"]
+    argv += ["--batch", *map(str, args.batch), "--max-new-tokens", str(args.max_new_tokens)]
+    argv += ["--cache", str(args.cache)] + ["--eager"] * args.eager
+    argv += ["--do-sample", "--temperature", str(args.temperature)] if args.do_sample else []
+    child = subprocess.run(argv, check=False)
+    if child.returncode != 0:
+        raise SystemExit(f"hsd-fast bench: profiling in a child process failed (exit {child.returncode})")
 
 
 def _drafts(scenario: Scenario, names: Sequence[str]) -> tuple:
