@@ -8,7 +8,9 @@ optionally replaced by its cost twin.
     python bench/profile_round.py [--twin 2048 8 8192] [--out DIR]
 
 Prints the rows and writes DIR/profile_round.json and DIR/profile_<config>.txt (default DIR:
-bench/results/profile_round_<device>).
+bench/results/profile_round_<device>). A row's ``rounds`` are the level's forward passes
+(``HSDStats.forwards``): a draft step that draws T tokens counts T, so its per-round times are per
+drafted token.
 """
 
 from __future__ import annotations
