@@ -42,6 +42,15 @@ def prompts_of(context: int, count: int) -> list[torch.Tensor]:
     return [stream[i * context : (i + 1) * context] for i in range(count)]
 
 
+def load_models(names: tuple[str, ...], device: str, twin: list[int] | None) -> dict[str, torch.nn.Module]:
+    """The zoo models ``names`` in fp32 on ``device``; ``twin`` (hidden, layers, MLP): ``s`` replaced
+    by its cost twin of that shape (same logits, a larger model's cost; docs/design.md, "Cost twins")."""
+    models = {name: zoo.load(name, torch.float32, device) for name in names}
+    if twin:  # a target bound by its weights, as real ones are on a GPU
+        models["s"] = zoo.cost_twin(models["s"].cpu(), *twin).to(device)
+    return models
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
@@ -56,9 +65,7 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    models = {name: zoo.load(name, torch.float32, device) for name in ("xxs", "xs", "s")}
-    if args.twin:  # a target bound by its weights, as real ones are on a GPU (docs/design.md, "Cost twins")
-        models["s"] = zoo.cost_twin(models["s"].cpu(), *args.twin).to(device)
+    models = load_models(("xxs", "xs", "s"), device, args.twin)
     target, vocab = models["s"], models["s"].config.vocab_size
     eos = target.generation_config.eos_token_id
 

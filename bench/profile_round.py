@@ -21,13 +21,13 @@ import statistics
 from pathlib import Path
 
 import torch
-from bench_attention_e2e import prompts_of
+from bench_attention_e2e import load_models, prompts_of
 from torch.profiler import ProfilerActivity, profile
 
-from hsd_fast import zoo
 from hsd_fast.engine import run_hsd
 from hsd_fast.hf_runner import HFRunner
 from hsd_fast.report import run_metadata
+from hsd_fast.stats import HSDStats
 
 CONFIGS = {"no draft": ((), []), "xs > s, T=3": (("xs",), [3])}
 
@@ -59,6 +59,11 @@ def weight_stream_ms(model: torch.nn.Module, repeats: int = 50) -> float | None:
     return start.elapsed_time(end) / repeats
 
 
+def _ms_per_round(runs: list[HSDStats], field: str, level: int) -> float:
+    """The median over ``runs`` of ``level``'s ``field`` (seconds) per forward pass, in ms."""
+    return statistics.median(1e3 * getattr(s, field)[level] / s.forwards[level] for s in runs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--twin", type=int, nargs=3, metavar=("HIDDEN", "LAYERS", "MLP"))
@@ -69,9 +74,7 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out_dir = args.out or Path(f"bench/results/profile_round_{device}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    models = {name: zoo.load(name, torch.float32, device) for name in ("xs", "s")}
-    if args.twin:
-        models["s"] = zoo.cost_twin(models["s"].cpu(), *args.twin).to(device)
+    models = load_models(("xs", "s"), device, args.twin)
     vocab = models["s"].config.vocab_size
     prompts = [p.to(device) for p in prompts_of(768, 1)]
     floor = weight_stream_ms(models["s"])
@@ -84,15 +87,9 @@ def main() -> None:
             run_hsd(runners, prompts, **kwargs)
         per_run = [run_hsd(runners, prompts, **kwargs).stats for _ in range(args.runs)]
         for level in range(len(runners)):
-            rounds = [s.forwards[level] for s in per_run]
-            wall = statistics.median(
-                1e3 * s.wall_time[level] / n for s, n in zip(per_run, rounds, strict=True)
-            )
-            step = statistics.median(
-                1e3 * s.step_time[level] / n for s, n in zip(per_run, rounds, strict=True)
-            )
+            wall, step = (_ms_per_round(per_run, field, level) for field in ("wall_time", "step_time"))
             rows.append({
-                "config": name, "level": level, "rounds": rounds[0],
+                "config": name, "level": level, "rounds": per_run[0].forwards[level],
                 "wall_ms_per_round": wall, "step_ms_per_round": step, "host_ms_per_round": wall - step,
             })  # fmt: skip
             print(rows[-1], flush=True)

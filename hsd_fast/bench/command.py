@@ -102,14 +102,12 @@ def run(args: argparse.Namespace) -> int:
         notes.append(
             "Eager: our configurations ran uncompiled (and HF's compiled static cache was left out)."
         )
-    if args.profile_only:
-        for batch in dict.fromkeys([1, *args.batch]):
-            _profile(scenario, sampling, args, batch)
-        print(f"profiles cached in {args.cache}")
-        return 0
-    if not args.eager:
+    if not args.eager and not args.profile_only:
         _profile_in_child(args)
     profiles = {batch: _profile(scenario, sampling, args, batch) for batch in dict.fromkeys([1, *args.batch])}
+    if args.profile_only:
+        print(f"profiles cached in {args.cache}")
+        return 0
     costs, alpha, names = profiles[1]
     pick = select(costs, alpha, max_T=GRID_MAX_T)
     hierarchies = {"selector's pick": (pick, None)}
