@@ -1,11 +1,12 @@
 """Two drafts against one, side by side: on the cost twin (the target costs about 100x ``xxs``,
-``sm`` 5-20x), our no-draft decoding, each single draft at its best block size from the twin's
-grids (``xxs``, ``xs``, ``sm``, and the model-free ``lookup``), and the two-level chains that put a
-cheaper level under a draft (``xxs > sm``, ``lookup > xs``, ``lookup > sm``), on three prompt sets,
-compiled, batch 1. It answers how much the best two-level chain gains over the best single draft,
-with every configuration measured in the same passes. Measured as ``hsd-fast bench`` measures (one
-process, a warm-up pass, rotated interleaved passes, contended passes redone, greedy outputs
-compared with HF's).
+``sm`` 5-20x), our no-draft decoding, each single draft (``xxs``, ``xs``, ``sm``, and the
+model-free ``lookup``) at the block size earlier twin runs found best for it (the grid's, the
+selector's or the headline run's), and the two-level chains that put a cheaper level under a
+draft (``xxs > sm``, ``lookup > xs``, ``lookup > sm``), on three prompt sets, compiled, batch 1.
+It answers how much the best two-level chain gains over the best single draft, with every
+configuration measured in the same passes. Measured as ``hsd-fast bench`` measures (one process, a
+warm-up pass, rotated interleaved passes, contended passes redone, greedy outputs compared with
+HF's).
 
     python bench/bench_levels.py [--do-sample] [--prompt-sets code repetitive prose]
 """
