@@ -27,7 +27,7 @@ from hsd_fast.hf_runner import HFRunner
 from hsd_fast.lookup import LOOKUP, LookupDraft
 from hsd_fast.report import markdown_table, run_metadata, write_report
 from hsd_fast.tree import Tree
-from hsd_fast.zoo.build import read_calibration
+from hsd_fast.zoo.calibration import read_calibration
 
 HIERARCHIES = {"no draft": ((), [], None), "xxs > s, T=3": (("xxs",), [3], None)}
 HIERARCHIES["xxs > s, tree full([2, 2])"] = (("xxs",), [3], Tree.full([2, 2]))

@@ -26,7 +26,7 @@ from pathlib import Path
 from kernel_bench import run_meta, write_results
 
 from hsd_fast.batch_latency import chain_latency, select_for_batch
-from hsd_fast.bench import command
+from hsd_fast.bench import command, measuring
 from hsd_fast.bench import configs as cfg
 from hsd_fast.bench.scenarios import zoo_scenario
 from hsd_fast.bench.timing import CpuMeter, interleaved
@@ -80,7 +80,7 @@ def main() -> None:
             contenders.setdefault((picks[b].chain, picks[b].T), []).append(label)
         for chain, T in also:
             contenders.setdefault((chain, T), []).append("named")
-        work = command._batches(prompts, batch)[:1]  # one batch of `batch` rows
+        work = measuring.batches(prompts, batch)[:1]  # one batch of `batch` rows
         print(f"batch {batch}: {len(contenders)} hierarchies, warm-up, {args.passes} passes")
         timings, outputs = _timed(scenario, names, contenders, work, sampling, args.passes, meter)
         redone, recompiled = redone + timings.redone, recompiled + timings.recompiled
@@ -143,7 +143,7 @@ def _timed(scenario, names, contenders, work, sampling, passes, meter):
             config = cfg.ours(scenario.target, scenario.drafts, drafts, T, sampling, n)
 
             def run(config=config, key=(chain, T), n=n) -> None:
-                out = command._run_all(config, work)
+                out = measuring.run_all(config, work)
                 if n == NEW_TOKENS:
                     outputs[key] = out
 

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from kernel_bench import run_meta, write_results
 
+from hsd_fast.decode_state import DecodeState
 from hsd_fast.lookup import LookupDraft, LookupProposer
-from hsd_fast.steps import DecodeState
 
 PROMPT, LENGTH, WANTED = 128, 1024, 6
 

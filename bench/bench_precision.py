@@ -33,7 +33,7 @@ import torch
 import hsd_fast
 from hsd_fast import zoo
 from hsd_fast.report import markdown_table, run_metadata, write_report
-from hsd_fast.zoo.build import read_calibration
+from hsd_fast.zoo.calibration import read_calibration
 
 RESULTS = Path(__file__).parent / "results"
 TARGET, DRAFTS = "s", ("xxs", "xs")

@@ -38,17 +38,17 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # transformers is imported only by the HF glue: `hsd_fast.generate` loads it on first use.
-    if name in ("generate", "HSDGenerateOutput", "wrap", "HSDModel", "select_hierarchy", "Hierarchy"):
-        from hsd_fast import hf_generate, hierarchy, wrapper
-
-        globals().update(
-            generate=hf_generate.generate,
-            HSDGenerateOutput=hf_generate.HSDGenerateOutput,
-            wrap=wrapper.wrap,
-            HSDModel=wrapper.HSDModel,
-            select_hierarchy=hierarchy.select_hierarchy,
-            Hierarchy=hierarchy.Hierarchy,
-        )
-        return globals()[name]
-    raise AttributeError(f"module 'hsd_fast' has no attribute {name!r}")
+    # Loaded on first use, each from the module that defines it: transformers is imported only by the
+    # HF glue, and the selection stack (profiler, latency model) only by `select_hierarchy`.
+    if name in ("generate", "HSDGenerateOutput"):
+        from hsd_fast import hf_generate as module
+    elif name in ("wrap", "HSDModel"):
+        from hsd_fast import wrapper as module
+    elif name == "select_hierarchy":
+        from hsd_fast import hierarchy as module
+    elif name == "Hierarchy":
+        from hsd_fast import hierarchy_types as module
+    else:
+        raise AttributeError(f"module 'hsd_fast' has no attribute {name!r}")
+    value = globals()[name] = getattr(module, name)
+    return value

@@ -10,8 +10,8 @@ state-space / convolution layers (their state cannot be rolled back), other atte
 layer type. The runner checks the rest at its first forward: one ``Cache.update`` per layer
 (``hf_runner.py``).
 
-``python -m hsd_fast.architectures`` prints the support table of the installed transformers (the
-README shows its output).
+``python -m hsd_fast.architectures`` prints the support table of the installed transformers
+(``docs/support.md`` shows its output).
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def families() -> list[Family]:
 
 
 def support_table(entries: list[Family] | None = None) -> str:
-    """The README's support table: admitted families, then the refused ones grouped by reason."""
+    """The support table (docs/support.md): admitted families, then the refused ones grouped by reason."""
     import transformers
 
     entries = families() if entries is None else entries
@@ -235,7 +235,7 @@ def category(reason: str) -> str:
     return reason.split(":")[0]
 
 
-README_BEGIN = "<!-- support table: `python -m hsd_fast.architectures --readme README.md` writes it -->"
+README_BEGIN = "<!-- support table: `python -m hsd_fast.architectures --readme docs/support.md` writes it -->"
 README_END = "<!-- end of the support table -->"
 
 

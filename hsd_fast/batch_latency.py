@@ -28,10 +28,11 @@ from dataclasses import replace
 import numpy as np
 
 from hsd_fast._C import Ledger
-from hsd_fast.engine import TOKENS_PER_DECODE_STEP, drafts_wanted
+from hsd_fast.hierarchy_types import Selection
 from hsd_fast.latency import Acceptance, Cost, draft_seconds, draw_gain, expected_latency, verify_tokens
 from hsd_fast.layout import bucket
-from hsd_fast.selector import Selection, select
+from hsd_fast.schedule import draft_count, drafts_wanted
+from hsd_fast.selector import select
 
 PROMPT_TOKENS = 64
 """The prompt each simulated row starts from (its length sets the positions only: its prefill is
@@ -94,8 +95,7 @@ def _run_seconds(
             seconds += draft_seconds(costs[0], T[0])
         elif level == 0:  # a compiled draft step always draws its full count (rows stop at wanted)
             longest = bucket(int((ends - starts).max()))  # catch-up tokens: the profile's step feeds 1
-            count = T[0] if T else TOKENS_PER_DECODE_STEP
-            seconds += draft_seconds(costs[0], count) + max(0.0, costs[0](longest) - costs[0](1))
+            seconds += draft_seconds(costs[0], draft_count(T)) + max(0.0, costs[0](longest) - costs[0](1))
             for k in range(int(wanted.max())):  # the ledger takes drafts one at a time
                 now = wanted > k
                 ledger.commit_draft(batch_rows[now], np.zeros(int(now.sum()), dtype=np.int64))

@@ -3,30 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-from collections.abc import Callable
 
-
-def _number(kind: type, test: Callable[[float], bool], wanted: str) -> Callable[[str], int | float]:
-    """An argparse type: ``kind(text)`` passing ``test``, or a usage error saying what is wanted."""
-
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
-        if not test(value):
-            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text}")
-        return value
-
-    return parse
-
-
-positive_int = _number(int, lambda v: v >= 1, "an integer >= 1")
-non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
-positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
-probability = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+from hsd_fast.cli_args import positive_int
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """What hsd_fast accepts from Hugging Face: architectures, attention, vocabularies, devices.
 
-Every check raises ``ValueError`` naming the model and what to change. Which architectures run is a
+Every check raises ``ValueError`` naming the model and what to change; ``hsd_fast.request`` runs them
+once per request, before anything is allocated. Which architectures run is a
 rule, not a list (``architectures.py``; docs/design.md, "Architectures by rule"): the runner's masks
 apply sliding windows by position and its cache keeps plain K/V, so linear-attention, state-space and
 other models whose state cannot be rolled back are refused, not approximated.
@@ -98,6 +99,7 @@ def _as_tuple(value: int | list[int] | None) -> tuple[int, ...]:
 
 
 def check_devices(target: torch.nn.Module, drafts: Sequence[torch.nn.Module], ids: torch.Tensor) -> None:
+    """Every model on the prompt's device, or a ``ValueError`` listing where each one is."""
     devices = [next(m.parameters()).device for m in (target, *drafts)]
     if any(d != ids.device for d in devices):
         raise ValueError(

@@ -25,14 +25,17 @@ import numpy as np
 import torch
 
 from hsd_fast._C import Ledger
+from hsd_fast.decode_state import DecodeState
 from hsd_fast.layout import capacity_bucket
+from hsd_fast.level_step import LevelStep
 from hsd_fast.lookup import LookupDraft, LookupProposer
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.sampling_metadata import SamplingMetadata
+from hsd_fast.schedule import draft_count, drafts_wanted
 from hsd_fast.stats import HSDStats
-from hsd_fast.steps import DecodeState, LevelStep, Runner
+from hsd_fast.steps import Runner
 from hsd_fast.tree import Tree
-from hsd_fast.tree_steps import TreeBuffers, TreePlan
+from hsd_fast.tree_plan import TreeBuffers, TreePlan
 from hsd_fast.triton_kernels.tree_torch import COLUMN_SHIFT
 
 
@@ -181,7 +184,7 @@ def run_hsd(
         )
         for level, runner in enumerate(runners)
     ]
-    draft_count = block_sizes[0] if num_levels > 1 else TOKENS_PER_DECODE_STEP  # most drawn per step
+    most_drawn = draft_count(block_sizes)  # per draft step
     lookup = None
     if lookup_spec is not None:
         lookup = LookupProposer(lookup_spec, num_rows, sampling.eos_ids.tolist())
@@ -210,7 +213,7 @@ def run_hsd(
             elif level == 0:
                 wanted = drafts_wanted(ledger, rows, budget_end, block_sizes)
                 (drawn, last_is_eos, broken), inside = steps[0](
-                    state, rows, starts, ends, outs, wanted, count=draft_count
+                    state, rows, starts, ends, outs, wanted, count=most_drawn
                 )
                 _check_logits(level, rows, broken)
                 for k in range(int(drawn.max())):  # the ledger takes drafts one at a time
@@ -337,20 +340,6 @@ def _count_eager(runners: Sequence[Runner], block_sizes: Sequence[int], seconds:
     spent = _EAGER_SECONDS.setdefault(runners[-1], {})
     key = _hierarchy_key(runners, block_sizes)
     spent[key] = spent.get(key, 0.0) + seconds
-
-
-TOKENS_PER_DECODE_STEP = 4
-"""Without drafts (K = 0) the target decodes this many tokens per step (stopping at EOS)."""
-
-
-def drafts_wanted(ledger: Ledger, rows: np.ndarray, budget_end: np.ndarray, block_sizes) -> np.ndarray:
-    """[R] how many tokens each row drafts before it wants another level: up to its block size T_0
-    (or TOKENS_PER_DECODE_STEP without drafts), within its length budget."""
-    frontiers = ledger.frontiers()[rows]  # [R, K + 1]
-    room = budget_end[rows] - frontiers[:, 0]
-    if len(block_sizes) == 0:
-        return np.minimum(room, TOKENS_PER_DECODE_STEP)
-    return np.minimum(room, block_sizes[0] - (frontiers[:, 0] - frontiers[:, 1]))
 
 
 def _check_logits(level: int, rows: np.ndarray, broken: np.ndarray) -> None:

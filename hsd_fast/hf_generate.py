@@ -8,7 +8,12 @@ this function. Extra arguments (``drafts``, ``T``, ``seed``) must be named param
 them (docs/design.md, "Named extra kwargs"). ``drafts`` are ordered smallest first; level 0 drafts, the
 target verifies last; the first may be ``"lookup"`` (a ``LookupDraft``: proposals found in the row's own
 context, no model). ``T[i]`` is the block size: the tokens level i must emit before level i+1
-verifies; the default is ``DEFAULT_T`` at every level."""
+verifies; the default is ``hsd_fast.request.DEFAULT_T`` at every level.
+
+A call reads top-down: this module is the HF glue only (it finds HF's streamer, has
+``hsd_fast.request`` check every argument once and freeze them into a ``Request``, runs that on
+``engine.run_hsd``, and builds HF's output); the engine drives the level steps, which run the ops
+and the ledger."""
 
 from __future__ import annotations
 
@@ -18,20 +23,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from hsd_fast.compat import check_devices, check_model, hierarchy_vocab_size
-from hsd_fast.engine import check_block_sizes, run_hsd
+from hsd_fast.engine import HSDResult, run_hsd
 from hsd_fast.hf_runner import HFRunner
-from hsd_fast.hierarchy import Hierarchy
-from hsd_fast.lookup import LookupDraft, as_lookup
-from hsd_fast.processors import LogitsTransform
+from hsd_fast.hierarchy_types import Hierarchy
+from hsd_fast.request import Levels, Request, build_request, resolve_levels
 from hsd_fast.stats import HSDStats
 from hsd_fast.tree import Tree
-
-DEFAULT_T = 4
-SUPPORTED_STOPPING = (MaxLengthCriteria, EosTokenCriteria)
 
 
 @dataclass
@@ -55,6 +54,7 @@ def generate(
     hierarchy: Hierarchy | None = None,
     compile: bool | str = "auto",
     tree: Tree | None = None,
+    hsd_levels: Levels | None = None,
     **model_kwargs,
 ) -> torch.Tensor | GenerateDecoderOnlyOutput:
     """Hierarchical speculative decoding with ``drafts`` (smallest first) under ``model``.
@@ -77,81 +77,63 @@ def generate(
     the prompt here). Either way ``s.end()`` is called once when this function returns or raises, so a
     consumer such as ``TextIteratorStreamer`` never waits forever. An error HF raises itself before it
     calls this function leaves the streamer as HF's own ``generate`` would (no ``end()``); the
-    wrapper ends it then too.
+    wrapper ends it then too. ``hsd_levels``: the wrapper's levels, resolved when it was made (in
+    place of ``drafts``/``T``/``tree``/``hierarchy``).
     """
     streamer = EndOnce.of(hsd_streamer)
     prompt_streamed = False
     if streamer is None:  # HF's own streamer, if it took one: it already holds the prompt
         streamer, prompt_streamed = EndOnce.of(_streamer_hf_dropped(sys._getframe(1))), True
     try:
-        return _generate(
-            model, input_ids, logits_processor, stopping_criteria, generation_config, drafts, T, seed,
-            output_hsd_stats, streamer, prompt_streamed, hierarchy, compile, tree, model_kwargs,
+        levels = hsd_levels if hsd_levels is not None else resolve_levels(drafts, T, tree, hierarchy)
+        request = build_request(
+            model, input_ids, levels, generation_config=generation_config, logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria, seed=seed, compile=compile, streamer=streamer,
+            model_kwargs=model_kwargs,
         )  # fmt: skip
+        return _hf_output(request, _run(request, prompt_streamed), output_hsd_stats)
     finally:
         if streamer is not None:
             streamer.end()
 
 
-def _generate(
-    model, input_ids, logits_processor, stopping_criteria, generation_config, drafts, T, seed,
-    output_hsd_stats, streamer, prompt_streamed, hierarchy, compile, tree, model_kwargs,
-):  # fmt: skip
-    config = generation_config if generation_config is not None else model.generation_config
-    if hierarchy is not None:  # from hsd_fast.select_hierarchy: its drafts and block sizes
-        if not isinstance(hierarchy, Hierarchy):
-            raise TypeError(
-                f"hierarchy must be a Hierarchy (from select_hierarchy), got {type(hierarchy).__name__}"
-            )
-        if drafts or T is not None or tree is not None:
-            raise ValueError("pass either hierarchy= or drafts=/T=/tree=, not both")
-        drafts, T, tree = hierarchy.drafts, hierarchy.T, hierarchy.tree
-    lookup, drafts = check_drafts(drafts)
-    bottom = [] if lookup is None else [lookup]  # a lookup level sits below the draft models
-    num_drafts = len(bottom) + len(drafts)
-    T = check_block_sizes([DEFAULT_T] * num_drafts if T is None else T, num_drafts, "T")
-    check_input_ids(input_ids, model_kwargs)
-    if hierarchy is not None:
-        hierarchy.warn_unless_selected_for(input_ids.shape[0])
-    _check_request(model, drafts, input_ids, config, stopping_criteria)
-    vocab = hierarchy_vocab_size(model, drafts)
-    prompts = _prompts(input_ids, model_kwargs.get("attention_mask"), vocab)
-    max_new_tokens = config.max_length - input_ids.shape[1]
-    _check_positions(model, drafts, max(p.numel() for p in prompts) + max_new_tokens)
-
-    transform = LogitsTransform(list(logits_processor or []))
-    runners = [*bottom, *(HFRunner.of(m, vocab) for m in (*drafts, model))]
-    eos_ids = _eos_ids(config)
-    if seed is None:
-        seed = int(torch.randint(0, 2**62, (1,)).item())  # host value by design: keys the hash
-    if streamer is not None:
-        if input_ids.shape[0] > 1:
-            raise ValueError("a streamer only supports batch size 1 (as in HF)")
-        if not prompt_streamed:
-            streamer.put(input_ids.cpu())
-    result = run_hsd(
+def _run(request: Request, prompt_streamed: bool) -> HSDResult:
+    """``request`` on the engine, its models behind their runners (kept per model: their caches and
+    compiled steps serve later calls); the streamer gets the prompt first unless HF put it."""
+    levels, streamer = request.levels, request.streamer
+    if streamer is not None and not prompt_streamed:
+        streamer.put(request.input_ids.cpu())
+    bottom = [] if levels.lookup is None else [levels.lookup]  # a lookup level runs no model
+    runners = [*bottom, *(HFRunner.of(m, request.vocab) for m in (*levels.models, request.target))]
+    return run_hsd(
         runners,
-        prompts,
-        block_sizes=T,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=eos_ids,
-        seeds=seed,
-        temperature=transform.temperature,
-        transform=transform,
-        greedy=not config.do_sample,
-        compile=compile,
-        tree=tree,
+        list(request.prompts),
+        block_sizes=list(levels.T),
+        max_new_tokens=request.max_new_tokens,
+        eos_token_id=list(request.eos_ids),
+        seeds=request.seed,
+        temperature=request.transform.temperature,
+        transform=request.transform,
+        greedy=request.greedy,
+        compile=request.compile,
+        tree=levels.tree,
         on_commit=None if streamer is None else lambda _row, toks: streamer.put(toks.cpu()),
     )
-    pad = _pad_id(config, eos_ids)
-    width = max(result.num_new_tokens)
-    new = torch.full((len(prompts), width), pad, dtype=input_ids.dtype, device=input_ids.device)
+
+
+def _hf_output(request: Request, result: HSDResult, output_hsd_stats: bool):
+    """HF's return value: the prompt (padding and all) then each row's new tokens, ``pad_id`` after
+    a row that stopped before the longest."""
+    ids = request.input_ids
+    new = torch.full(
+        (len(request.prompts), max(result.num_new_tokens)), request.pad_id, dtype=ids.dtype, device=ids.device
+    )
     for r, (seq, n) in enumerate(zip(result.sequences, result.num_new_tokens, strict=True)):
         new[r, :n] = seq[len(seq) - n :]
-    sequences = torch.cat([input_ids, new], dim=1)
+    sequences = torch.cat([ids, new], dim=1)
     if output_hsd_stats:
         return HSDGenerateOutput(sequences=sequences, hsd_stats=result.stats)
-    if config.return_dict_in_generate:
+    if request.return_dict:
         return GenerateDecoderOnlyOutput(sequences=sequences)
     return sequences
 
@@ -192,118 +174,3 @@ def _streamer_hf_dropped(caller: types.FrameType | None):
         return None
     finally:
         del caller  # a frame held from a local would keep every object of the call alive
-
-
-def check_drafts(drafts) -> tuple[LookupDraft | None, list[torch.nn.Module]]:
-    """``drafts`` as its lookup level (``"lookup"`` or a ``LookupDraft``, first only; None without
-    one) and its list of models, or a TypeError / ValueError naming the entry."""
-    if isinstance(drafts, (torch.nn.Module, str)) or not isinstance(drafts, Sequence):
-        raise TypeError(f"drafts must be a list of models (smallest first), got {type(drafts).__name__}")
-    drafts = list(drafts)
-    lookup = None
-    for i, d in enumerate(drafts):
-        if as_lookup(d) is not None:
-            if i > 0:
-                raise ValueError(
-                    f"drafts[{i}] is a lookup level: it has no model to verify anything, so it can only "
-                    "be the first (smallest) level"
-                )
-            lookup = as_lookup(d)
-        elif not isinstance(d, torch.nn.Module):
-            raise TypeError(
-                f"drafts[{i}] must be a model (torch.nn.Module), 'lookup' or a LookupDraft, got "
-                f"{type(d).__name__}"
-            )
-    return lookup, drafts[1:] if lookup is not None else drafts
-
-
-def check_input_ids(input_ids, model_kwargs: dict) -> None:
-    """The prompt as the engine needs it: a [batch, length] integer tensor (and no inputs_embeds)."""
-    if model_kwargs.get("inputs_embeds") is not None:
-        raise ValueError(
-            "hsd_fast needs input_ids, not inputs_embeds: every level embeds the tokens itself (a draft "
-            "cannot reuse the target's embeddings)"
-        )
-    if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(
-            f"input_ids must be a torch.Tensor of token ids [batch, length], got {type(input_ids).__name__}"
-        )
-    if input_ids.dim() != 2:
-        hint = " (one prompt: input_ids[None])" if input_ids.dim() == 1 else ""
-        raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}{hint}")
-    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
-        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
-    if input_ids.numel() == 0:
-        raise ValueError(
-            f"input_ids must hold at least one token per row, got shape {tuple(input_ids.shape)}"
-        )
-
-
-def _check_request(model, drafts, input_ids, config, stopping_criteria) -> None:
-    check_model(model, "target")
-    for i, d in enumerate(drafts):
-        check_model(d, f"draft {i}")
-    check_devices(model, drafts, input_ids)
-    if getattr(config, "num_beams", 1) > 1:
-        raise ValueError("hsd_fast does not support beam search (num_beams > 1)")
-    for flag in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
-        if getattr(config, flag, False):
-            raise ValueError(f"hsd_fast does not support {flag}=True")
-    unsupported = [
-        type(c).__name__ for c in (stopping_criteria or []) if not isinstance(c, SUPPORTED_STOPPING)
-    ]
-    if unsupported:
-        raise ValueError(
-            f"hsd_fast cannot apply the stopping criteria {unsupported}; supported: "
-            f"{', '.join(c.__name__ for c in SUPPORTED_STOPPING)} (max_length / max_new_tokens, EOS)"
-        )
-
-
-def _check_positions(model: torch.nn.Module, drafts: Sequence[torch.nn.Module], needed: int) -> None:
-    """Refuse, before anything is allocated, a request whose longest row needs more positions than
-    some level has: ``needed`` = prompt + max_new_tokens (the last token drawn is never fed, but a
-    verification feeds the one before it, at position ``needed - 1``)."""
-    for role, m in [*((f"draft {i}", d) for i, d in enumerate(drafts)), ("target", model)]:
-        limit = getattr(m.config, "max_position_embeddings", None)
-        if limit is not None and needed > limit:
-            raise ValueError(
-                f"prompt + max_new_tokens = {needed} positions, beyond the max_position_embeddings = "
-                f"{limit} of the {role} ({type(m).__name__}): lower max_new_tokens"
-            )
-
-
-def _prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, vocab: int) -> list[torch.Tensor]:
-    """Rows without their left padding (positions then follow HF's cumsum(mask) - 1)."""
-    if attention_mask is not None and attention_mask.shape != input_ids.shape:
-        raise ValueError(
-            f"attention_mask must have input_ids' shape {tuple(input_ids.shape)}, "
-            f"got {tuple(attention_mask.shape)}"
-        )
-    mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-    lengths = mask.sum(1)
-    right_aligned = mask[:, -1].all() and torch.equal(
-        mask, torch.arange(mask.shape[1], device=mask.device)[None, :] >= (mask.shape[1] - lengths)[:, None]
-    )
-    if not right_aligned:
-        raise ValueError("hsd_fast needs left padding (padding_side='left') and no holes in attention_mask")
-    tokens = input_ids[mask]
-    # once per request (a host sync): an id outside the vocabulary would index past an embedding
-    if tokens.numel() and not (int(tokens.min()) >= 0 and int(tokens.max()) < vocab):
-        raise ValueError(
-            f"input_ids must lie in [0, {vocab}) (the target's vocabulary), got ids from "
-            f"{int(tokens.min())} to {int(tokens.max())}"
-        )
-    return [row[m] for row, m in zip(input_ids, mask, strict=True)]
-
-
-def _eos_ids(config) -> list[int]:
-    eos = config.eos_token_id
-    if eos is None:
-        return []
-    return [int(e) for e in eos] if isinstance(eos, (list, tuple)) else [int(eos)]
-
-
-def _pad_id(config, eos_ids: list[int]) -> int:
-    if config.pad_token_id is not None:
-        return int(config.pad_token_id)
-    return eos_ids[0] if eos_ids else 0

@@ -23,9 +23,10 @@ from transformers.cache_utils import Cache
 
 from hsd_fast import attention
 from hsd_fast.architectures import layer_types, module_source, window
+from hsd_fast.buffer_pool import graph_buffer
 from hsd_fast.compat import embeddable_ids, fit_logits
 from hsd_fast.layout import FedBlock, capacity_bucket
-from hsd_fast.steps import graph_buffer
+from hsd_fast.positions import check_positions, max_positions
 from hsd_fast.triton_kernels.ops import triton_installed
 from hsd_fast.triton_kernels.tree_attention_torch import attention_meta
 
@@ -165,16 +166,17 @@ class HFRunner:
 
     def prepare(self, num_rows: int, capacity: int, tree_slots: int = 0) -> None:
         config = self.model.config
-        max_positions = getattr(config, "max_position_embeddings", None)
-        if max_positions is not None and capacity > max_positions:
-            raise ValueError(
-                f"{type(self.model).__name__}: prompt + max_new_tokens needs {capacity} positions, beyond "
-                f"its max_position_embeddings = {max_positions}"
-            )
+        limit = max_positions(config)
+        check_positions(  # the request checked already: this guards run_hsd called directly
+            capacity,
+            [(f"model ({type(self.model).__name__})", limit)],
+            asked="prompt + max_new_tokens",
+            remedy="lower max_new_tokens",
+        )
         needed = capacity + tree_slots  # a token tree's nodes stand in slots past a row's prefix
         slots = capacity_bucket(needed)  # in the compiled steps' shapes: a few sizes only
-        if max_positions is not None:
-            slots = max(needed, min(slots, max_positions))
+        if limit is not None:
+            slots = max(needed, min(slots, limit))
         self.scratch = slots  # slots 0..slots-1 hold positions; the last one is scratch
         cache = self.cache
         if cache is not None and (cache.rows, cache.num_slots) == (num_rows, slots + 1):

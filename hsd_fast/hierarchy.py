@@ -2,7 +2,9 @@
 draft models, so the result goes straight into ``generate(hierarchy=)`` or ``wrap(hierarchy=)``.
 
 The selector (``hsd_fast.selector``) works on candidate indices only; this module is where indices
-meet models.
+meet models (``Hierarchy.bind``; the result types live in ``hsd_fast.hierarchy_types``, which the
+request path reads without loading any of this). ``measure=True`` times the pick through
+``hsd_fast.generate``, handed to the profiler as a callable: the profiler does not import the HF glue.
 """
 
 from __future__ import annotations
@@ -10,103 +12,22 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 from tqdm.auto import tqdm
 
 from hsd_fast.batch_latency import select_for_batch
+from hsd_fast.hf_generate import generate
+from hsd_fast.hierarchy_types import Hierarchy, Selection, TreeDraft
 from hsd_fast.latency import Acceptance, Cost, LookupCost
 from hsd_fast.lookup import LookupDraft, as_lookup
 from hsd_fast.processors import generation_sampling
 from hsd_fast.profile import ProfileCache, ProfileNoiseWarning, measured_latency
-from hsd_fast.selector import Selection
 from hsd_fast.tree import Tree
 from hsd_fast.tree_latency import tree_acceptance, tree_cost
 
 SAMPLING_KWARGS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p")
-
-
-class HierarchyBatchWarning(UserWarning):
-    """A hierarchy runs at a batch size other than the one it was selected for."""
-
-
-@dataclass(frozen=True)
-class TreeDraft:
-    """A candidate level 0: ``model`` drafting the token tree ``tree``."""
-
-    model: torch.nn.Module
-    tree: Tree
-
-
-@dataclass(frozen=True)
-class Hierarchy:
-    """Draft models (smallest first) and their block sizes T, with what the selector predicted;
-    ``tree``: the token tree the first draft drafts (``T[0]`` is then its depth).
-
-    ``selection.chain`` indexes the candidates ``select_hierarchy`` profiled: the ones it was given,
-    then the tree candidates it made (``tree_sizes``), the target last; ``runner_ups`` are the
-    next-best hierarchies, bound the same way."""
-
-    drafts: tuple[torch.nn.Module | LookupDraft, ...]  # a LookupDraft only first
-    T: tuple[int, ...]
-    selection: Selection
-    runner_ups: tuple[Hierarchy, ...] = ()
-    measured_latency: float | None = None  # seconds per token measured with the engine (NaN: too noisy)
-    cost_noise: float = 0.0  # relative standard error of the step costs it was chosen on (0: unknown)
-    within_noise: bool = False  # its predicted advantage is smaller than that noise can resolve
-    tree: Tree | None = None
-    batch: int = 1  # rows it was chosen for: its latencies are per token of each row
-
-    @property
-    def predicted_tokens_per_second(self) -> float:
-        """Tokens per second the whole batch is predicted to make."""
-        return self.batch / self.predicted_latency
-
-    @classmethod
-    def bind(
-        cls, selection: Selection, models: Sequence[torch.nn.Module | LookupDraft | TreeDraft], batch: int = 1
-    ) -> Hierarchy:
-        """``selection`` (chosen for ``batch`` rows) with its drafts taken from ``models`` (the
-        candidates, the target last)."""
-        drafts = [models[i] for i in selection.chain[:-1]]
-        tree = drafts[0].tree if drafts and isinstance(drafts[0], TreeDraft) else None
-        return cls(
-            drafts=tuple(d.model if isinstance(d, TreeDraft) else d for d in drafts),
-            T=selection.T if tree is None else (tree.depth, *selection.T[1:]),
-            selection=selection,
-            runner_ups=tuple(cls.bind(s, models, batch) for s in selection.runner_ups),
-            tree=tree,
-            batch=batch,
-        )
-
-    @property
-    def chain(self) -> tuple[int, ...]:
-        return self.selection.chain
-
-    def warn_unless_selected_for(self, rows: int) -> None:
-        """A ``HierarchyBatchWarning`` when it runs ``rows`` rows but was selected for another batch:
-        a step's cost grows with the rows it feeds, so drafts that pay at one batch can cost more than
-        they save at another (docs/design.md, "Selecting for a batch")."""
-        if rows != self.batch:
-            warnings.warn(
-                f"this hierarchy was selected for batch {self.batch} and runs a batch of {rows}: it may "
-                f"be slower there than plain decoding; select_hierarchy(..., batch={rows}) picks for it",
-                HierarchyBatchWarning,
-                stacklevel=3,
-            )
-
-    @property
-    def predicted_latency(self) -> float:
-        return self.selection.predicted_latency
-
-    @property
-    def speedup_over_ar(self) -> float:
-        return self.selection.speedup_over_ar
-
-    @property
-    def speedup_over_best_single(self) -> float:
-        return self.selection.speedup_over_best_single
 
 
 def select_hierarchy(
@@ -194,7 +115,7 @@ def select_hierarchy(
     if measure:
         seconds = measured_latency(
             target, pick, prompts[:batch], max_new_tokens, compile=compile, clock=clock, batch=batch,
-            **generation_kwargs,
+            generate=generate, **generation_kwargs,
         )  # fmt: skip
         pick = replace(pick, measured_latency=seconds)
     return pick

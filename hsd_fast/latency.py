@@ -6,7 +6,7 @@ n fed tokens (a verification), ``draft_seconds(costs[0], k)`` those of a step th
 and ``alphas[i]`` = alpha(i, i+1), the probability that level i+1 accepts a token of
 level i (acceptance i.i.d. across positions and levels, the paper's assumption). Convention: a
 verification of a block of b tokens feeds n = b + 1 tokens (the block and the token before it);
-catch-up tokens are ignored here and modelled only by ``simulate(..., engine=True)``.
+catch-up tokens (a level re-feeding the tokens emitted above it since its last forward) are ignored.
 
 A lookup level (docs/design.md, "The lookup level") is a level 0 whose cost is a ``LookupCost``: a
 call costs host seconds only and proposes a random number of tokens (0 when nothing matches), and
@@ -316,18 +316,13 @@ def simulate(
     T: Sequence[int],
     rounds: int = 20_000,
     seed: int = 0,
-    engine: bool = False,
 ) -> tuple[float, float]:
     """Monte Carlo of the same control flow: (mean seconds per committed token, standard error),
     following one row; a lookup level's other ``rows`` draw their own blocks, and the verification
-    is padded to the widest.
-
-    ``engine=True`` also charges the catch-up tokens the engine feeds (a level re-feeds the tokens
-    emitted above it since its last forward), which the analytic model ignores."""
+    is padded to the widest."""
     _check(costs, alphas, T)
     rng = random.Random(seed)
     top = len(costs) - 1
-    behind = [0] * len(costs)  # per level: tokens it has not fed yet besides its block
     blocks = list(block_sizes(costs[0], T[0]).items())  # level 0's block sizes and their probabilities
 
     def draw_block() -> int:
@@ -337,20 +332,14 @@ def simulate(
         """(block returned to the followed row, tokens its verification feeds, seconds)."""
         if i == 0:
             b = draw_block()
-            fed = b + (behind[0] if engine else 0)
-            behind[0] = 0
-            catch_up = costs[0](fed) - costs[0](b) if engine else 0.0
             # the other rows of a batch draw their own blocks: the verification is padded to the widest
             widest = max([b, *(draw_block() for _ in range(getattr(costs[0], "rows", 1) - 1))])
-            return b, verify_tokens(costs[0], widest), draft_seconds(costs[0], b) + catch_up
+            return b, verify_tokens(costs[0], widest), draft_seconds(costs[0], b)
         total, spent = 0, 0.0
         while total < T[i]:
             b, fed, c = produce(i - 1)
             gain = draw_gain(rng, alphas[i - 1], b)
-            spent += c + costs[i](fed + (behind[i] if engine else 0))
-            behind[i] = 0
-            for lower in range(i):
-                behind[lower] += 1  # the correction/bonus of level i is new to every level below
+            spent += c + costs[i](fed)
             total += gain
         return total, total + 1, spent
 
@@ -361,10 +350,7 @@ def simulate(
             per_round_tokens.append(1)
             continue
         b, fed, c = produce(top - 1)
-        per_round_cost.append(c + costs[top](fed + (behind[top] if engine else 0)))
-        behind[top] = 0
-        for lower in range(top):
-            behind[lower] += 1
+        per_round_cost.append(c + costs[top](fed))
         per_round_tokens.append(draw_gain(rng, alphas[top - 1], b))
     return _ratio_with_error(per_round_cost, per_round_tokens)
 

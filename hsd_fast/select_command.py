@@ -17,30 +17,16 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 from pathlib import Path
 
 import torch
 
-from hsd_fast.cli import non_negative_int, positive_float, positive_int, probability
+from hsd_fast.cli_args import non_negative_int, positive_float, positive_int, probability, report_stem
 from hsd_fast.lookup import LOOKUP
+from hsd_fast.positions import COMMAND_FORM, check_positions, fewest_positions, read_config
 from hsd_fast.report import markdown_table, run_metadata, write_report
 
 DEFAULT_CACHE = Path.home() / ".cache" / "hsd_fast" / "profiles.json"
-
-
-def report_stem(text: str) -> Path:
-    """``--json``: the report's stem (``<stem>.json`` and ``<stem>.md`` are written), also given as
-    the ``.json`` path. A ``.md`` path would be overwritten by the markdown half: refused."""
-    path = Path(text)
-    if path.suffix == ".md":
-        raise argparse.ArgumentTypeError(
-            f"{text} would be overwritten by the markdown report: give the stem ({path.with_suffix('')}) "
-            f"or the .json path ({path.with_suffix('.json')}); both .json and .md are written"
-        )
-    if not path.name or path.name in (".", "..") or text.endswith(("/", "\\")):
-        raise argparse.ArgumentTypeError(f"expected a file stem, got the directory {text!r}")
-    return path.with_suffix("") if path.suffix == ".json" else path
 
 
 def _device(text: str) -> str:
@@ -115,19 +101,12 @@ def _position_limit(names: list[str]) -> int | None:
         zoo_names = zoo.names()
     except (OSError, ValueError):  # no zoo: only checkpoint directories can be checked
         zoo_names = []
-    limits = []
-    for name in names:
-        directory = Path(name) if Path(name).is_dir() else zoo.zoo_dir() / name if name in zoo_names else None
-        config = directory / "config.json" if directory is not None else None
-        if config is None or not config.is_file():
-            continue
-        try:
-            limit = json.loads(config.read_text()).get("max_position_embeddings")
-        except (OSError, ValueError):
-            continue
-        if isinstance(limit, int):
-            limits.append(limit)
-    return min(limits, default=None)
+    directories = [
+        Path(name) if Path(name).is_dir() else zoo.zoo_dir() / name
+        for name in names
+        if Path(name).is_dir() or name in zoo_names
+    ]
+    return fewest_positions(read_config(d / "config.json") for d in directories)
 
 
 def _model_names(args: argparse.Namespace) -> list[str]:
@@ -175,7 +154,7 @@ def _check_names(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
 
 def _check_measured_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     from hsd_fast import zoo
-    from hsd_fast.zoo.build import read_calibration
+    from hsd_fast.zoo.calibration import read_calibration
 
     if args.max_new_tokens < 2:
         parser.error(
@@ -199,16 +178,26 @@ def _check_positions(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         return
     defaults = inspect.signature(forward_costs).parameters
     longest = max(*defaults["spans"].default, *defaults["drafts"].default)
-    if args.context + longest + 1 > limit:
-        parser.error(
-            f"--context {args.context}: timing a step feeds up to {longest + 1} tokens after it, beyond the "
-            f"models' max_position_embeddings ({limit}); use --context <= {limit - longest - 1}"
+    room = limit - args.prompt_len
+    models = [("models'", limit)]
+    try:
+        check_positions(
+            args.context + longest + 1,
+            models,
+            asked=f"--context {args.context} + the {longest + 1} tokens a timed step feeds after it",
+            remedy=f"use --context <= {limit - longest - 1}",
+            form=COMMAND_FORM,
         )
-    if args.measure and args.prompt_len + args.max_new_tokens > limit:
-        parser.error(
-            f"--prompt-len {args.prompt_len} + --max-new-tokens {args.max_new_tokens} exceeds the models' "
-            f"max_position_embeddings ({limit})"
-        )
+        if args.measure:
+            check_positions(
+                args.prompt_len + args.max_new_tokens,
+                models,
+                asked=f"--prompt-len {args.prompt_len} + --max-new-tokens {args.max_new_tokens}",
+                remedy=f"use --max-new-tokens <= {room}" if room > 0 else "shorten --prompt-len",
+                form=COMMAND_FORM,
+            )
+    except ValueError as err:
+        parser.error(str(err))
 
 
 def _load(name: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
@@ -223,9 +212,10 @@ def _load(name: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
 
 def run(args: argparse.Namespace) -> int:
     from hsd_fast import zoo
+    from hsd_fast.hf_generate import generate
     from hsd_fast.hierarchy import select_hierarchy
     from hsd_fast.profile import ProfileCache, measured_latency
-    from hsd_fast.zoo.build import read_calibration
+    from hsd_fast.zoo.calibration import read_calibration
 
     dtype = getattr(torch, args.dtype)
     names = zoo.names()
@@ -263,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
     measured_run = {"max_new_tokens": args.max_new_tokens, "batch": args.batch, "compile": args.compile}
     measured_run |= sampling
     if args.measure:
-        measured_ar = measured_latency(models[target_name], None, prompts, **measured_run)
+        measured_ar = measured_latency(models[target_name], None, prompts, generate=generate, **measured_run)
     for rank, h in enumerate([pick, *pick.runner_ups]):
         row = {
             "rank": rank,
@@ -278,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
             if len(h.chain) == 1:
                 seconds = measured_ar
             else:
-                seconds = measured_latency(models[target_name], h, prompts, **measured_run)
+                seconds = measured_latency(models[target_name], h, prompts, generate=generate, **measured_run)
             row |= {
                 "measured_tok_s": args.batch / seconds,
                 "measured_speedup_over_ar": measured_ar / seconds,

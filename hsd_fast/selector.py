@@ -1,6 +1,7 @@
 """The latency-optimal hierarchy: which drafts to stack and each level's block size T
 (docs/design.md, "The latency model and the selector"). Pure arithmetic over candidate indices:
-the models themselves are bound to a selection in the API layer (``hsd_fast.hierarchy``).
+the models themselves are bound to a selection in the API layer (``hsd_fast.hierarchy``). Its answer,
+a ``Selection``, is plain data in ``hsd_fast.hierarchy_types``.
 
 Under the fixed-block (decomposable) form, producing T tokens at model m on top of (m', T') costs
 
@@ -20,8 +21,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
+from hsd_fast.hierarchy_types import Selection
 from hsd_fast.latency import (
     Acceptance,
     Cost,
@@ -33,18 +34,6 @@ from hsd_fast.latency import (
     first_verify_seconds,
     mean_gain,
 )
-
-
-@dataclass(frozen=True)
-class Selection:
-    """A chain of candidate indices (drafts smallest first, the target last) with block sizes T."""
-
-    chain: tuple[int, ...]
-    T: tuple[int, ...]
-    predicted_latency: float  # seconds per token of each row (exact recursion; at B rows batch_latency)
-    speedup_over_ar: float = 1.0
-    speedup_over_best_single: float = 1.0
-    runner_ups: tuple[Selection, ...] = field(default=(), compare=False)
 
 
 def select(

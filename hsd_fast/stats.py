@@ -107,18 +107,6 @@ class HSDStats:
         """Fraction of the drafts verified by ``level`` (>= 1) that it accepted."""
         return self.accepted[level] / self.verified[level] if self.verified[level] else float("nan")
 
-    def mean_tokens_per_pass(self, level: int) -> float:
-        """Tokens emitted per row-forward of ``level``: accepted + corrections + bonuses."""
-        emitted = self.accepted[level] + self.corrections[level] + self.bonus[level]
-        if level == 0:
-            emitted = self.drafted[0]
-        return emitted / self.row_forwards[level] if self.row_forwards[level] else float("nan")
-
-    def mean_accepted_per_verification(self, level: int) -> float:
-        """Drafts ``level`` accepted per row it verified (with a token tree at level 0, level 1's
-        accepted path length per tree)."""
-        return self.accepted[level] / self.row_forwards[level] if self.row_forwards[level] else float("nan")
-
     @property
     def host_time(self) -> float:
         """Seconds of the rounds spent outside the step functions: the engine's own work (ledger,

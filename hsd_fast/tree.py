@@ -11,11 +11,25 @@ tree, the *root*) or the index of an earlier node. Terms:
               order they were drawn (greedy: by the draft's probability), and verified in that order
     chain     the degenerate tree ``[-1, 0, 1, ...]``: speculative decoding's usual draft block
 
-The topology is static per run and the same for every row.
+The topology is static per run and the same for every row. A tree's value (``optimal_tree``) is
+its expected accepted path length under *rank acceptance*:
+
+    rank acceptance   ``rates[k]``: the probability that the verifier accepts a context's rank-k
+                      child given that it rejected the children ranked before it (Sequoia's
+                      positional acceptance, arXiv 2402.12374); the same at every context and depth
+                      (the i.i.d. assumption). Ranks past the tuple are never accepted.
+    rank factor       ``a_k = rates[k] * prod_{j < k} (1 - rates[j])``: the probability that the
+                      walk descends into the rank-k child of a context it stands at
+    reach             a node's probability of being on the accepted path: the product of the rank
+                      factors along its path. The expected path length is the sum of the reaches,
+                      so a tree's value is additive over its nodes.
+
+What a tree costs and gains in seconds per token is the latency model's (``tree_latency.py``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -118,9 +132,7 @@ class Tree:
     def optimal(cls, n: int, rank_acceptance: Sequence[float], max_depth: int | None = None) -> Tree:
         """The tree of at most ``n`` nodes (and ``max_depth`` depths) whose accepted path is longest
         on average when the rank-k candidate is accepted with probability ``rank_acceptance[k]``
-        given the earlier ones were rejected (``tree_latency.optimal_tree``)."""
-        from hsd_fast.tree_latency import optimal_tree  # the tree's value model lives there
-
+        given the earlier ones were rejected (``optimal_tree``)."""
         return optimal_tree(n, rank_acceptance, max_depth)
 
     # ---------------------------------------------------------------------------------- properties
@@ -182,3 +194,90 @@ def _check_count(name: str, value: object) -> None:
         raise TypeError(f"Tree: {name} must be an int, got {value!r}")
     if value < 1:
         raise ValueError(f"Tree: {name} must be >= 1, got {value}")
+
+
+# ------------------------------------------------------------- value under rank acceptance
+RankAcceptance = Sequence[float]
+
+
+def rank_factors(rates: RankAcceptance) -> list[float]:
+    """``a_k`` for every rank of ``rates`` (module doc)."""
+    check_rates(rates)
+    factors, rejected = [], 1.0
+    for rate in rates:
+        factors.append(rejected * rate)
+        rejected *= 1.0 - rate
+    return factors
+
+
+def reaches(tree: Tree, rates: RankAcceptance) -> list[float]:
+    """[n] each node's probability of being on the accepted path."""
+    factors = rank_factors(rates)
+    out: list[float] = []
+    for parent, rank in zip(tree.parents, tree.ranks, strict=True):
+        factor = factors[rank] if rank < len(factors) else 0.0
+        out.append(factor * (out[parent] if parent >= 0 else 1.0))
+    return out
+
+
+def expected_path_length(tree: Tree, rates: RankAcceptance) -> float:
+    """The expected number of tree nodes a verification accepts (length budget ignored)."""
+    return sum(reaches(tree, rates))
+
+
+def optimal_tree(num_nodes: int, rates: RankAcceptance, max_depth: int | None = None) -> Tree:
+    """The tree of at most ``num_nodes`` nodes (and ``max_depth`` depths) with the largest expected
+    path length under ``rates``: Sequoia's dynamic program over how a context's nodes are split
+    among its children, exact because a tree's value is the sum of its nodes' reaches. Children
+    ranked past ``rates`` are never added (they are never accepted)."""
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or not 1 <= num_nodes <= MAX_NODES:
+        raise ValueError(f"num_nodes must be an int in [1, {MAX_NODES}], got {num_nodes!r}")
+    depth_limit = num_nodes if max_depth is None else max_depth
+    if isinstance(depth_limit, bool) or not isinstance(depth_limit, int) or depth_limit < 1:
+        raise ValueError(f"max_depth must be an int >= 1, got {max_depth!r}")
+    factors = rank_factors(rates)
+
+    @functools.cache
+    def below(nodes: int, depths: int) -> tuple[float, tuple]:
+        """The best value of a context's descendants: at most ``nodes`` of them, within ``depths``
+        depths; with the shape, a tuple of (child subtree shapes) in rank order."""
+        return children(0, nodes, depths)
+
+    @functools.cache
+    def children(rank: int, nodes: int, depths: int) -> tuple[float, tuple]:
+        """The best value of children ranked ``rank`` and later with their subtrees, ``nodes`` in all."""
+        if nodes == 0 or depths == 0 or rank >= len(factors) or factors[rank] == 0.0:
+            return 0.0, ()
+        best = (0.0, ())
+        for inside in range(nodes):  # nodes under this child; it takes one itself
+            value, shape = below(inside, depths - 1)
+            rest_value, rest_shape = children(rank + 1, nodes - 1 - inside, depths)
+            total = factors[rank] * (1.0 + value) + rest_value
+            if total > best[0]:
+                best = (total, (shape, *rest_shape))
+        return best
+
+    _, shape = below(num_nodes, depth_limit)
+    if not shape:
+        raise ValueError(f"no child is ever accepted under rates {list(rates)}: no tree gains anything")
+    return _from_shape(shape)
+
+
+def _from_shape(shape: tuple) -> Tree:
+    """The tree whose root has the child subtrees ``shape`` (each a tuple of its own), its nodes
+    listed depth by depth, siblings in rank order, children grouped by parent."""
+    parents: list[int] = []
+    level = [(-1, shape)]  # (node, its children's shapes) of one depth
+    while level:
+        following = []
+        for node, kids in level:
+            for kid in kids:
+                parents.append(node)
+                following.append((len(parents) - 1, kid))
+        level = following
+    return Tree(tuple(parents))
+
+
+def check_rates(rates: RankAcceptance) -> None:
+    if not all(0.0 <= r <= 1.0 for r in rates):
+        raise ValueError(f"rank acceptance rates must lie in [0, 1], got {list(rates)}")

@@ -7,7 +7,8 @@ the slots of the positions the path now stands at. To the ledger the tree is a *
 ``depth`` tokens (as a lookup level's is): level 1 then reports how many it accepted, so the ledger,
 the levels above and the ring of q's see a chain as usual.
 
-Terms (``hsd_fast.tree`` and ``triton_kernels/tree_torch.py`` define the rest):
+Terms (``hsd_fast.tree`` and ``triton_kernels/tree_torch.py`` define the rest; ``tree_plan.py`` holds
+the tree's index tensors and every row's pending nodes):
 
     P           per row, the position of the tree's first depth (the row's length when it drafts)
     tree slots  ``[P, P + n)`` in the caches of levels 0 and 1: node j's K/V sit at slot P + j
@@ -20,61 +21,13 @@ Shapes: B rows, n nodes, V vocabulary, C catch-up columns (a bucket), K = depth 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from hsd_fast.decode_state import DecodeState
 from hsd_fast.layout import FedBlock, fed_block
-from hsd_fast.steps import POOL, DecodeState, Runner, broken_logits, processed_logits, step_result
-from hsd_fast.tree import Tree
+from hsd_fast.steps import Runner, broken_logits, processed_logits, step_result
+from hsd_fast.tree_plan import TreePlan
 from hsd_fast.triton_kernels.tree_torch import draft_children_torch, node_key, verify_tree_torch
-
-
-@dataclass
-class TreePlan:
-    """A tree's topology as the tensors the steps index with, built once per run."""
-
-    tree: Tree
-    depths: torch.Tensor  # [n] int64
-    columns: torch.Tensor  # [n] int64
-    ranks: torch.Tensor  # [n] int64
-    ancestors: torch.Tensor  # [n, n] bool: node i sees node j
-    # per depth d, the contexts whose children are drafted after the forward over depth d - 1,
-    # grouped by their number of children k: (contexts [m], children [m, k]); context 0 is the root
-    groups: list[list[tuple[torch.Tensor, torch.Tensor]]]
-
-    @classmethod
-    def of(cls, tree: Tree, device: torch.device) -> TreePlan:
-        def ints(values) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=device)
-
-        groups = []
-        for d in range(tree.depth):
-            parents = [-1] if d == 0 else range(tree.depth_slice(d - 1).start, tree.depth_slice(d - 1).stop)
-            by_count: dict[int, list[int]] = {}
-            for parent in parents:
-                if tree.children[parent]:
-                    by_count.setdefault(len(tree.children[parent]), []).append(parent)
-            groups.append(
-                [
-                    (ints([p + 1 for p in ps]), ints([tree.children[p] for p in ps]))
-                    for ps in by_count.values()
-                ]
-            )
-        return cls(
-            tree, ints(tree.depths), ints(tree.columns), ints(tree.ranks), tree.ancestors(device), groups
-        )
-
-
-class TreeBuffers:
-    """The pending tree of every row: its nodes' tokens and (sampling) level 0's processed logits at
-    every context, the q level 1 verifies against."""
-
-    def __init__(self, plan: TreePlan, num_rows: int, vocab: int, dtype: torch.dtype, greedy: bool) -> None:
-        n, device = plan.tree.num_nodes, plan.depths.device
-        self.plan = plan
-        self.tokens = POOL.zeros(self, (num_rows, n), torch.int64, device)  # [B, n]
-        self.q_logits = None if greedy else POOL.zeros(self, (num_rows, n + 1, vocab), dtype, device)
 
 
 def _node_block(

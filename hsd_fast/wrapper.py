@@ -4,8 +4,10 @@ HF drops the ``streamer`` before it calls a ``custom_generate`` callable (docs/d
 is dropped"). ``hsd_fast.generate`` finds it in HF's call all the same, but the wrapper does not rely on
 that: it takes the streamer out of the kwargs, hands it to ``hsd_fast.generate`` under its own name,
 and the engine feeds it the prompt, then each committed token in order, then ``end()``: HF's streamer
-contract. ``end()`` comes whatever happens, an error raised by HF's own checks included. The drafts
-and the block sizes are checked when the wrapper is made."""
+contract. ``end()`` comes whatever happens, an error raised by HF's own checks included. The levels
+(drafts, block sizes, tree, or a hierarchy) are resolved and checked once, when the wrapper is made
+(``hsd_fast.request.resolve_levels``), and handed to ``hsd_fast.generate`` as they are; every other
+check of a call is the request's (``hsd_fast.request``), as for a direct call."""
 
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ from typing import Any
 
 import torch
 
-from hsd_fast.engine import check_block_sizes
-from hsd_fast.hf_generate import DEFAULT_T, EndOnce, check_drafts, check_input_ids, generate
-from hsd_fast.hierarchy import Hierarchy
+from hsd_fast.hf_generate import EndOnce, generate
+from hsd_fast.hierarchy_types import Hierarchy
+from hsd_fast.lookup import LookupDraft
+from hsd_fast.request import Levels, check_input_ids, resolve_levels
 from hsd_fast.tree import Tree
 
 
@@ -33,18 +36,28 @@ class HSDModel:
         compile: bool | str = "auto",
         tree: Tree | None = None,
     ) -> None:
-        if hierarchy is not None:
-            if drafts or T is not None or tree is not None:
-                raise ValueError("pass either hierarchy= or drafts=/T=/tree=, not both")
-            drafts, T, tree = hierarchy.drafts, hierarchy.T, hierarchy.tree
         if not isinstance(target, torch.nn.Module):
             raise TypeError(f"target must be a model (torch.nn.Module), got {type(target).__name__}")
         self.target = target
-        lookup, models = check_drafts(drafts)
-        self.drafts = [*([] if lookup is None else [lookup]), *models]  # "lookup" as its LookupDraft
-        self.T = check_block_sizes([DEFAULT_T] * len(self.drafts) if T is None else T, len(self.drafts), "T")
-        self.compile, self.tree = compile, tree
-        self.hierarchy = hierarchy  # kept for its batch: generate warns when it runs another
+        self.levels: Levels = resolve_levels(drafts, T, tree, hierarchy)  # once: every call reuses them
+        self.compile = compile
+
+    @property
+    def drafts(self) -> list[torch.nn.Module | LookupDraft]:
+        """The levels under the target, smallest first (``"lookup"`` as its ``LookupDraft``)."""
+        return self.levels.drafts
+
+    @property
+    def T(self) -> list[int]:
+        return list(self.levels.T)
+
+    @property
+    def tree(self) -> Tree | None:
+        return self.levels.tree
+
+    @property
+    def hierarchy(self) -> Hierarchy | None:
+        return self.levels.hierarchy
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names not found on the wrapper: config, device, generation_config, ...
@@ -63,17 +76,10 @@ class HSDModel:
         check_input_ids(inputs if inputs is not None else kwargs.get("input_ids"), kwargs)
         streamer = EndOnce.of(kwargs.pop("streamer", None))
         try:
-            ids = inputs if inputs is not None else kwargs["input_ids"]
-            if streamer is not None and ids.shape[0] > 1:
-                raise ValueError("a streamer only supports batch size 1 (as in HF)")
-            if self.hierarchy is not None:
-                self.hierarchy.warn_unless_selected_for(ids.shape[0])
             return self.target.generate(
                 inputs,
                 custom_generate=generate,
-                drafts=self.drafts,
-                T=self.T,
-                tree=self.tree,
+                hsd_levels=self.levels,
                 hsd_streamer=streamer,
                 **{"compile": self.compile, **kwargs},  # compile= may be given per call
             )

@@ -8,16 +8,16 @@ default: a first call compiles its steps (reported apart), and the timed call ru
 
 from __future__ import annotations
 
-import json
 import time
 
 import torch
 
-import hsd_fast
 from hsd_fast import zoo
+from hsd_fast.hf_generate import generate as hsd_generate
 from hsd_fast.hierarchy import select_hierarchy
+from hsd_fast.positions import COMMAND_FORM, check_positions, fewest_positions, read_config
 from hsd_fast.profile import ProfileCache
-from hsd_fast.zoo.build import read_calibration
+from hsd_fast.zoo.calibration import read_calibration
 
 PROMPT = '''def read_config(path):
     """Read a configuration file and return a dict of its sections."""
@@ -27,12 +27,7 @@ PROMPT = '''def read_config(path):
 def position_limit() -> int | None:
     """The fewest positions any zoo model takes (``max_position_embeddings``, read from the configs
     without loading a model); None if no config states one."""
-    limits = []
-    for name in zoo.names():
-        config = json.loads((zoo.zoo_dir() / name / "config.json").read_text())
-        if isinstance(config.get("max_position_embeddings"), int):
-            limits.append(config["max_position_embeddings"])
-    return min(limits, default=None)
+    return fewest_positions(read_config(zoo.zoo_dir() / name / "config.json") for name in zoo.names())
 
 
 def check_length(prompt: str, max_new_tokens: int) -> None:
@@ -45,11 +40,13 @@ def check_length(prompt: str, max_new_tokens: int) -> None:
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     limit = position_limit()
-    if limit is not None and tokens + max_new_tokens > limit:
-        room = f"use --max-new-tokens <= {limit - tokens}" if tokens < limit else "shorten the prompt"
-        raise ValueError(
-            f"the prompt ({tokens} tokens) + --max-new-tokens {max_new_tokens} = {tokens + max_new_tokens} "
-            f"positions exceed the zoo models' max_position_embeddings ({limit}); {room}"
+    if limit is not None:
+        check_positions(
+            tokens + max_new_tokens,
+            [("zoo models'", limit)],
+            asked=f"the prompt ({tokens} tokens) + --max-new-tokens {max_new_tokens}",
+            remedy=f"use --max-new-tokens <= {limit - tokens}" if tokens < limit else "shorten the prompt",
+            form=COMMAND_FORM,
         )
 
 
@@ -77,7 +74,7 @@ def main(
     start = time.perf_counter()
     expected = target.generate(ids, **kwargs)
     ar_seconds = time.perf_counter() - start
-    hsd_kwargs = {"custom_generate": hsd_fast.generate, "hierarchy": pick, "output_hsd_stats": True}
+    hsd_kwargs = {"custom_generate": hsd_generate, "hierarchy": pick, "output_hsd_stats": True}
     hsd_kwargs["compile"] = compile
     if compile:
         print("compiling HSD's steps (once per process) ...", flush=True)

@@ -46,13 +46,13 @@ def vocabulary_cut_to_the_smallest() -> Iterator[None]:
     """The old padded-vocabulary rule: every level, the target included, samples over the smallest
     vocabulary of the hierarchy. The target's extra ids are then never drawn: its output is not its
     own when it gives them mass."""
-    from hsd_fast import compat, hf_generate
+    from hsd_fast import compat, request
 
     def smallest(target, drafts) -> int:
         compat.hierarchy_vocab_size(target, drafts)  # the same refusals
         return min(m.get_output_embeddings().weight.shape[0] for m in (target, *drafts))
 
-    with mock.patch.object(hf_generate, "hierarchy_vocab_size", smallest):
+    with mock.patch.object(request, "hierarchy_vocab_size", smallest):
         yield
 
 

@@ -147,11 +147,12 @@ def test_the_suite_covers_sliding_and_hybrid_families() -> None:
             assert HFRunner(tiny_model(model_type), VOCAB).windows == windows, model_type
 
 
-def test_the_readme_shows_the_generated_support_table() -> None:
-    """README.md's table is ``python -m hsd_fast.architectures`` run on the transformers it names
+def test_docs_support_shows_the_generated_support_table() -> None:
+    """docs/support.md's table is ``python -m hsd_fast.architectures`` run on the transformers it names
     (on another version the registry differs: nothing to compare)."""
-    table = readme_table((Path(__file__).parents[1] / "README.md").read_text())
-    assert table is not None, "README.md lost its support-table markers"
+    table = readme_table((Path(__file__).parents[1] / "docs" / "support.md").read_text())
+    assert table is not None, "docs/support.md lost its support-table markers"
     if f"on transformers {transformers.__version__}:" not in table.splitlines()[0]:
-        pytest.skip(f"README table generated on another transformers ({table.splitlines()[0]})")
-    assert table == support_table(), "regenerate it: python -m hsd_fast.architectures --readme README.md"
+        pytest.skip(f"support table generated on another transformers ({table.splitlines()[0]})")
+    regenerate = "regenerate it: python -m hsd_fast.architectures --readme docs/support.md"
+    assert table == support_table(), regenerate

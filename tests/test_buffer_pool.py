@@ -1,4 +1,4 @@
-"""``steps.BufferPool``: a run's buffers serve the next run of the same shapes (on CUDA that keeps
+"""``buffer_pool.BufferPool``: a run's buffers serve the next run of the same shapes (on CUDA that keeps
 the addresses the compiled steps' graphs were recorded for), zeroed, never while their first
 owner lives; and runs through a pool decode exactly what runs without one do."""
 
@@ -9,8 +9,8 @@ import gc
 import pytest
 import torch
 
-from hsd_fast import Tree, run_hsd, steps
-from hsd_fast.steps import BufferPool
+from hsd_fast import Tree, buffer_pool, run_hsd
+from hsd_fast.buffer_pool import BufferPool
 from hsd_fast.testing.tables import TableRunner, table_family
 
 CPU = torch.device("cpu")
@@ -71,12 +71,12 @@ def test_runs_through_a_pool_decode_what_runs_without_one_do(tree: Tree | None, 
         return [s.tolist() for s in run_hsd(levels, prompts, seeds=seed, **kwargs).sequences]
 
     expected = [tokens(seed) for seed in (1, 2, 3)]
-    monkeypatch.setattr(steps.POOL, "device_types", frozenset({"cpu", "cuda"}))
-    monkeypatch.setattr(steps.POOL, "_free", {})
+    monkeypatch.setattr(buffer_pool.POOL, "device_types", frozenset({"cpu", "cuda"}))
+    monkeypatch.setattr(buffer_pool.POOL, "_free", {})
     held = []
     for seed, want in zip((1, 2, 3), expected, strict=True):
         assert tokens(seed) == want
         gc.collect()
-        held.append(steps.POOL.free_buffers)
+        held.append(buffer_pool.POOL.free_buffers)
     # tokens, q logits, q log-sum-exps (and the tree's two): each run takes them again, adds none
     assert held[0] >= 3 and held == [held[0]] * 3

@@ -10,7 +10,7 @@ import torch._dynamo
 from hf_models import derived_drafts, noisy_copy, tiny_model
 
 import hsd_fast
-from hsd_fast import steps
+from hsd_fast import compile_policy
 from hsd_fast.testing.exactness import pooled_chi_square
 
 pytestmark = [pytest.mark.hf, pytest.mark.slow]
@@ -88,7 +88,7 @@ def test_short_memory_stops_compiling_and_keeps_the_tokens(monkeypatch) -> None:
     one, a compiled run builds no graph, says so once, and decodes the same tokens."""
     target = tiny_model("llama", layers=2, seed=11)
     drafts = derived_drafts(target, 1)
-    monkeypatch.setattr(steps, "available_memory", lambda: steps.GRAPH_MEMORY_RESERVE - 1)
+    monkeypatch.setattr(compile_policy, "available_memory", lambda: compile_policy.GRAPH_MEMORY_RESERVE - 1)
     torch._dynamo.utils.counters.clear()
     ids = torch.tensor([PROMPTS[1]])
     kwargs = {"do_sample": False, "max_new_tokens": 16, "eos_token_id": None}
@@ -136,7 +136,7 @@ def test_compiled_steps_replay_from_cuda_graphs() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_repeated_request_replays_without_recording(monkeypatch) -> None:
-    """A request of shapes already seen takes the finished run's buffers (``steps.BufferPool``), so
+    """A request of shapes already seen takes the finished run's buffers (``buffer_pool.BufferPool``), so
     its steps replay the graphs recorded for those addresses: no CUDA graph is captured."""
     cpu_target = tiny_model("llama", layers=2)
     drafts = [d.cuda() for d in derived_drafts(cpu_target, 1)]

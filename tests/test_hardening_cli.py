@@ -25,10 +25,10 @@ import torch
 import hsd_fast.profile.cache as cache_module
 from hsd_fast import zoo
 from hsd_fast.cli import main
+from hsd_fast.cli_args import report_stem
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile.cache import ProfileCache, ProfileCacheWarning
 from hsd_fast.profile.costs import CostProfile
-from hsd_fast.select_command import report_stem
 
 COST = CostProfile((1, 2), (0.01, 0.02), (1,), (0.005,))
 

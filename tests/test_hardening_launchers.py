@@ -232,8 +232,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are imported
 from hsd_fast.triton_kernels import checks
-from hsd_fast.triton_kernels.rejection import verify_torch, verify_triton
-from hsd_fast.triton_kernels.sampling import sample_torch, sample_triton
+from hsd_fast.triton_kernels.rejection import verify_triton
+from hsd_fast.triton_kernels.rejection_torch import verify_torch
+from hsd_fast.triton_kernels.sampling import sample_triton
+from hsd_fast.triton_kernels.sampling_torch import sample_torch
 
 checks.host_values = lambda t: False  # as on CUDA: no value read on the host, the kernels flag them
 device = "cuda" if torch.cuda.is_available() else "cpu"

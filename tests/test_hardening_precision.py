@@ -18,7 +18,7 @@ import torch
 
 import hsd_fast
 from hsd_fast import zoo
-from hsd_fast.zoo.build import read_calibration
+from hsd_fast.zoo.calibration import read_calibration
 
 pytestmark = pytest.mark.hf
 

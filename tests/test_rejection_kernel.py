@@ -14,7 +14,8 @@ from hsd_fast.engine import run_hsd
 from hsd_fast.testing.tables import TableRunner, table_family
 from hsd_fast.triton_kernels import rejection, sampling, split
 from hsd_fast.triton_kernels.keyed_random_torch import DRAFT
-from hsd_fast.triton_kernels.rejection import verify_torch, verify_triton
+from hsd_fast.triton_kernels.rejection import verify_triton
+from hsd_fast.triton_kernels.rejection_torch import verify_torch
 
 pytestmark = pytest.mark.triton
 

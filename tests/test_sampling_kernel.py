@@ -9,7 +9,8 @@ from keyed_hash import position_hashing_to
 
 from hsd_fast.triton_kernels import split
 from hsd_fast.triton_kernels.keyed_random_torch import DRAFT
-from hsd_fast.triton_kernels.sampling import sample_torch, sample_triton
+from hsd_fast.triton_kernels.sampling import sample_triton
+from hsd_fast.triton_kernels.sampling_torch import sample_torch
 
 pytestmark = pytest.mark.triton
 

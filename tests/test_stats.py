@@ -88,14 +88,6 @@ def test_acceptance_rate() -> None:
     assert math.isnan(HSDStats(2).acceptance_rate(1))  # nothing verified
 
 
-def test_mean_tokens_per_pass() -> None:
-    stats = _three_levels()
-    assert stats.mean_tokens_per_pass(0) == pytest.approx(6 / 6)  # drafted / row-forwards
-    assert stats.mean_tokens_per_pass(1) == pytest.approx((4 + 2 + 2) / 4)  # accepted + corr. + bonus
-    assert stats.mean_tokens_per_pass(2) == pytest.approx((2 + 1 + 0) / 1)
-    assert math.isnan(HSDStats(2).mean_tokens_per_pass(1))
-
-
 def test_mean_accepted_per_target_pass() -> None:
     stats = _three_levels()
     assert stats.mean_accepted_per_target_pass == pytest.approx(2 / 1)

@@ -1,6 +1,6 @@
-"""The value and cost model of a token tree (hsd_fast/tree_latency.py): the expected accepted path
-length against Monte Carlo runs of the same model on random trees and rates, the optimal tree
-against brute force over every tree of up to 7 nodes, and the latency per token."""
+"""The value and cost model of a token tree (hsd_fast/tree.py, hsd_fast/tree_latency.py): the
+expected accepted path length against Monte Carlo runs of the same model on random trees and rates,
+the optimal tree against brute force over every tree of up to 7 nodes, and the latency per token."""
 
 from __future__ import annotations
 
@@ -11,16 +11,8 @@ import pytest
 
 from hsd_fast.latency import AffineCost, expected_latency, simulate
 from hsd_fast.selector import select
-from hsd_fast.tree import Tree
-from hsd_fast.tree_latency import (
-    expected_path_length,
-    optimal_tree,
-    rank_factors,
-    simulate_path_lengths,
-    tree_acceptance,
-    tree_cost,
-    tree_latency,
-)
+from hsd_fast.tree import Tree, expected_path_length, optimal_tree, rank_factors
+from hsd_fast.tree_latency import simulate_path_lengths, tree_acceptance, tree_cost, tree_latency
 
 
 def _random_tree(rng: random.Random, n: int) -> Tree:

@@ -10,9 +10,9 @@ from hf_models import derived_drafts, tiny_model
 from transformers.generation.streamers import BaseStreamer
 
 import hsd_fast
-from hsd_fast.hf_generate import DEFAULT_T, HSDGenerateOutput
-from hsd_fast.hierarchy import HierarchyBatchWarning
-from hsd_fast.selector import Selection
+from hsd_fast.hf_generate import HSDGenerateOutput
+from hsd_fast.hierarchy_types import HierarchyBatchWarning, Selection
+from hsd_fast.request import DEFAULT_T
 from hsd_fast.wrapper import HSDModel
 
 pytestmark = pytest.mark.hf

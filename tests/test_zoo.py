@@ -21,13 +21,8 @@ import hsd_fast
 from hsd_fast import zoo
 from hsd_fast.cli import main
 from hsd_fast.zoo import card, corpus
-from hsd_fast.zoo.build import (
-    calibration_record,
-    read_calibration,
-    read_manifest,
-    tokenize_with,
-    write_calibration,
-)
+from hsd_fast.zoo.build import calibration_record, read_manifest, tokenize_with, write_calibration
+from hsd_fast.zoo.calibration import read_calibration
 from hsd_fast.zoo.corpus import (
     Document,
     MissingSourcesError,

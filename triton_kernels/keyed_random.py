@@ -7,14 +7,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .keyed_random_torch import ACCEPT, BONUS, DRAFT, RESIDUAL, TREE
+from .keyed_random_torch import ACCEPT, BONUS, DRAFT, RESIDUAL
 
 __all__ = [
     "ACCEPT",
     "BONUS",
     "DRAFT",
     "RESIDUAL",
-    "TREE",
     "key_state",
     "uniform_from_state",
     "uniform_triton",

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import torch
 
-DRAFT, ACCEPT, RESIDUAL, BONUS, TREE = 0, 1, 2, 3, 4
-"""Purposes: a draft token, an accept test, a residual (correction) draw, a bonus, tree drafting."""
+DRAFT, ACCEPT, RESIDUAL, BONUS = 0, 1, 2, 3
+"""Purposes: a draft token, an accept test, a residual (correction) draw, a bonus. A token tree's
+nodes use these too: their column goes into the key's position (``tree_torch.node_key``)."""
 
 _MASK32 = 0xFFFFFFFF
 _M1, _M2 = 0x7FEB352D, 0x846CA68B

@@ -4,7 +4,7 @@
 draw, ``sampling_torch.py``) run the kernels on CUDA tensors where Triton is installed (or when
 ``use_kernel=True``) and the references elsewhere. This module imports no Triton: the kernel
 modules are imported on first use, so ``import hsd_fast`` works where Triton is not installed
-(macOS, Windows) and the CPU path never pays for it (docs/design.md, "Layers and the house rule for ops").
+(macOS, Windows) and the CPU path never pays for it (docs/design.md, "The house rule for ops").
 """
 
 from __future__ import annotations

@@ -12,11 +12,10 @@ import triton.language as tl
 
 from . import checks, split
 from .keyed_random import ACCEPT, BONUS, RESIDUAL, key_state, uniform_from_state
-from .ops import verify
-from .rejection_torch import RESIDUAL_EPS, VerifyResult, verify_torch
+from .rejection_torch import RESIDUAL_EPS, VerifyResult
 from .split import NO_SPECIALIZE, fold_argmax, fold_lse, plan, scan_chunk
 
-__all__ = ["RESIDUAL_EPS", "VerifyResult", "verify", "verify_torch", "verify_triton"]
+__all__ = ["verify_triton"]
 
 
 # ----------------------------------------------------------------------------- Triton kernels
@@ -77,10 +76,12 @@ def _accept_kernel(
     temp_ptr, seeds_ptr, positions_ptr, max_ptr, sum_ptr, arg_ptr, num_acc_ptr, next_tok_ptr, lse_ptr,
     err_ptr, V, level, width, num_chunks,
     GREEDY: tl.constexpr, POINT_MASS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+    HAS_FLAG: tl.constexpr,
 ):  # fmt: skip
     """All positions of a row side by side ([BLOCK_K, BLOCK_C] tiles of partials): a row's tests
     cost a few dependent memory round trips, not one chain per draft. Out-of-range values (count,
-    draft tokens, temperature) are OR'd into ``err_ptr`` (checks.py): one predicated atomic.
+    draft tokens, temperature) are OR'd into ``err_ptr`` (checks.py) where the caller passed a flag
+    (``HAS_FLAG``): one predicated atomic.
     ``POINT_MASS``: q(x) = 1, no q is read."""
     row = tl.program_id(0)
     n, d0, v0 = _row_layout(num_drafts_ptr, row, width)
@@ -135,7 +136,8 @@ def _accept_kernel(
         if GREEDY:  # the correction (num_acc < n) or the bonus: in exactly one block
             tl.store(next_tok_ptr + row + 0 * k, argmax.to(tl.int64), mask=k == num_acc)
     tl.store(num_acc_ptr + row, num_acc)
-    tl.atomic_or(err_ptr, err, mask=err != 0)
+    if HAS_FLAG:
+        tl.atomic_or(err_ptr, err, mask=err != 0)
 
 
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
@@ -257,7 +259,9 @@ def verify_triton(
     ``block_v`` and ``num_chunks`` override the vocabulary block and split (tests and benchmarks).
     ``error_flag`` ([1] int32, zeroed by the caller): where values are not checked on the host (CUDA
     tensors), the kernels OR into it the bits of ``checks.py`` for out-of-range counts, draft tokens
-    and temperatures; read it at a sync you make anyway (``checks.raise_on_error_flag``)."""
+    and temperatures; read it at a sync you make anyway (``checks.raise_on_error_flag``). Without
+    one (the engine, whose values come from its own steps) nothing is flagged: bad values then give
+    wrong numbers, never an out-of-bounds read."""
     num_rows, width, vocab = checks.check_verify_args(
         verifier_logits, draft_logits, draft_lse, draft_tokens, num_drafts, temperature, seeds, positions,
         level, greedy, error_flag, flag_with_tensor_ops=False,
@@ -292,18 +296,18 @@ def verify_triton(
     part_max = torch.empty(num_vrows * stats_chunks, device=device)
     part_sum = torch.empty_like(part_max)
     part_arg = torch.empty(num_vrows * stats_chunks if greedy else 1, dtype=torch.int32, device=device)
-    if error_flag is None:  # the kernels flag bad values somewhere; nobody reads this one
-        error_flag = torch.empty(1, dtype=torch.int32, device=device)
 
     _chunk_stats_kernel[(num_rows, stats_chunks, position_split)](
         verifier_logits, verifier_logits.stride(0), num_drafts, temperature, part_max, part_sum, part_arg,
         vocab, width, stats_size, stats_chunks, GREEDY=greedy, BLOCK_V=block,
     )  # fmt: skip
+    # Without a flag any tensor stands in for its pointer: the kernel never touches it then.
     _accept_kernel[(num_rows,)](
         verifier_logits, verifier_logits.stride(0), draft_logits, draft_logits.stride(0), draft_lse,
         draft_tokens, num_drafts, temperature, seeds, positions, part_max, part_sum,
-        part_arg, num_accepted, next_token, verifier_lse, error_flag, vocab, level, width, stats_chunks,
-        GREEDY=greedy, POINT_MASS=point_mass, BLOCK_K=BLOCK_K, BLOCK_C=split.BLOCK_C,
+        part_arg, num_accepted, next_token, verifier_lse, num_accepted if error_flag is None else error_flag,
+        vocab, level, width, stats_chunks, GREEDY=greedy, POINT_MASS=point_mass, BLOCK_K=BLOCK_K,
+        BLOCK_C=split.BLOCK_C, HAS_FLAG=error_flag is not None,
     )  # fmt: skip
     if greedy:
         return VerifyResult(num_accepted, next_token, verifier_lse)

@@ -1,4 +1,4 @@
-"""One verification step of speculative sampling for a batch of rows (docs/design.md, "verify").
+"""One verification step of speculative sampling for a batch of rows (docs/design.md, "The verify op").
 
 Row r verifies its ``n_r >= 0`` draft tokens ``x_0 .. x_{n_r-1}`` (absolute positions
 ``positions[r] + k``) against the verifier's distribution ``p``; the drafts came from ``q``:

@@ -20,11 +20,9 @@ import triton.language as tl
 
 from . import checks, split
 from .keyed_random import key_state
-from .ops import sample
-from .sampling_torch import sample_torch
 from .split import NO_SPECIALIZE, fold_argmax, fold_lse, plan, scan_chunk
 
-__all__ = ["sample", "sample_torch", "sample_triton"]
+__all__ = ["sample_triton"]
 
 _BAD_TEMPERATURE: tl.constexpr = tl.constexpr(checks.TEMPERATURE_NOT_POSITIVE)
 
@@ -51,11 +49,12 @@ def _sample_chunk_kernel(
 @triton.jit(do_not_specialize=NO_SPECIALIZE)
 def _sample_pick_kernel(
     max_ptr, sum_ptr, key_ptr, idx_ptr, token_ptr, lse_ptr, temp_ptr, err_ptr, num_chunks,
-    BLOCK_C: tl.constexpr,
+    BLOCK_C: tl.constexpr, HAS_FLAG: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
-    bad = tl.where(tl.load(temp_ptr + row) > 0, 0, _BAD_TEMPERATURE)  # NaN included (checks.py)
-    tl.atomic_or(err_ptr, bad, mask=bad != 0)
+    if HAS_FLAG:
+        bad = tl.where(tl.load(temp_ptr + row) > 0, 0, _BAD_TEMPERATURE)  # NaN included (checks.py)
+        tl.atomic_or(err_ptr, bad, mask=bad != 0)
     base = row * num_chunks
     chunks = tl.arange(0, BLOCK_C)
     run_max = -float("inf")
@@ -103,15 +102,15 @@ def sample_triton(
     logits, temperature = logits.contiguous(), temperature.float().contiguous()
     part_max, part_sum, part_key = (torch.empty(num_rows * chunks, device=device) for _ in range(3))
     part_idx = torch.empty(num_rows * chunks, dtype=torch.int32, device=device)
-    if error_flag is None:  # the kernel flags bad values somewhere; nobody reads this one
-        error_flag = torch.empty(1, dtype=torch.int32, device=device)
     _sample_chunk_kernel[(num_rows, chunks)](
         logits, logits.stride(0), temperature, seeds.to(torch.int64),
         positions.to(torch.int64), part_max, part_sum, part_key, part_idx,
         vocab, level, purpose, chunk_size, chunks, GREEDY=greedy, BLOCK_V=block,
     )  # fmt: skip
+    # Without a flag any tensor stands in for its pointer: the kernel never touches it then.
     _sample_pick_kernel[(num_rows,)](
-        part_max, part_sum, part_key, part_idx, tokens, lse, temperature, error_flag, chunks,
-        BLOCK_C=split.BLOCK_C,
+        part_max, part_sum, part_key, part_idx, tokens, lse, temperature,
+        part_idx if error_flag is None else error_flag, chunks, BLOCK_C=split.BLOCK_C,
+        HAS_FLAG=error_flag is not None,
     )  # fmt: skip
     return tokens, lse

@@ -5,5 +5,8 @@
 - ``configs``: the configurations: HF ``generate`` eager and compiled, HF assisted generation and
   prompt lookup, our own engine with no draft, one draft, the selector's pick and a grid's best;
 - ``timing``: interleaved passes after warm-up, with a check that no other process took the CPU;
-- ``results``: the JSON, markdown and plot files under ``bench/results/``.
+- ``measuring``: prompts as batches, the configurations timed on them, a result row each;
+- ``results``: the JSON, markdown and plot files under ``bench/results/`` (and the bench scripts'
+  driver);
+- ``command``: ``hsd-fast bench`` itself: choosing the hierarchies, then all of the above.
 """

@@ -27,16 +27,20 @@ from tqdm.auto import tqdm
 
 from hsd_fast.batch_latency import chain_latency, select_for_batch
 from hsd_fast.bench import configs as cfg
+from hsd_fast.bench import measuring
 from hsd_fast.bench.results import write
 from hsd_fast.bench.scenarios import SCENARIOS, Scenario
-from hsd_fast.bench.timing import CpuMeter, interleaved
-from hsd_fast.hierarchy import Hierarchy, with_lookup_level
+from hsd_fast.bench.timing import CpuMeter
+from hsd_fast.hf_generate import generate
+from hsd_fast.hierarchy import with_lookup_level
+from hsd_fast.hierarchy_types import Hierarchy, Selection
 from hsd_fast.latency import decode_seconds
 from hsd_fast.lookup import LOOKUP, LookupDraft, as_lookup
+from hsd_fast.positions import COMMAND_FORM, check_positions, fewest_positions
 from hsd_fast.processors import generation_sampling
 from hsd_fast.profile import ProfileCache, measured_latency
 from hsd_fast.report import markdown_table, run_metadata
-from hsd_fast.selector import Selection, select
+from hsd_fast.selector import select
 
 GRID_MAX_T = 6
 GRID_MEASURED = 6
@@ -50,7 +54,11 @@ GRID_KINDS = {  # the kinds of hierarchy a report compares, by their chains of c
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="every way to generate, side by side (writes bench/results/)")
+    """``hsd-fast bench``: the sub-command and its arguments."""
+    add_arguments(sub.add_parser("bench", help="every way to generate, side by side (writes bench/results/)"))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", choices=sorted(SCENARIOS), default="zoo")
     p.add_argument(
         "--quick", action="store_true", help="a smoke test: eager, one pass, 2 prompts per set, 32 new tokens"
@@ -140,8 +148,10 @@ def run(args: argparse.Namespace) -> int:
     for batch, set_name in groups:
         bar.set_postfix_str(f"batch {batch}, {set_name}")
         chosen = [c for c in configs if c.runs_at(batch)]
-        work = _batches(scenario.prompt_sets[set_name][: args.prompts_per_set], batch)
-        batch_rows, busy, compiling = _measure(chosen, work, args, meter, sampling, scenario, bar.update)
+        work = measuring.batches(scenario.prompt_sets[set_name][: args.prompts_per_set], batch)
+        batch_rows, busy, compiling = measuring.measure(
+            chosen, work, args, meter, sampling, scenario, bar.update
+        )
         redone += busy
         recompiled += compiling
         rows += [{"batch": batch, "prompt_set": set_name, **row} for row in batch_rows]
@@ -180,14 +190,20 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_positions(scenario: Scenario, max_new_tokens: int) -> None:
     """Refuse, before anything is measured, a run longer than the models' position tables."""
-    models = [scenario.target, *scenario.drafts.values()]
-    limit = min(getattr(m.config, "max_position_embeddings", None) or 2**31 for m in models)
+    limit = fewest_positions(m.config for m in [scenario.target, *scenario.drafts.values()])
+    if limit is None:
+        return
     longest = _prompt_tokens(scenario)
-    if longest + max_new_tokens > limit:
-        raise SystemExit(
-            f"hsd-fast bench: prompts of up to {longest} tokens + --max-new-tokens {max_new_tokens} exceed "
-            f"the models' max_position_embeddings ({limit}); use --max-new-tokens <= {limit - longest}"
+    try:
+        check_positions(
+            longest + max_new_tokens,
+            [("models'", limit)],
+            asked=f"hsd-fast bench: prompts of up to {longest} tokens + --max-new-tokens {max_new_tokens}",
+            remedy=f"use --max-new-tokens <= {limit - longest}",
+            form=COMMAND_FORM,
         )
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
 
 
 def _prompt_tokens(scenario: Scenario) -> int:
@@ -225,7 +241,7 @@ def _profile_in_child(args: argparse.Namespace) -> None:
     and those copies stay with the process after the steps are gone (docs/design.md, "Compiled
     steps"): timing the step costs of a large target at several batch sizes in the bench's own
     process left too little memory for the configurations it then compiles."""
-    argv = [sys.executable, "-m", "hsd_fast.cli", "bench", "--scenario", args.scenario, "--profile-only"]
+    argv = [sys.executable, "-m", "hsd_fast.bench.command", "--scenario", args.scenario, "--profile-only"]
     argv += ["--batch", *map(str, args.batch), "--max-new-tokens", str(args.max_new_tokens)]
     argv += ["--cache", str(args.cache)] + ["--eager"] * args.eager
     argv += ["--do-sample", "--temperature", str(args.temperature)] if args.do_sample else []
@@ -274,8 +290,9 @@ def _decode_seconds(scenario, hierarchy: Hierarchy, sampling, args, prompts) -> 
     """Seconds per token, batch 1, prefill excluded (``profile.measured_latency``), on 2 prompts."""
     batch = torch.stack(prompts[:2])
     return measured_latency(
-        scenario.target, hierarchy, batch, args.max_new_tokens, compile=not args.eager, **sampling
-    )
+        scenario.target, hierarchy, batch, args.max_new_tokens, compile=not args.eager, generate=generate,
+        **sampling,
+    )  # fmt: skip
 
 
 def _selector_check(pick: Selection, measured: dict[Selection, float], names: list[str]) -> list[str]:
@@ -333,10 +350,10 @@ def _best_fixed_assisted(scenario, draft_name, draft, sampling, n, prompts, note
     timed = {}
     for k in ASSISTED_FIXED:
         config = cfg.hf_assisted(scenario.target, draft_name, draft, sampling, n, num_tokens=k)
-        work = _batches(prompts, 1)
-        _run_all(config, work)
+        work = measuring.batches(prompts, 1)
+        measuring.run_all(config, work)
         start = time.perf_counter()
-        _run_all(config, work)
+        measuring.run_all(config, work)
         timed[k] = time.perf_counter() - start
     best = min(timed, key=timed.get)
     notes.append(
@@ -344,95 +361,6 @@ def _best_fixed_assisted(scenario, draft_name, draft, sampling, n, prompts, note
         f"{list(ASSISTED_FIXED)}."
     )
     return cfg.hf_assisted(scenario.target, draft_name, draft, sampling, n, num_tokens=best)
-
-
-# ----------------------------------------------------------------------------- measuring
-def _batches(prompts: list[torch.Tensor], batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The prompts as left-padded batches of ``batch`` rows (repeated to fill one batch if fewer)."""
-    rows = [prompts[i % len(prompts)] for i in range(max(len(prompts), batch))]
-    rows = rows[: len(rows) - len(rows) % batch]
-    out = []
-    for start in range(0, len(rows), batch):
-        group = rows[start : start + batch]
-        width = max(len(p) for p in group)
-        ids = torch.stack([torch.cat([torch.zeros(width - len(p), dtype=p.dtype), p]) for p in group])
-        mask = torch.stack([torch.arange(width) >= width - len(p) for p in group]).long()
-        out.append((ids, mask))
-    return out
-
-
-def _run_all(config: cfg.Config, work) -> list:
-    return [config.generate(ids, mask) for ids, mask in work]
-
-
-class _ForwardCounter:
-    """Counts the target's forward calls (HF's own methods report no statistics)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.calls = 0
-        self.handle = model.register_forward_hook(self)
-
-    def __call__(self, *args) -> None:
-        self.calls += 1
-
-
-def _measure(configs, work, args, meter, sampling, scenario, on_pass) -> tuple[list[dict], int, int]:
-    outputs: dict[int, list] = {}
-
-    def runner(i: int, config: cfg.Config):
-        def go():
-            outputs[i] = _run_all(config, work)
-
-        return go
-
-    timings = interleaved(
-        [runner(i, c) for i, c in enumerate(configs)], args.passes, meter, on_pass=lambda p: on_pass()
-    )
-    new_tokens = sum(ids.shape[0] for ids, _ in work) * args.max_new_tokens
-    batch = work[0][0].shape[0]
-    reference = [seq for seq, _ in outputs[0]]  # HF generate: the target's own output
-    rows = []
-    for i, config in enumerate(configs):
-        seconds = sorted(timings.seconds[i])[len(timings.seconds[i]) // 2]
-        row = {"config": config.name, "family": config.family, "tok_s": new_tokens / seconds}
-        row |= {"chain": list(config.chain), "T": list(config.T), "seconds": timings.seconds[i]}
-        if not sampling.get("do_sample"):
-            row["same_output"] = all(
-                torch.equal(a, s) for a, (s, _) in zip(reference, outputs[i], strict=True)
-            )
-        row["tokens_per_target_forward"] = _tokens_per_target_forward(
-            config, outputs[i], work, args, scenario
-        )
-        if config.family == "ours":  # the engine's own time per step, outside the step functions
-            stats = [st for _, st in outputs[i]]
-            steps = sum(sum(st.forwards) for st in stats)
-            row["host_us_per_step"] = 1e6 * sum(st.host_time for st in stats) / steps
-        if batch in config.predicted:
-            row["predicted_tok_s"] = batch / config.predicted[batch]
-        rows.append(row)
-    hf = next(r["tok_s"] for r in rows if r["family"] == "hf")
-    ours_alone = next((r["tok_s"] for r in rows if r["config"] == "ours, no draft"), None)
-    for row in rows:
-        row["x_hf"] = row["tok_s"] / hf
-        if ours_alone:
-            row["x_ours_no_draft"] = row["tok_s"] / ours_alone
-    return rows, timings.redone, timings.recompiled
-
-
-def _tokens_per_target_forward(config, outputs, work, args, scenario) -> float | None:
-    if config.family == "ours":
-        committed = sum(int(stats.row_forwards[-1]) for _, stats in outputs)
-        return sum(ids.shape[0] for ids, _ in work) * args.max_new_tokens / max(committed, 1)
-    if config.family in ("hf", "hf compiled"):
-        return 1.0
-    if work[0][0].shape[0] != 1:
-        return None
-    counter = _ForwardCounter(scenario.target)  # one more run, counted (batch 1: a call is a row)
-    try:
-        _run_all(config, work)
-    finally:
-        counter.handle.remove()
-    return len(work) * args.max_new_tokens / max(counter.calls - len(work), 1)  # prefills excluded
 
 
 def _measured_decode(rows, configs, scenario, sampling, args, prompts) -> None:
@@ -447,3 +375,15 @@ def _measured_decode(rows, configs, scenario, sampling, args, prompts) -> None:
         for row in rows:
             if row["config"] == config.name and row["batch"] == 1:
                 row["measured_decode_tok_s"] = 1.0 / seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hsd_fast.bench.command ARGS``: ``hsd-fast bench ARGS`` without the rest of the
+    command line; the profiling child (``_profile_in_child``) runs this."""
+    parser = argparse.ArgumentParser(prog="hsd-fast bench", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-import hsd_fast
+from hsd_fast.hf_generate import generate as hsd_generate
 from hsd_fast.lookup import as_lookup
 from hsd_fast.stats import HSDStats
 from hsd_fast.tree import Tree
@@ -116,7 +116,7 @@ def ours(
 
     def run(ids, mask):
         out = target.generate(
-            ids, attention_mask=mask, custom_generate=hsd_fast.generate, drafts=models, T=list(T), **kwargs
+            ids, attention_mask=mask, custom_generate=hsd_generate, drafts=models, T=list(T), **kwargs
         )
         return out.sequences, out.hsd_stats
 

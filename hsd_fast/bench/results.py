@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from hsd_fast.bench import measuring
+from hsd_fast.bench.timing import CpuMeter
 from hsd_fast.report import markdown_table, run_metadata, write_report
 
 COLUMNS = [
@@ -142,18 +144,15 @@ def measure_script(
     """Measure a bench script's configurations batch by batch and prompt set by prompt set, as
     ``hsd-fast bench`` does (interleaved passes, contended ones redone). Returns the rows and the
     passes redone for contention and for compiling."""
-    from hsd_fast.bench.command import _batches, _measure  # the bench command imports this module
-    from hsd_fast.bench.timing import CpuMeter
-
     rows, redone, recompiled, meter = [], 0, 0, CpuMeter()
     for batch in args.batch:
         configs = configs_for(batch)
         for prompt_set in prompt_sets:
-            work = _batches(scenario.prompt_sets[prompt_set][: args.prompts], batch)
+            work = measuring.batches(scenario.prompt_sets[prompt_set][: args.prompts], batch)
             print(
                 f"batch {batch}, {prompt_set}: {len(configs)} configurations, warm-up, {args.passes} passes"
             )
-            batch_rows, busy, compiling = _measure(
+            batch_rows, busy, compiling = measuring.measure(
                 configs, work, args, meter, args.sampling, scenario, lambda: None
             )
             redone, recompiled = redone + busy, recompiled + compiling

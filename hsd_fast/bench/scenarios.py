@@ -31,7 +31,7 @@ class Scenario:
 
 def zoo_scenario(dtype: torch.dtype = torch.float32) -> Scenario:
     from hsd_fast import zoo
-    from hsd_fast.zoo.build import read_calibration
+    from hsd_fast.zoo.calibration import read_calibration
 
     names = zoo.names()
     models = {name: zoo.load(name, dtype) for name in names}

@@ -5,7 +5,7 @@
 - ``run_text``: the text they are measured on, the target's own continuations of calibration text;
 - ``rank_acceptance``, ``lookup_replay``: the same for token trees and the lookup level;
 - ``cache``: both, cached in JSON keyed by what was measured (``ProfileCache``);
-- ``measure``: seconds per token of a hierarchy, end to end.
+- ``measure``: seconds per token of a hierarchy, end to end, through the ``generate`` it is given.
 
 ``hsd_fast.select_hierarchy`` (``hsd_fast.hierarchy``) puts them together.
 """

@@ -29,12 +29,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hsd_fast.engine import TOKENS_PER_DECODE_STEP
+from hsd_fast.decode_state import DecodeState
 from hsd_fast.hf_runner import HFRunner
 from hsd_fast.latency import AffineCost
+from hsd_fast.level_step import LevelStep
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.sampling_metadata import SamplingMetadata
-from hsd_fast.steps import DecodeState, LevelStep
+from hsd_fast.schedule import TOKENS_PER_DECODE_STEP
 
 
 class ProfileNoiseWarning(UserWarning):

@@ -35,11 +35,11 @@ import numpy as np
 import torch
 
 from hsd_fast._C import LookupIndex
+from hsd_fast.decode_state import DecodeState
 from hsd_fast.lookup import LookupDraft, LookupProposer
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile.costs import interleaved_medians
 from hsd_fast.sampling_metadata import SamplingMetadata
-from hsd_fast.steps import DecodeState
 
 Proposal = tuple[int, int, list[int]]  # (row, t, tokens proposed after the row's first t tokens)
 

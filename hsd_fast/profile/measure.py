@@ -1,4 +1,7 @@
-"""End-to-end measurement: seconds per generated token of a hierarchy, through ``generate``."""
+"""End-to-end measurement: seconds per generated token of a hierarchy, through ``generate``.
+
+``generate`` is an argument (``hsd_fast.generate``, passed by ``select_hierarchy`` and the commands):
+the profiler sits above the HF glue in the layers but does not need to import it."""
 
 from __future__ import annotations
 
@@ -7,14 +10,14 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hsd_fast.profile.costs import ProfileNoiseWarning, synchronize, warm_up
 
 if TYPE_CHECKING:
-    from hsd_fast.hierarchy import Hierarchy
+    from hsd_fast.hierarchy_types import Hierarchy
 
 
 def measured_latency(
@@ -25,6 +28,8 @@ def measured_latency(
     clock: Callable[[], float] = time.perf_counter,
     repeats: int = 3,
     batch: int = 1,
+    *,
+    generate: Callable[..., Any],
     **generation_kwargs,
 ) -> float:
     """Seconds per token each row generates with the engine (``hierarchy=None``: autoregressive,
@@ -33,9 +38,8 @@ def measured_latency(
     ``prompts`` (rows repeated to fill one batch if fewer; timed one after the other, so that load
     that comes and goes spoils a pair, not a whole side), averaged over the batches. EOS is ignored
     so every run has the same length. NaN, with a ``ProfileNoiseWarning``, when the machine was too
-    busy to tell: the long runs took no longer than the short ones."""
-    from hsd_fast.hf_generate import generate
-
+    busy to tell: the long runs took no longer than the short ones. ``generate``: the
+    ``custom_generate`` that runs the engine (``hsd_fast.generate``)."""
     if max_new_tokens < 2 or repeats < 1 or batch < 1:
         raise ValueError(
             "measured_latency needs max_new_tokens >= 2 (the first token is the prefill's), "

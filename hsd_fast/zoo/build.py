@@ -16,13 +16,17 @@ import platform
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import transformers
 
 from hsd_fast.report import device_name
+from hsd_fast.zoo.calibration import CALIBRATION, read_calibration
 from hsd_fast.zoo.corpus import (
+    SOURCES,
+    VAL_MODULUS,
     Document,
     TokenCorpus,
     documents,
@@ -32,8 +36,16 @@ from hsd_fast.zoo.corpus import (
     validation_ids,
 )
 from hsd_fast.zoo.models import load_int8, num_params, save_int8
-from hsd_fast.zoo.tokenizer import load_tokenizer, train_tokenizer
-from hsd_fast.zoo.train import TrainConfig, held_out_windows, train, validation_loss, validation_windows
+from hsd_fast.zoo.tokenizer import load_tokenizer
+from hsd_fast.zoo.tokenizer_training import train_tokenizer
+from hsd_fast.zoo.train import (
+    TrainConfig,
+    held_out_windows,
+    precision,
+    train,
+    validation_loss,
+    validation_windows,
+)
 from hsd_fast.zoo.twin import cost_twin
 
 # A CPU budget cannot train each size from scratch to beat the smaller ones (docs/design.md, 'The zoo':
@@ -93,8 +105,14 @@ def build_corpus(zoo_dir: Path, work_dir: Path, retrain_tokenizer: bool = False)
         "tokens_sha256": corpus.hash(),
         "token_file": cached.name,
         "python": platform.python_version(),
+        "val_modulus": VAL_MODULUS,  # the held-out rule (corpus.validation_ids)
         "sources": {
-            name: {"documents": counts[name], "chars": chars[name], **corpus.summary()[name]}
+            name: {
+                "package": SOURCES[name].package,
+                "documents": counts[name],
+                "chars": chars[name],
+                **corpus.summary()[name],
+            }
             for name in counts
         },
     }
@@ -142,6 +160,7 @@ def build_model(
         "params": num_params(model),
         "grown_from": parent,
         "steps": config.steps,
+        "training": _training_record(config, device),
         "tokens_seen": config.steps * config.tokens_per_step
         + (manifest["models"][parent]["tokens_seen"] if parent else 0),
         "val_loss": records[-1]["val"],
@@ -156,6 +175,13 @@ def build_model(
     manifest["models"][size] = card
     write_manifest(zoo_dir, manifest)
     return card
+
+
+def _training_record(config: TrainConfig, device: str) -> dict:
+    """What the card states of a model's training: its ``TrainConfig`` (size, steps and parent are
+    recorded beside it) and the precision it was computed in."""
+    record = {k: v for k, v in asdict(config).items() if k not in ("size", "steps", "grown_from")}
+    return record | {"precision": precision(device)}
 
 
 def build(
@@ -183,7 +209,6 @@ def build(
     return read_manifest(zoo_dir)
 
 
-CALIBRATION = "calibration.safetensors"
 CALIBRATION_WINDOWS = 8  # per source
 CALIBRATION_LENGTH = 128  # tokens per window
 
@@ -219,13 +244,6 @@ def calibration_record(path: Path) -> dict:
     with safe_open(str(path), "pt") as stored:
         shapes = {k: list(stored.get_slice(k).get_shape()) for k in sorted(stored.keys())}
     return {"file": path.name, "shapes": shapes, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
-
-
-def read_calibration(zoo_dir: Path) -> dict[str, torch.Tensor]:
-    """Held-out windows per source: [windows, length] int64 token ids."""
-    from safetensors.torch import load_file
-
-    return {k: v.long() for k, v in load_file(str(zoo_dir / CALIBRATION)).items()}
 
 
 def measure_acceptance(zoo_dir: Path, names: Sequence[str], progress: bool = True) -> dict:

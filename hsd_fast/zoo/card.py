@@ -73,14 +73,19 @@ def render(manifest: dict) -> str:
         [s, info["documents"], f"{info['chars'] / 1e6:.1f} M", *_train_val(info)]
         for s, info in corpus["sources"].items()
     ]
+    packages = [info["package"] for info in corpus["sources"].values() if info["package"]]
+    trainings = {name: models[name]["training"] for name in names}
+
+    def shared(key: str, show=str) -> str:
+        return _per_model(trainings, key, show)
+
     out += [
         "## Data",
         "",
-        "Text present offline (`hsd_fast/zoo/corpus.py`): the Python standard library's code (this "
-        f"machine's Python {corpus['python']}, tests excluded), the Python docs' reST sources (Debian "
-        "`python3.11-doc`), Perl's pod pages (`perl-doc`) and the King James Bible (`bible-kjv`, one "
-        "document per chapter). A document is held out when the CRC-32 of its id is 0 mod 50, plus the "
-        "smallest CRC-32 of each source.",
+        "Text present offline (`hsd_fast/zoo/corpus.py`): "
+        + _and([_source_text(s, info, corpus["python"]) for s, info in corpus["sources"].items()])
+        + ". A document is held out when the CRC-32 of its id is 0 mod "
+        f"{corpus['val_modulus']}, plus the smallest CRC-32 of each source.",
         "",
         *markdown_table(
             ["source", "documents", "characters", "train tokens", "validation tokens"], source_rows
@@ -94,21 +99,23 @@ def render(manifest: dict) -> str:
         "## Training",
         "",
         "The smallest model is trained from scratch. On a CPU budget a larger model trained from scratch "
-        "for the same minutes sees fewer tokens and ends *worse* than the smaller ones (measured here: "
-        "4.0 M parameters after 1.6 M tokens, validation loss 4.49 on code against 4.04 for 0.63 M after "
-        "4.1 M tokens), so every further size is *grown*: the previous model expanded by "
+        "for the same minutes sees fewer tokens and ends *worse* than the smaller ones (docs/design.md, "
+        "'The zoo'), so every further size is *grown*: the previous model expanded by "
         "`hsd_fast.zoo.cost_twin` (the same function in the larger shape, head dim kept) and trained on. "
         "'Tokens seen' counts the parent's tokens too. Grown models start as exact copies of their "
         "parents, so neighbours agree more than independently trained models of these sizes would.",
         "",
-        "AdamW (betas 0.9/0.95, weight decay 0.1 on matrices, gradient clip 1.0), batches of 16 random "
-        "windows of 256 tokens drawn uniformly over all training tokens, linear warm-up over 50 steps then "
-        "cosine to 10% of the peak rate, seed 0; fp32 on the CPU. Per-step logs with the validation loss "
-        "per source every 250 steps: `zoo/<name>/train_log.jsonl` (in the repository; the installed package "
-        "ships only what loading needs). Training on the GPU (larger sizes, "
-        "more tokens) is still to do: `bench/run_gpu.sh zoo-train`.",
+        f"AdamW (betas {shared('betas', lambda b: '/'.join(map(str, b)))}, weight decay "
+        f"{shared('weight_decay')} on matrices, gradient clip {shared('grad_clip')}), batches of "
+        f"{shared('batch_size')} random windows of {shared('seq_len')} tokens drawn uniformly over all "
+        f"training tokens, linear warm-up over {shared('warmup')} steps to a peak rate of {shared('lr')} "
+        f"then cosine to {shared('min_lr_ratio', lambda r: f'{r:.0%}')} of it, seed {shared('seed')}; "
+        f"computed in {shared('precision')}. Per-step logs with the validation loss per source every "
+        f"{shared('eval_every')} steps: `zoo/<name>/train_log.jsonl` (in the repository; the installed "
+        "package ships only what loading needs).",
         "",
-        "Rebuild (needs `apt-get install python3.11-doc perl-doc bible-kjv`: `hsd-fast zoo sources` "
+        *_gpu_lines(models),
+        "Rebuild (needs `apt-get install " + " ".join(packages) + "`: `hsd-fast zoo sources` "
         "shows what this machine has, `--hash` whether its text is the recorded corpus; reuses the "
         "committed tokenizer unless `--retrain-tokenizer`):",
         "",
@@ -120,6 +127,44 @@ def render(manifest: dict) -> str:
         "",
     ]
     return "\n".join(out)
+
+
+SOURCE_TEXTS = {  # what each corpus source is, for the card's prose; {debian}: its package, if any
+    "python-code": "the Python standard library's code (Python {python}, tests excluded){debian}",
+    "python-docs": "the Python docs' reST sources{debian}",
+    "perl-pod": "Perl's pod pages{debian}",
+    "bible": "the King James Bible{debian}, one document per chapter",
+}
+
+
+def _source_text(name: str, info: dict, python: str) -> str:
+    debian = f" (Debian `{info['package']}`)" if info["package"] else ""
+    return SOURCE_TEXTS.get(name, name + "{debian}").format(python=python, debian=debian)
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _per_model(records: dict[str, dict], key: str, show=str) -> str:
+    """``records[name][key]`` of every model: once where they share it, else each value with the
+    models that have it (``0.003 (xxs), 0.0015 (xs, sm, s)``)."""
+    groups: dict[str, list[str]] = {}
+    for name, record in records.items():
+        groups.setdefault(show(record[key]), []).append(name)
+    if len(groups) == 1:
+        return next(iter(groups))
+    return ", ".join(f"{value} ({', '.join(names)})" for value, names in groups.items())
+
+
+def _gpu_lines(models: dict) -> list[str]:
+    """A pointer to the GPU training stage while every model was trained on a CPU."""
+    if any(not card["device"].startswith("cpu") for card in models.values()):
+        return []
+    return [
+        "Training on the GPU (larger sizes, more tokens) is still to do: `bench/run_gpu.sh zoo-train`.",
+        "",
+    ]
 
 
 def _calibration_lines(record: dict | None) -> list[str]:

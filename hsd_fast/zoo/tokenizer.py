@@ -1,43 +1,23 @@
-"""The zoo's tokenizer: byte-level BPE (``tokenizers``), saved as an HF fast tokenizer.
+"""The zoo's tokenizer, loaded: byte-level BPE saved as an HF fast tokenizer under ``zoo/tokenizer``.
 
-It is trained once and committed under ``zoo/tokenizer``; ``hsd-fast zoo build`` reuses the committed
-one and retrains only when asked to (``--retrain-tokenizer``), because every model of the zoo is
-tied to its ids.
+Every model of the zoo is tied to its ids, so it is trained once (``tokenizer_training``, by
+``hsd-fast zoo build --retrain-tokenizer``) and committed; loading needs only ``transformers``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+if TYPE_CHECKING:  # transformers is imported only when the tokenizer is loaded
+    from transformers import PreTrainedTokenizerFast
 
 EOS = "<|endoftext|>"  # id 0: document separator, BOS, EOS and padding
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 8192) -> PreTrainedTokenizerFast:
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        min_frequency=2,
-        show_progress=True,
-    )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    return as_hf(tokenizer)
-
-
-def as_hf(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token=EOS, eos_token=EOS, pad_token=EOS, unk_token=None
-    )
-
-
 def load_tokenizer(path: Path) -> PreTrainedTokenizerFast:
+    from transformers import PreTrainedTokenizerFast
+
     if not (path / "tokenizer.json").is_file():
         raise FileNotFoundError(f"no tokenizer under {path} (expected tokenizer.json)")
     return PreTrainedTokenizerFast.from_pretrained(str(path))

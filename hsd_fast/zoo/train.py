@@ -33,7 +33,8 @@ class TrainConfig:
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
     warmup: int = 50
-    weight_decay: float = 0.1
+    weight_decay: float = 0.1  # on matrices only
+    betas: tuple[float, float] = (0.9, 0.95)  # AdamW's
     grad_clip: float = 1.0
     eval_every: int = 250
     eval_windows: int = 16  # held-out windows of seq_len tokens per source
@@ -43,6 +44,11 @@ class TrainConfig:
     @property
     def tokens_per_step(self) -> int:
         return self.batch_size * self.seq_len
+
+
+def precision(device: str) -> str:
+    """What ``train`` computes in on ``device``: fp32, under bf16 autocast on CUDA."""
+    return "bf16 autocast" if device.startswith("cuda") else "fp32"
 
 
 def lr_at(config: TrainConfig, step: int) -> float:
@@ -110,7 +116,7 @@ def train(
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=config.lr,
-        betas=(0.9, 0.95),
+        betas=config.betas,
         fused=device.startswith("cuda"),
     )
     on_cuda = device.startswith("cuda")

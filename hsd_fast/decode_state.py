@@ -1,0 +1,97 @@
+"""The state of one run on the device: every row's tokens by position, the ring of draft
+distributions the levels verify against, and a token tree's pending nodes. The level steps read and
+write it; ``structure`` is what a compiled step is built for besides tensor shapes.
+
+Shapes: B rows in the run, V vocabulary, S token positions, W ring slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from hsd_fast.buffer_pool import POOL
+from hsd_fast.processors import LogitsTransform
+from hsd_fast.sampling_metadata import SamplingMetadata
+from hsd_fast.tree_plan import TreeBuffers
+
+
+class DecodeState:
+    """The tensors of one run: every row's tokens by position and, for every speculative position,
+    the distribution of the level that tagged it (processed logits + fp32 log-sum-exp) in a ring of
+    W slots: the ``q`` the next level up verifies against. Greedy runs need no ring."""
+
+    def __init__(
+        self,
+        prompts: Sequence[torch.Tensor],
+        capacity: int,
+        window: int,
+        vocab: int,
+        ring_dtype: torch.dtype,
+        sampling: SamplingMetadata,
+        transform: LogitsTransform,
+        keep_q: bool,
+    ) -> None:
+        num_rows, device = len(prompts), prompts[0].device
+        self.sampling, self.transform, self.window, self.trash = sampling, transform, window, capacity
+        self.tokens = POOL.zeros(self, (num_rows, capacity + 1), torch.int64, device)  # [B, S + 1]
+        for r, p in enumerate(prompts):
+            self.tokens[r, : p.numel()] = p
+        self.q_logits = self.q_lse = None
+        if keep_q:  # slot W is the trash slot
+            ring = (num_rows, window + 1, vocab)  # [B, W + 1, V]
+            self.q_logits = POOL.zeros(self, ring, ring_dtype, device)
+            self.q_lse = POOL.zeros(self, (num_rows, window + 1), torch.float32, device)  # [B, W + 1]
+        # Everything a step's code depends on besides tensor shapes: a compiled step is built per
+        # structure and guards on tensors only (see LevelStep). Without a ring the window is unused.
+        ring = window if keep_q else None
+        self.structure = (ring, capacity, sampling.greedy, keep_q, transform.key, str(ring_dtype))
+        self.tree: TreeBuffers | None = None  # a token tree's pending nodes (level 0 drafts trees)
+
+    def set_tree(self, buffers: TreeBuffers) -> None:
+        """Level 0 drafts token trees of this topology, kept in ``buffers``; the topology is part of
+        what a compiled step is built for."""
+        self.tree = buffers
+        self.structure = (*self.structure, buffers.plan.tree.parents)
+
+    @property
+    def num_rows(self) -> int:
+        return self.tokens.shape[0]
+
+    def ring_slot(self, positions: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """The ring slot of each position, or the trash slot where ``keep`` is false."""
+        return torch.where(keep, positions % self.window, self.window)
+
+    def keep_p(
+        self, rows: torch.Tensor, slots: torch.Tensor, logits: torch.Tensor, lse: torch.Tensor
+    ) -> None:
+        """Store distributions (logits [..., V] and their fp32 log-sum-exp) at ring slots."""
+        assert self.q_logits is not None and self.q_lse is not None
+        self.q_logits[rows, slots] = logits.to(self.q_logits.dtype)
+        self.q_lse[rows, slots] = lse
+
+    def write_proposals(
+        self,
+        rows: np.ndarray,  # [R]
+        ends: np.ndarray,  # [R]
+        proposals: np.ndarray,  # [R, W] row i's first counts[i] entries proposed
+        counts: np.ndarray,  # [R]
+    ) -> None:
+        """Put a lookup level's proposals (row ``rows[i]``'s at positions ``ends[i]``, ``ends[i] + 1``,
+        ...) into the token buffer. Their q, a point mass on each token, is not written: the level
+        above verifies them in the op's point-mass mode (docs/design.md, "The lookup level")."""
+        offsets = np.arange(proposals.shape[1])  # [W]
+        taken = offsets < counts[:, None]  # [R, W]
+        if not taken.any():
+            return
+        at_row = np.broadcast_to(rows[:, None], taken.shape)[taken]  # [N] over all proposed tokens
+        positions = (ends[:, None] + offsets)[taken]  # [N]
+        if self.tokens.device.type == "cpu":  # written through numpy: a fifth of the tensor ops' time
+            self.tokens.numpy()[at_row, positions] = proposals[taken]
+            return
+        device = self.tokens.device
+        self.tokens[torch.from_numpy(at_row).to(device), torch.from_numpy(positions).to(device)] = (
+            torch.from_numpy(proposals[taken]).to(device)
+        )

@@ -1,0 +1,256 @@
+"""One request: what ``hsd_fast.generate`` (and ``hsd_fast.wrap``) were given, checked once and frozen.
+
+The HF glue (``hf_generate``, ``wrapper``) hands over its arguments as they came; this module turns
+them into a ``Request`` holding exactly what ``engine.run_hsd`` takes, or raises the error that names
+what is wrong, before anything is allocated. Two steps:
+
+- ``resolve_levels``: the levels under the target (``drafts`` with an optional lookup level first,
+  ``T``, ``tree``, or a ``Hierarchy`` from ``select_hierarchy``). The wrapper resolves them once,
+  when it is made, and passes the result on; ``generate`` resolves what it was given.
+- ``build_request``: the prompt, the models, the generation config (sampling, stopping, limits),
+  the seed and the streamer, checked in this order: levels, input_ids, models and devices, options
+  HSD cannot honour, the prompt's padding and ids, the positions, the logits processors, the
+  streamer's batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+from hsd_fast.compat import check_devices, check_model, hierarchy_vocab_size
+from hsd_fast.engine import check_block_sizes
+from hsd_fast.hierarchy_types import Hierarchy
+from hsd_fast.lookup import LookupDraft, as_lookup
+from hsd_fast.positions import check_positions, max_positions
+from hsd_fast.processors import LogitsTransform
+from hsd_fast.tree import Tree
+
+DEFAULT_T = 4
+"""The block size of every level whose ``T`` is not given."""
+
+SUPPORTED_STOPPING = (MaxLengthCriteria, EosTokenCriteria)
+
+
+@dataclass(frozen=True)
+class Levels:
+    """The levels under the target: a lookup level (or None), the draft models smallest first, one
+    block size per level (the lookup level's first), the token tree the first draft drafts, and the
+    ``Hierarchy`` they came from (None when given as drafts/T/tree)."""
+
+    lookup: LookupDraft | None
+    models: tuple[torch.nn.Module, ...]
+    T: tuple[int, ...]
+    tree: Tree | None = None
+    hierarchy: Hierarchy | None = None
+
+    @property
+    def drafts(self) -> list[torch.nn.Module | LookupDraft]:
+        """Every level under the target, smallest first (``"lookup"`` as its ``LookupDraft``)."""
+        return [*([] if self.lookup is None else [self.lookup]), *self.models]
+
+
+@dataclass(frozen=True, eq=False)
+class Request:
+    """A checked request: the engine's arguments, and what the HF glue needs to build HF's output."""
+
+    target: torch.nn.Module
+    levels: Levels
+    input_ids: torch.Tensor  # [B, L] as given (left padded): the output continues it
+    prompts: tuple[torch.Tensor, ...]  # each row without its left padding
+    vocab: int  # every level samples over the target's logits
+    max_new_tokens: int
+    eos_ids: tuple[int, ...]
+    pad_id: int  # fills a row that stopped before the longest
+    seed: int | Sequence[int] | torch.Tensor  # drawn from torch's generator when not given
+    transform: LogitsTransform  # the sampling transform (HF's logits processors), temperature included
+    greedy: bool
+    compile: bool | str
+    streamer: Any | None  # put the committed tokens; None: no streaming
+    return_dict: bool  # HF's return_dict_in_generate
+
+
+def resolve_levels(
+    drafts: Sequence[torch.nn.Module | LookupDraft | str] = (),
+    T: Sequence[int] | None = None,
+    tree: Tree | None = None,
+    hierarchy: Hierarchy | None = None,
+) -> Levels:
+    """``drafts``/``T``/``tree``, or ``hierarchy`` (not both), as ``Levels``; a TypeError or
+    ValueError naming the argument otherwise. ``T`` defaults to ``DEFAULT_T`` at every level."""
+    if hierarchy is not None:  # from hsd_fast.select_hierarchy: its drafts and block sizes
+        if not isinstance(hierarchy, Hierarchy):
+            raise TypeError(
+                f"hierarchy must be a Hierarchy (from select_hierarchy), got {type(hierarchy).__name__}"
+            )
+        if drafts or T is not None or tree is not None:
+            raise ValueError("pass either hierarchy= or drafts=/T=/tree=, not both")
+        drafts, T, tree = hierarchy.drafts, hierarchy.T, hierarchy.tree
+    lookup, models = check_drafts(drafts)
+    num_drafts = len(models) + (lookup is not None)  # a lookup level sits below the draft models
+    T = check_block_sizes([DEFAULT_T] * num_drafts if T is None else T, num_drafts, "T")
+    return Levels(lookup, tuple(models), tuple(T), tree, hierarchy)
+
+
+def build_request(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    levels: Levels,
+    *,
+    generation_config,
+    logits_processor=None,
+    stopping_criteria=None,
+    seed: int | Sequence[int] | torch.Tensor | None = None,
+    compile: bool | str = "auto",
+    streamer=None,
+    model_kwargs: dict | None = None,
+) -> Request:
+    """The request ``model.generate(input_ids, ...)`` makes of HSD with ``levels`` under ``model``,
+    checked; ``generation_config``, ``logits_processor``, ``stopping_criteria`` as HF prepared them.
+    A ``HierarchyBatchWarning`` when ``levels`` came from a hierarchy selected for another batch."""
+    model_kwargs = model_kwargs or {}
+    config = generation_config if generation_config is not None else model.generation_config
+    check_input_ids(input_ids, model_kwargs)
+    if levels.hierarchy is not None:
+        levels.hierarchy.warn_unless_selected_for(input_ids.shape[0])
+    drafts = levels.models
+    _check_models_and_options(model, drafts, input_ids, config, stopping_criteria)
+    vocab = hierarchy_vocab_size(model, drafts)
+    prompts = _prompts(input_ids, model_kwargs.get("attention_mask"), vocab)
+    max_new_tokens = config.max_length - input_ids.shape[1]
+    levels_by_role = [*((f"draft {i}", d) for i, d in enumerate(drafts)), ("target", model)]
+    check_positions(
+        max(p.numel() for p in prompts) + max_new_tokens,
+        [(f"{role} ({type(m).__name__})", max_positions(m.config)) for role, m in levels_by_role],
+        asked="prompt + max_new_tokens",
+        remedy="lower max_new_tokens",
+    )
+    transform = LogitsTransform(list(logits_processor or []))
+    eos_ids = _eos_ids(config)
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (1,)).item())  # host value by design: keys the hash
+    if streamer is not None and input_ids.shape[0] > 1:
+        raise ValueError("a streamer only supports batch size 1 (as in HF)")
+    return Request(
+        target=model,
+        levels=levels,
+        input_ids=input_ids,
+        prompts=tuple(prompts),
+        vocab=vocab,
+        max_new_tokens=max_new_tokens,
+        eos_ids=tuple(eos_ids),
+        pad_id=_pad_id(config, eos_ids),
+        seed=seed,
+        transform=transform,
+        greedy=not config.do_sample,
+        compile=compile,
+        streamer=streamer,
+        return_dict=bool(config.return_dict_in_generate),
+    )
+
+
+def check_drafts(drafts) -> tuple[LookupDraft | None, list[torch.nn.Module]]:
+    """``drafts`` as its lookup level (``"lookup"`` or a ``LookupDraft``, first only; None without
+    one) and its list of models, or a TypeError / ValueError naming the entry."""
+    if isinstance(drafts, (torch.nn.Module, str)) or not isinstance(drafts, Sequence):
+        raise TypeError(f"drafts must be a list of models (smallest first), got {type(drafts).__name__}")
+    drafts = list(drafts)
+    lookup = None
+    for i, d in enumerate(drafts):
+        if as_lookup(d) is not None:
+            if i > 0:
+                raise ValueError(
+                    f"drafts[{i}] is a lookup level: it has no model to verify anything, so it can only "
+                    "be the first (smallest) level"
+                )
+            lookup = as_lookup(d)
+        elif not isinstance(d, torch.nn.Module):
+            raise TypeError(
+                f"drafts[{i}] must be a model (torch.nn.Module), 'lookup' or a LookupDraft, got "
+                f"{type(d).__name__}"
+            )
+    return lookup, drafts[1:] if lookup is not None else drafts
+
+
+def check_input_ids(input_ids, model_kwargs: dict) -> None:
+    """The prompt as the engine needs it: a [batch, length] integer tensor (and no inputs_embeds)."""
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise ValueError(
+            "hsd_fast needs input_ids, not inputs_embeds: every level embeds the tokens itself (a draft "
+            "cannot reuse the target's embeddings)"
+        )
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(
+            f"input_ids must be a torch.Tensor of token ids [batch, length], got {type(input_ids).__name__}"
+        )
+    if input_ids.dim() != 2:
+        hint = " (one prompt: input_ids[None])" if input_ids.dim() == 1 else ""
+        raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}{hint}")
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.numel() == 0:
+        raise ValueError(
+            f"input_ids must hold at least one token per row, got shape {tuple(input_ids.shape)}"
+        )
+
+
+def _check_models_and_options(model, drafts, input_ids, config, stopping_criteria) -> None:
+    """Every model runnable exactly, all on the prompt's device, and no option HSD cannot honour."""
+    check_model(model, "target")
+    for i, d in enumerate(drafts):
+        check_model(d, f"draft {i}")
+    check_devices(model, drafts, input_ids)
+    if getattr(config, "num_beams", 1) > 1:
+        raise ValueError("hsd_fast does not support beam search (num_beams > 1)")
+    for flag in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
+        if getattr(config, flag, False):
+            raise ValueError(f"hsd_fast does not support {flag}=True")
+    unsupported = [
+        type(c).__name__ for c in (stopping_criteria or []) if not isinstance(c, SUPPORTED_STOPPING)
+    ]
+    if unsupported:
+        raise ValueError(
+            f"hsd_fast cannot apply the stopping criteria {unsupported}; supported: "
+            f"{', '.join(c.__name__ for c in SUPPORTED_STOPPING)} (max_length / max_new_tokens, EOS)"
+        )
+
+
+def _prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, vocab: int) -> list[torch.Tensor]:
+    """Rows without their left padding (positions then follow HF's cumsum(mask) - 1)."""
+    if attention_mask is not None and attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask must have input_ids' shape {tuple(input_ids.shape)}, "
+            f"got {tuple(attention_mask.shape)}"
+        )
+    mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    lengths = mask.sum(1)
+    right_aligned = mask[:, -1].all() and torch.equal(
+        mask, torch.arange(mask.shape[1], device=mask.device)[None, :] >= (mask.shape[1] - lengths)[:, None]
+    )
+    if not right_aligned:
+        raise ValueError("hsd_fast needs left padding (padding_side='left') and no holes in attention_mask")
+    tokens = input_ids[mask]
+    # once per request (a host sync): an id outside the vocabulary would index past an embedding
+    if tokens.numel() and not (int(tokens.min()) >= 0 and int(tokens.max()) < vocab):
+        raise ValueError(
+            f"input_ids must lie in [0, {vocab}) (the target's vocabulary), got ids from "
+            f"{int(tokens.min())} to {int(tokens.max())}"
+        )
+    return [row[m] for row, m in zip(input_ids, mask, strict=True)]
+
+
+def _eos_ids(config) -> list[int]:
+    eos = config.eos_token_id
+    if eos is None:
+        return []
+    return [int(e) for e in eos] if isinstance(eos, (list, tuple)) else [int(eos)]
+
+
+def _pad_id(config, eos_ids: list[int]) -> int:
+    if config.pad_token_id is not None:
+        return int(config.pad_token_id)
+    return eos_ids[0] if eos_ids else 0
