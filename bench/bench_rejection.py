@@ -36,7 +36,8 @@ from kernel_bench import (
     write_results,
 )
 
-from hsd_fast.triton_kernels.rejection import verify_torch, verify_triton
+from hsd_fast.triton_kernels.rejection import verify_triton
+from hsd_fast.triton_kernels.rejection_torch import verify_torch
 
 DTYPES = [torch.bfloat16, torch.float32]
 KEYS = ["batch", "drafts", "vocab", "dtype"]

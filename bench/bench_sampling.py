@@ -31,7 +31,8 @@ from kernel_bench import (
 )
 
 from hsd_fast.triton_kernels.keyed_random_torch import DRAFT
-from hsd_fast.triton_kernels.sampling import sample_torch, sample_triton
+from hsd_fast.triton_kernels.sampling import sample_triton
+from hsd_fast.triton_kernels.sampling_torch import sample_torch
 
 KEYS = ["rows", "vocab", "dtype", "mode"]
 

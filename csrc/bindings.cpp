@@ -92,6 +92,32 @@ py::array_t<int64_t> to_numpy_2d(const Ints& values, int64_t rows, int64_t cols)
   return out;
 }
 
+// pybind11 answers `__init__` on an instance already constructed by doing nothing (its dispatcher
+// returns before any constructor runs), so `ledger.__init__(...)` would silently keep the old state.
+// This wraps a class's `__init__` to refuse that with a TypeError; a first construction goes on to
+// pybind11's own `__init__` (its overloads, argument names and errors).
+template <class T>
+void refuse_second_init(py::module_& m, const char* name) {
+  py::object cls = m.attr(name);
+  py::object init = cls.attr("__init__");
+  const std::string doc = py::str(init.attr("__doc__"));
+  auto checked = [init](py::handle self, const py::args& args, const py::kwargs& kwargs) {
+    const py::detail::type_info* info = py::detail::get_type_info(typeid(T));
+    if (info != nullptr && PyObject_TypeCheck(self.ptr(), info->type)) {
+      auto* inst = reinterpret_cast<py::detail::instance*>(self.ptr());
+      if (inst->get_value_and_holder(info).holder_constructed())
+        throw py::type_error(std::string("this ") + info->type->tp_name +
+                             " is already constructed: __init__ cannot rebuild it; construct a new "
+                             "one by calling the class");
+    }
+    init(self, *args, **kwargs);
+  };
+  // Named otherwise: pybind11 takes any function named __init__ for a constructor and applies the
+  // same do-nothing rule before calling it.
+  cls.attr("__init__") =
+      py::cpp_function(checked, py::name("checked_init"), py::is_method(cls), py::doc(doc.c_str()));
+}
+
 Ledger make_ledger(int64_t num_levels, const py::object& block_sizes, const py::object& prompt_lens,
                    const py::object& max_new_tokens, const std::string& policy) {
   Ints sizes = to_ints(block_sizes, "block_sizes");
@@ -269,6 +295,8 @@ truncate and proposes what followed the most recent earlier occurrence of the lo
           },
           py::arg("k"), "int64: at most k (>= 0) proposed tokens; empty when no suffix matches.");
 
+  m.attr("MAX_NGRAM") = hsd::kMaxNgram;
+
   py::class_<LookupLevel>(m, "LookupLevel", R"doc(
 The lookup level of one run: a LookupIndex per row and, per row, how many leading tokens it holds
 unchanged (``valid``). Each round: ``window_start(rows)``, then ``propose`` with the rows' tokens from
@@ -319,4 +347,8 @@ at positions window_start(rows) onwards of rows[i]), and proposes at most wanted
 an EOS. Returns (tokens int64 [R, max(wanted)]: row i's first counts[i] entries proposed, zeros after;
 counts int64 [R]; last_is_eos bool [R]). Rows must be distinct.
 )doc");
+
+  refuse_second_init<Ledger>(m, "Ledger");
+  refuse_second_init<LookupIndex>(m, "LookupIndex");
+  refuse_second_init<LookupLevel>(m, "LookupLevel");
 }

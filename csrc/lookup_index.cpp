@@ -32,9 +32,9 @@ bool LookupIndex::NgramEqual::operator()(int64_t a, int64_t b) const {
 
 LookupIndex::LookupIndex(int64_t max_ngram, int64_t min_ngram)
     : max_ngram_(max_ngram), min_ngram_(min_ngram) {
-  if (min_ngram < 1 || min_ngram > max_ngram)
-    throw error("need 1 <= min_ngram <= max_ngram, got min_ngram=", min_ngram,
-                ", max_ngram=", max_ngram);
+  if (min_ngram < 1 || min_ngram > max_ngram || max_ngram > kMaxNgram)
+    throw error("need 1 <= min_ngram <= max_ngram <= ", kMaxNgram, " (MAX_NGRAM), got min_ngram=",
+                min_ngram, ", max_ngram=", max_ngram);
   sizes_.reserve(static_cast<size_t>(max_ngram - min_ngram + 1));
   for (int64_t n = max_ngram; n >= min_ngram; --n)
     sizes_.push_back(Size{n, LastEnds(0, NgramHash{this, n}, NgramEqual{this, n}), {}});

@@ -24,6 +24,10 @@
 
 namespace hsd {
 
+// The longest n-gram matched (hsd_fast.lookup.MAX_NGRAM): an append hashes n tokens for every size n,
+// so a token costs O(max_ngram^2); the bound is checked before anything is allocated.
+constexpr int64_t kMaxNgram = 64;
+
 class LookupIndex {
  public:
   using Ints = std::vector<int64_t>;

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from hsd_fast.zoo.commands import add_parser as add_zoo_parser
 
     select = add_select_parser(sub)
-    add_zoo_parser(sub)
+    zoo = add_zoo_parser(sub)
     add_bench_parser(sub)
     add_doctor_parser(sub)
     args = parser.parse_args(argv)
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "zoo":
         from hsd_fast.zoo.commands import run as run_zoo
 
-        return run_zoo(args)
+        return run_zoo(args, zoo)
     if args.tables:
         from hsd_fast.demo import main as tables_demo
 

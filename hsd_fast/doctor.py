@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from hsd_fast.cli_args import device
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
@@ -32,7 +34,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         choices=["auto", "float32", "bfloat16", "float16"],
         help="load the models in this dtype (default: the checkpoint's own)",
     )
-    p.add_argument("--device", default="cpu", help="load the models on this device (default: cpu)")
+    p.add_argument(
+        "--device", type=device, default="cpu", help="load the models on this device (default: cpu)"
+    )
     p.add_argument(
         "--no-families", action="store_true", help="skip the list of refused transformers families (slow)"
     )

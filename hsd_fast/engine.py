@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import operator
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -191,6 +192,7 @@ def run_hsd(
 
     log = _RoundLog(num_levels)
     emitted = prompt_lens.copy()  # per row: tokens already handed to on_commit
+    broken_levels: set[int] = set()  # draft levels whose logits broke in this run (warned once each)
     with torch.inference_mode():
         round_start = time.perf_counter()
         while (level := ledger.next_level()) >= 0:
@@ -207,7 +209,8 @@ def run_hsd(
             elif level == 0 and tree is not None:
                 wanted = drafts_wanted(ledger, rows, budget_end, block_sizes)
                 (proposed, _, broken), inside = steps[0](state, rows, starts, ends, outs, wanted)
-                _check_logits(level, rows, broken)
+                # a row's tree is cut above broken logits (tree_draft_step): the rest is proposed
+                _check_logits(runners, level, rows, broken, broken_levels)
                 ledger.commit_proposal(rows, proposed, np.zeros_like(proposed))
                 log.drafted_tree(starts, ends, tree)
             elif level == 0:
@@ -215,15 +218,18 @@ def run_hsd(
                 (drawn, last_is_eos, broken), inside = steps[0](
                     state, rows, starts, ends, outs, wanted, count=most_drawn
                 )
-                _check_logits(level, rows, broken)
+                stopped = _check_logits(runners, level, rows, broken, broken_levels)
                 for k in range(int(drawn.max())):  # the ledger takes drafts one at a time
-                    now = drawn > k
+                    now = ~stopped & (drawn > k)
                     ledger.commit_draft(rows[now], last_is_eos[now] & (drawn[now] == k + 1))
+                if stopped.any():  # drafting stopped before broken logits: the block closes there
+                    ledger.commit_proposal(rows[stopped], drawn[stopped], last_is_eos[stopped])
                 log.drafted(starts, ends, drawn)
             else:
                 result, inside = steps[level](state, rows, starts, ends, outs)
                 accepted, is_eos, broken = result[:3]  # [R] each
-                _check_logits(level, rows, broken)
+                # what a draft level emitted from broken logits is kept as point masses (verify_step)
+                _check_logits(runners, level, rows, broken, broken_levels)
                 if tree is not None and level == 1:
                     log.ranked(result[3:])  # [depth, R] the rank of each accepted node
                 kept, cascaded = ledger.commit_verify(level, rows, accepted, is_eos)
@@ -342,15 +348,37 @@ def _count_eager(runners: Sequence[Runner], block_sizes: Sequence[int], seconds:
     spent[key] = spent.get(key, 0.0) + seconds
 
 
-def _check_logits(level: int, rows: np.ndarray, broken: np.ndarray) -> None:
-    """Refuse to go on from a distribution with a NaN or +inf in it (HF refuses too): whatever was
-    drawn from it is meaningless. The flag comes back with the step's results: no extra sync."""
-    if broken.any():
-        where = rows[broken.astype(bool)].tolist()[:8]
+def _check_logits(
+    runners: Sequence[Runner | LookupDraft],
+    level: int,
+    rows: np.ndarray,  # [R]
+    broken: np.ndarray,  # [R] the step's flags: the row met a NaN or +inf in its logits
+    broken_levels: set[int],
+) -> np.ndarray:  # [R] bool
+    """The rows whose step met broken logits (a NaN or +inf: no distribution). At the target that
+    ends the run, as in HF. At a draft level the step has already made them harmless: nothing drawn
+    from them is proposed, and what a verifier emitted from them goes up as a point mass
+    (docs/design.md, "Why it is exact"); the first time a level breaks in a run, a warning. The flags
+    come back with the step's results: no extra sync."""
+    bad = broken.astype(bool)
+    if not bad.any():
+        return bad
+    where, model = rows[bad].tolist()[:8], type(getattr(runners[level], "model", runners[level])).__name__
+    if level == len(runners) - 1:
         raise FloatingPointError(
-            f"level {level} produced NaN or +inf logits for rows {where}: its model (or its inputs) is "
-            "numerically broken, and nothing sampled from them can be trusted"
+            f"level {level} produced NaN or +inf logits for rows {where}: the target ({model}) or its inputs "
+            "are numerically broken, and nothing sampled from it can be trusted"
         )
+    if level not in broken_levels:
+        broken_levels.add(level)
+        warnings.warn(
+            f"hsd_fast: draft level {level} ({model}) produced NaN or +inf logits for rows {where} (warned "
+            "once per run): nothing drawn from them is proposed, so the output is still the target's, but "
+            "this level's work is wasted; check the model's weights and dtype",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return bad
 
 
 def _token_counts(value: int | Sequence[int], name: str) -> np.ndarray:

@@ -26,7 +26,7 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from hsd_fast.engine import HSDResult, run_hsd
-from hsd_fast.hf_runner import HFRunner
+from hsd_fast.hf_runner import HFRunner, level_runners, models_held
 from hsd_fast.hierarchy_types import Hierarchy
 from hsd_fast.request import Levels, Request, build_request, resolve_levels
 from hsd_fast.stats import HSDStats
@@ -69,7 +69,8 @@ def generate(
     until this hierarchy has decoded for ``hsd_fast.engine.AUTO_COMPILE_AFTER_SECONDS``, compiled
     from then on (compiling costs tens of seconds on a CPU, once per process and step shape).
     ``tree``: the first draft drafts this ``hsd_fast.Tree`` of candidates and the next level verifies
-    it in one forward (``T[0]`` is then ignored; steps with a tree run uncompiled for now).
+    it in one forward; ``T[0]``, checked like every block size, then stands for the tree's depth.
+    Steps with a tree compile as the others do.
 
     Streaming (batch size 1): ``target.generate(..., streamer=s)`` puts the prompt into ``s`` and then
     drops it (docs/design.md, "The streamer is dropped"); this function finds it in HF's call and puts
@@ -99,12 +100,20 @@ def generate(
 
 def _run(request: Request, prompt_streamed: bool) -> HSDResult:
     """``request`` on the engine, its models behind their runners (kept per model: their caches and
-    compiled steps serve later calls); the streamer gets the prompt first unless HF put it."""
+    compiled steps serve later calls), each model held by this call alone while it runs (a call on
+    another thread that shares a model waits: docs/design.md, "Caches and slots"); the streamer gets
+    the prompt first unless HF put it."""
+    models = (*request.levels.models, request.target)
+    with models_held(models):
+        return _run_held(request, level_runners(models, request.vocab), prompt_streamed)
+
+
+def _run_held(request: Request, model_runners: list[HFRunner], prompt_streamed: bool) -> HSDResult:
     levels, streamer = request.levels, request.streamer
     if streamer is not None and not prompt_streamed:
         streamer.put(request.input_ids.cpu())
     bottom = [] if levels.lookup is None else [levels.lookup]  # a lookup level runs no model
-    runners = [*bottom, *(HFRunner.of(m, request.vocab) for m in (*levels.models, request.target))]
+    runners = [*bottom, *model_runners]
     return run_hsd(
         runners,
         list(request.prompts),

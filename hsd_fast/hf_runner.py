@@ -14,9 +14,12 @@ shapes, so a compiled step traces through it.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
+import threading
 import weakref
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 from transformers.cache_utils import Cache
@@ -102,7 +105,31 @@ class SlotCache(Cache):
 ATTENTION_VARIABLE = "HSD_FAST_ATTENTION"
 """Where a user picks the attention path of the runners ``generate`` makes ("dense" or "auto")."""
 
-_RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {vocab size: runner}
+_RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(vocab, copy): runner}
+_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _ModelLock
+_LOCKS_GUARD = threading.Lock()  # makes a model's lock exactly once
+
+
+class _ModelLock:
+    """A model's lock (docs/design.md, "Caches and slots"): held by one ``generate`` call at a time.
+    A second call from the thread that holds it (a streamer that calls ``generate`` on a model of
+    the running call) would wait for itself forever: it is refused instead."""
+
+    def __init__(self) -> None:
+        self.lock, self.owner = threading.Lock(), None
+
+    def __enter__(self) -> None:
+        if self.owner == threading.get_ident():
+            raise RuntimeError(
+                "generate was called on a model that a generate call of this same thread is using (from "
+                "a streamer or a logits processor?): a model serves one call at a time"
+            )
+        self.lock.acquire()
+        self.owner = threading.get_ident()
+
+    def __exit__(self, *exc) -> None:
+        self.owner = None
+        self.lock.release()
 
 
 class HFRunner:
@@ -156,13 +183,16 @@ class HFRunner:
         return True
 
     @classmethod
-    def of(cls, model: torch.nn.Module, vocab_size: int) -> HFRunner:
+    def of(cls, model: torch.nn.Module, vocab_size: int, copy: int = 0) -> HFRunner:
         """The runner of ``model``, kept while the model lives: its cache buffers and compiled steps
-        serve every later ``generate`` call (a new runner would compile anew)."""
+        serve every later ``generate`` call (a new runner would compile anew). ``copy``: which of the
+        runners of a model that a request uses at several levels (each level needs its own cache).
+        The caller holds the model's lock (``models_held``): the runner is not thread-safe."""
         runners = _RUNNERS.setdefault(model, {})
-        if vocab_size not in runners:
-            runners[vocab_size] = cls(model, vocab_size)
-        return runners[vocab_size]
+        key = (vocab_size, copy)
+        if key not in runners:
+            runners[key] = cls(model, vocab_size)
+        return runners[key]
 
     def prepare(self, num_rows: int, capacity: int, tree_slots: int = 0) -> None:
         config = self.model.config
@@ -274,3 +304,29 @@ class HFRunner:
         sees = torch.where(block.valid[..., None], sees, slot_ids == self.scratch)
         mask = torch.zeros(sees.shape, dtype=self.dtype, device=sees.device)
         return mask.masked_fill(~sees, torch.finfo(self.dtype).min)[:, None]
+
+
+@contextlib.contextmanager
+def models_held(models: Iterable[torch.nn.Module]) -> Iterator[None]:
+    """Hold the lock of every model in ``models`` (each once, however often it is named) while the
+    block runs: the runners of a model (its caches) serve one call at a time. Locks are taken in one
+    global order, by ``id``, so two calls that share models in different orders cannot deadlock."""
+    distinct = sorted({id(m): m for m in models}.items())
+    with _LOCKS_GUARD:
+        locks = [_LOCKS.setdefault(m, _ModelLock()) for _, m in distinct]
+    with contextlib.ExitStack() as stack:
+        for lock in locks:
+            stack.enter_context(lock)
+        yield
+
+
+def level_runners(models: Sequence[torch.nn.Module], vocab_size: int) -> list[HFRunner]:
+    """One runner per level for ``models`` (bottom up), under ``models_held``: a model named at two
+    levels gets a runner (a cache) per level. Sharing one would let the levels overwrite each
+    other's K/V (a token tree's verified path is moved twice in one cache)."""
+    seen: dict[int, int] = {}
+    runners = []
+    for model in models:
+        copy = seen[id(model)] = seen.get(id(model), -1) + 1
+        runners.append(HFRunner.of(model, vocab_size, copy))
+    return runners

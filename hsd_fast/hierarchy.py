@@ -9,6 +9,7 @@ request path reads without loading any of this). ``measure=True`` times the pick
 
 from __future__ import annotations
 
+import operator
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -18,13 +19,14 @@ import torch
 from tqdm.auto import tqdm
 
 from hsd_fast.batch_latency import select_for_batch
+from hsd_fast.engine import MAX_BLOCK_SIZE
 from hsd_fast.hf_generate import generate
 from hsd_fast.hierarchy_types import Hierarchy, Selection, TreeDraft
 from hsd_fast.latency import Acceptance, Cost, LookupCost
 from hsd_fast.lookup import LookupDraft, as_lookup
 from hsd_fast.processors import generation_sampling
 from hsd_fast.profile import ProfileCache, ProfileNoiseWarning, measured_latency
-from hsd_fast.tree import Tree
+from hsd_fast.tree import MAX_NODES, Tree
 from hsd_fast.tree_latency import tree_acceptance, tree_cost
 
 SAMPLING_KWARGS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p")
@@ -71,8 +73,7 @@ def select_hierarchy(
     autoregressive decoding or over the best single draft is within ``NOISE_MARGIN`` standard
     errors of it, ``within_noise`` is set and a ``ProfileNoiseWarning`` says so."""
     unknown = set(generation_kwargs) - set(SAMPLING_KWARGS)
-    if batch < 1:
-        raise ValueError(f"select_hierarchy: batch must be >= 1, got {batch}")
+    _check_sizes(max_T, tree_sizes, batch)
     if unknown:
         raise ValueError(f"select_hierarchy: unsupported {sorted(unknown)}; supported: {SAMPLING_KWARGS}")
     cache = cache if cache is not None else ProfileCache()
@@ -119,6 +120,31 @@ def select_hierarchy(
         )  # fmt: skip
         pick = replace(pick, measured_latency=seconds)
     return pick
+
+
+def _check_sizes(max_T: int, tree_sizes: Sequence[int], batch: int) -> None:
+    """The size arguments, before anything is profiled: a TypeError or ValueError naming the argument
+    and its limit."""
+    _check_int("max_T", max_T, MAX_BLOCK_SIZE, "MAX_BLOCK_SIZE")
+    _check_int("batch", batch)
+    if isinstance(tree_sizes, (str, bytes)) or not isinstance(tree_sizes, Sequence):
+        raise TypeError(
+            f"select_hierarchy: tree_sizes must be a list of sizes (tree_sizes=[8]), got {tree_sizes!r}"
+        )
+    for n in tree_sizes:
+        _check_int("every tree size in tree_sizes", n, MAX_NODES, "MAX_NODES")
+
+
+def _check_int(name: str, value: object, high: int | None = None, high_name: str = "") -> None:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = operator.index(value)  # ints and numpy ints, not 2.0
+    except TypeError:
+        raise TypeError(f"select_hierarchy: {name} must be an int, got {value!r}") from None
+    if number < 1 or (high is not None and number > high):
+        limit = ">= 1" if high is None else f"in [1, {high}] ({high_name})"
+        raise ValueError(f"select_hierarchy: {name} must be {limit}, got {number}")
 
 
 def with_tree_candidates(

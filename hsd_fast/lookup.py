@@ -25,12 +25,18 @@ import torch
 
 from hsd_fast._C import LookupLevel
 
+MAX_NGRAM = 64
+"""The longest suffix a lookup level matches (``_C.MAX_NGRAM``, checked in C++ too): the index keeps
+one entry per n-gram size for every token, and hashes n tokens per size at every append, so its work
+per token grows as ``max_ngram ** 2``, while useful suffixes are a few tokens long (the default: 3)."""
+
 
 @dataclass(frozen=True)
 class LookupDraft:
     """A lookup level, in the place of the smallest draft (``drafts=[LookupDraft(), d0, ...]``, or
     the string ``"lookup"`` for the defaults). ``max_ngram`` / ``min_ngram``: the longest and the
-    shortest suffix matched; the longest that occurred before wins."""
+    shortest suffix matched, ``1 <= min_ngram <= max_ngram <= MAX_NGRAM``; the longest that occurred
+    before wins."""
 
     max_ngram: int = 3
     min_ngram: int = 1
@@ -40,10 +46,10 @@ class LookupDraft:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"LookupDraft: {name} must be an int, got {value!r}")
-        if not 1 <= self.min_ngram <= self.max_ngram:
+        if not 1 <= self.min_ngram <= self.max_ngram <= MAX_NGRAM:
             raise ValueError(
-                f"LookupDraft: need 1 <= min_ngram <= max_ngram, got min_ngram={self.min_ngram}, "
-                f"max_ngram={self.max_ngram}"
+                f"LookupDraft: need 1 <= min_ngram <= max_ngram <= {MAX_NGRAM} (MAX_NGRAM), got "
+                f"min_ngram={self.min_ngram}, max_ngram={self.max_ngram}"
             )
 
 

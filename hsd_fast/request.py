@@ -23,7 +23,7 @@ import torch
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from hsd_fast.compat import check_devices, check_model, hierarchy_vocab_size
-from hsd_fast.engine import check_block_sizes
+from hsd_fast.engine import MAX_BLOCK_SIZE, check_block_sizes
 from hsd_fast.hierarchy_types import Hierarchy
 from hsd_fast.lookup import LookupDraft, as_lookup
 from hsd_fast.positions import check_positions, max_positions
@@ -92,8 +92,31 @@ def resolve_levels(
         drafts, T, tree = hierarchy.drafts, hierarchy.T, hierarchy.tree
     lookup, models = check_drafts(drafts)
     num_drafts = len(models) + (lookup is not None)  # a lookup level sits below the draft models
+    # With a tree, T[0] is checked like any block size and then stands for the tree's depth
     T = check_block_sizes([DEFAULT_T] * num_drafts if T is None else T, num_drafts, "T")
+    check_tree(tree, lookup, models)
     return Levels(lookup, tuple(models), tuple(T), tree, hierarchy)
+
+
+def check_tree(tree: Tree | None, lookup: LookupDraft | None, models: Sequence[torch.nn.Module]) -> None:
+    """A token tree the first draft model can draft: a ``Tree``, drafted by a model (not under a
+    lookup level), at most ``MAX_BLOCK_SIZE`` deep (its depth is level 0's block)."""
+    if tree is None:
+        return
+    if not isinstance(tree, Tree):
+        raise TypeError(
+            f"tree must be a hsd_fast.Tree (Tree.chain, full, spine, ...), got {type(tree).__name__}"
+        )
+    if lookup is not None or not models:
+        raise ValueError("tree: a token tree is drafted by a model at level 0: give at least one draft model")
+    if tree.depth > MAX_BLOCK_SIZE:
+        raise ValueError(f"tree: a token tree may be at most {MAX_BLOCK_SIZE} deep, got {tree.depth}")
+
+
+def check_compile(compile: object) -> None:
+    """``compile``: True, False or ``"auto"`` (``hsd_fast.generate``)."""
+    if not (isinstance(compile, bool) or (isinstance(compile, str) and compile == "auto")):
+        raise ValueError(f"compile must be True, False or 'auto', got {compile!r}")
 
 
 def build_request(
@@ -120,6 +143,12 @@ def build_request(
     drafts = levels.models
     _check_models_and_options(model, drafts, input_ids, config, stopping_criteria)
     vocab = hierarchy_vocab_size(model, drafts)
+    if levels.tree is not None and levels.tree.most_children > vocab:
+        raise ValueError(
+            f"tree: a node has {levels.tree.most_children} children, more than the {vocab} tokens of the "
+            "vocabulary (siblings are distinct tokens)"
+        )
+    check_compile(compile)
     prompts = _prompts(input_ids, model_kwargs.get("attention_mask"), vocab)
     max_new_tokens = config.max_length - input_ids.shape[1]
     levels_by_role = [*((f"draft {i}", d) for i, d in enumerate(drafts)), ("target", model)]

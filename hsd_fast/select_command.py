@@ -8,9 +8,9 @@ the zoo's calibration windows; costs at ``--context`` cached tokens for ``--batc
 (``--compile``) compiled, and ``--measure`` runs that batch. Measurements are cached
 (``--cache``); the zoo's committed CPU profile (``zoo/profile_cpu.json``) is read as a fallback.
 
-Arguments that cannot work (``--max-T 0``, ``--measure`` with ``--max-new-tokens 1``, a context or a
-measured run longer than the models' positions, ``--json x.md``) are usage errors before anything
-is loaded.
+Arguments that cannot work (``--max-T 0``, ``--trees 300``, ``--measure`` with ``--max-new-tokens 1``,
+a context or a measured run longer than the models' positions, ``--json x.md`` or a ``--json`` that
+cannot be written) are usage errors before anything is loaded.
 """
 
 from __future__ import annotations
@@ -21,22 +21,20 @@ from pathlib import Path
 
 import torch
 
-from hsd_fast.cli_args import non_negative_int, positive_float, positive_int, probability, report_stem
+from hsd_fast.cli_args import (
+    device,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    probability,
+    report_stem,
+    tree_size,
+)
 from hsd_fast.lookup import LOOKUP
 from hsd_fast.positions import COMMAND_FORM, check_positions, fewest_positions, read_config
 from hsd_fast.report import markdown_table, run_metadata, write_report
 
 DEFAULT_CACHE = Path.home() / ".cache" / "hsd_fast" / "profiles.json"
-
-
-def _device(text: str) -> str:
-    try:
-        device = torch.device(text)
-    except RuntimeError as err:
-        raise argparse.ArgumentTypeError(f"not a device: {text!r} ({err})") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"{text}: CUDA is not available here")
-    return text
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -54,7 +52,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--max-T", type=positive_int, default=8)
     p.add_argument(
         "--trees",
-        type=positive_int,
+        type=tree_size,
         nargs="+",
         default=[],
         metavar="N",
@@ -78,7 +76,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="tokens per row: what a batch is selected for, and --measure generates (at least 2)",
     )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", type=_device, default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", type=device, default="cuda" if torch.cuda.is_available() else "cpu")
     store = p.add_mutually_exclusive_group()
     store.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="profile cache to read and update")
     store.add_argument("--no-cache", action="store_true", help="measure everything afresh, store nothing")
@@ -131,6 +129,10 @@ def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         )
     if args.candidates and args.candidates.count(LOOKUP) > 1:
         parser.error("--candidates: name the lookup level once")
+    from hsd_fast.engine import MAX_BLOCK_SIZE
+
+    if args.max_T > MAX_BLOCK_SIZE:
+        parser.error(f"--max-T {args.max_T}: block sizes are at most {MAX_BLOCK_SIZE} (MAX_BLOCK_SIZE)")
     _check_names(args, parser)
     if args.measure:
         _check_measured_run(args, parser)

@@ -61,6 +61,21 @@ def broken_logits(logits: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
     return bad if bad.dim() == 1 else bad.any(-1)
 
 
+def point_masses_where_broken(
+    logits: torch.Tensor,  # [..., V] a verifier's processed logits at the columns it emitted from
+    lse: torch.Tensor,  # [...] fp32 their log-sum-exp
+    tokens: torch.Tensor,  # [...] the token it emitted at each
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distributions to keep as the next level's q: where a column's logits are broken (NaN or
+    +inf), a point mass on its token instead (logits 0 there and -inf elsewhere, log-sum-exp 0).
+    Verification against a point mass is exact whatever the token, and whether a column is broken
+    depends only on the tokens before it (docs/design.md, "Why it is exact")."""
+    bad = (torch.isnan(logits) | torch.isposinf(logits)).any(-1, keepdim=True)  # [..., 1]
+    ids = torch.arange(logits.shape[-1], device=logits.device)  # [V]
+    point = torch.where(ids == tokens[..., None], 0.0, -torch.inf).to(logits.dtype)  # [..., V]
+    return torch.where(bad, point, logits), torch.where(bad[..., 0], 0.0, lse)
+
+
 def step_result(
     num_accepted: torch.Tensor,
     token: torch.Tensor,
@@ -85,11 +100,11 @@ def draft_step(
     use_kernel: bool | None,
 ) -> torch.Tensor:  # [3, B]
     """Level 0: feed the block, then draw up to ``count`` tokens one after the other at positions
-    ``ends, ends + 1, ...``: row r stops after its wanted number, or after an EOS. Drafting a few
-    tokens in one step draws exactly the tokens one-token steps would (keyed randomness: a token's
-    uniforms depend on its position, not on the step) and saves a step's overhead per token.
-    Returns per row the number drawn, whether the last one is an EOS, and whether any logits it drew
-    from were broken."""
+    ``ends, ends + 1, ...``: row r stops after its wanted number, after an EOS, or before broken
+    logits (docs/design.md, "Why it is exact"). Drafting a few tokens in one step draws exactly the
+    tokens one-token steps would (keyed randomness: a token's uniforms depend on its position, not on
+    the step) and saves a step's overhead per token. Returns per row the number drawn, whether the
+    last one is an EOS, and whether it stopped at broken logits."""
     starts, ends, meta = spans[0], spans[1], state.sampling
     going, wanted = spans[3].bool() & (spans[4] > 0), spans[4]  # [B]
     rows = torch.arange(state.num_rows, device=ends.device)
@@ -100,7 +115,8 @@ def draft_step(
         if k > 0:  # feed the token drawn last
             block = fed_block(state.tokens, ends + k - 1, ends + k, going, 1)
         logits = processed_logits(runner, state, block, 1)[:, 0]  # [B, V]
-        broken = broken | broken_logits(logits, going)
+        bad = broken_logits(logits, going)  # [B]
+        broken, going = broken | bad, going & ~bad  # nothing is drawn from broken logits
         position = ends + k  # [B]
         drawn, lse = sample(
             logits, meta.temperature, meta.seeds, position, 0, DRAFT, meta.greedy, use_kernel=use_kernel
@@ -156,7 +172,10 @@ def verify_step(
     state.tokens[rows, torch.where(active, emitted_at, state.trash)] = result.next_token
     if keep_q:
         emitted = active[:, None] & (columns >= drafts - num_drafts[:, None])  # [B, D + 1]
-        keep_emitted(state, rows, state.ring_slot(positions.clamp(min=0), emitted), logits, result)
+        tokens = state.tokens.gather(1, positions.clamp(min=0))  # [B, D + 1] each column's emitted token
+        kept, lse = point_masses_where_broken(logits, result.verifier_lse, tokens)
+        slots = state.ring_slot(positions.clamp(min=0), emitted)
+        keep_emitted(state, rows, slots, kept, result._replace(verifier_lse=lse))
     used = active[:, None] & (columns >= drafts - num_drafts[:, None])  # [B, D + 1]: drafts and bonus
     return step_result(
         result.num_accepted, result.next_token, meta.eos_ids, active, broken_logits(logits, used)

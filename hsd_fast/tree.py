@@ -30,7 +30,7 @@ What a tree costs and gains in seconds per token is the latency model's (``tree_
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -89,12 +89,15 @@ class Tree:
     @classmethod
     def from_parents(cls, parents: Sequence[int]) -> Tree:
         """The tree with this parent list (module doc)."""
+        if isinstance(parents, Sized):  # refused before a huge sequence (a range) is copied
+            _check_size("Tree.from_parents", f"len(parents) = {len(parents)}", len(parents))
         return cls(tuple(parents))
 
     @classmethod
     def chain(cls, n: int) -> Tree:
         """n nodes one after the other: the usual draft block of n tokens."""
         _check_count("n", n)
+        _check_size("Tree.chain", f"n = {n}", n)
         return cls(tuple(range(-1, n - 1)))
 
     @classmethod
@@ -103,15 +106,20 @@ class Tree:
         of ``len(widths)`` levels, children grouped by parent."""
         if len(widths) == 0:
             raise ValueError("Tree.full: widths must name at least one depth")
-        parents: list[int] = []
-        previous = [-1]  # the nodes of the depth above
+        # The size first, from the widths alone: a product of widths can be far beyond memory.
+        nodes, layer = 0, 1  # nodes so far; nodes of the depth last counted
         for d, k in enumerate(widths):
             _check_count(f"widths[{d}]", k)
+            layer *= k
+            nodes += layer
+            shown = f"widths = {list(widths)}" if len(widths) <= 8 else f"widths[:{d + 1}]"
+            _check_size("Tree.full", shown, nodes)
+        parents: list[int] = []
+        previous = [-1]  # the nodes of the depth above
+        for k in widths:
             start = len(parents)
             parents.extend(p for p in previous for _ in range(k))
             previous = list(range(start, len(parents)))
-            if len(parents) > MAX_NODES:
-                break  # the constructor reports the size
         return cls(tuple(parents))
 
     @classmethod
@@ -120,6 +128,7 @@ class Tree:
         (leaves): the chain the draft would take, hedged at every depth."""
         _check_count("depth", depth)
         _check_count("k", k)
+        _check_size("Tree.spine", f"depth * k = {depth} * {k}", depth * k)
         parents: list[int] = []
         spine_node = -1
         for _ in range(depth):
@@ -149,6 +158,12 @@ class Tree:
     def widths(self) -> tuple[int, ...]:
         """Nodes per depth."""
         return tuple(self.depths.count(d) for d in range(self.depth))
+
+    @property
+    def most_children(self) -> int:
+        """The most children of one context (the root's included): siblings are distinct tokens, so
+        a vocabulary of fewer tokens cannot draft this tree."""
+        return max(len(kids) for kids in self.children)
 
     @property
     def is_chain(self) -> bool:
@@ -194,6 +209,14 @@ def _check_count(name: str, value: object) -> None:
         raise TypeError(f"Tree: {name} must be an int, got {value!r}")
     if value < 1:
         raise ValueError(f"Tree: {name} must be >= 1, got {value}")
+
+
+def _check_size(constructor: str, asked: str, nodes: int) -> None:
+    """Refuse ``nodes`` beyond ``MAX_NODES`` from the arguments alone, before any list is built."""
+    if nodes > MAX_NODES:
+        raise ValueError(
+            f"{constructor}: {asked} gives {nodes} nodes; a tree has 1 to {MAX_NODES} nodes (MAX_NODES)"
+        )
 
 
 # ------------------------------------------------------------- value under rank acceptance

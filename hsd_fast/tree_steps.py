@@ -25,7 +25,7 @@ import torch
 
 from hsd_fast.decode_state import DecodeState
 from hsd_fast.layout import FedBlock, fed_block
-from hsd_fast.steps import Runner, broken_logits, processed_logits, step_result
+from hsd_fast.steps import Runner, broken_logits, point_masses_where_broken, processed_logits, step_result
 from hsd_fast.tree_plan import TreePlan
 from hsd_fast.triton_kernels.tree_torch import draft_children_torch, node_key, verify_tree_torch
 
@@ -94,8 +94,8 @@ def tree_draft_step(
 ) -> torch.Tensor:  # [3, B]
     """Level 0: feed the row's catch-up span, draw the root's children, then feed each depth but the
     last and draw its nodes' children: one forward per depth. Returns [3, B]: the nodes the ledger
-    takes (``min(depth, wanted)``), no EOS flag (an EOS node ends a path at verification), and
-    whether any logits drawn from were broken."""
+    takes (``min(depth, wanted)``, or fewer: the depths drawn before broken logits), no EOS flag (an
+    EOS node ends a path at verification), and whether any logits drawn from were broken."""
     starts, ends, wanted = spans[0], spans[1], spans[4]
     going = spans[3].bool() & (wanted > 0)  # [B]
     plan, tree = state.tree.plan, state.tree.plan.tree
@@ -104,13 +104,17 @@ def tree_draft_step(
     logits = processed_logits(
         runner, state, fed_block(state.tokens, starts, ends, going, width), 1
     )  # [B, 1, V]
+    # Broken logits (docs/design.md, "Why it is exact") at some depth's parents: the ledger takes only
+    # the depths above, whose nodes were drawn before them.
     broken = broken_logits(logits[:, 0], going)
+    max_depth = torch.where(broken, 0, max_depth)
     _draft_children(state, plan.groups[0][0], logits, tree_start, going)
     for d in range(1, tree.depth):
         fed = tree.depth_slice(d - 1)
         block = _node_block(plan, fed, state.tree.tokens, tree_start, max_depth, going)
         logits = processed_logits(runner, state, block, fed.stop - fed.start)  # [B, width of d - 1, V]
-        broken = broken | broken_logits(logits, going[:, None].expand(-1, logits.shape[1]))
+        bad = broken_logits(logits, going[:, None].expand(-1, logits.shape[1]))  # [B]
+        broken, max_depth = broken | bad, torch.where(bad, max_depth.clamp(max=d), max_depth)
         for group in plan.groups[d]:
             _draft_children(state, group, logits[:, group[0] - 1 - fed.start], tree_start, going)
     return torch.stack([max_depth, torch.zeros_like(max_depth), broken.long()])
@@ -188,10 +192,12 @@ def keep_tree_emitted(
 ) -> None:
     """Keep the verifier's own p for every token it emitted at positions ``P .. P + emitted``: the
     distribution at the context each token was drawn or accepted at (the root, then the path's
-    nodes). Never the residual a correction was drawn from (docs/design.md, "Verify")."""
+    nodes), or a point mass on the token where that is broken (``point_masses_where_broken``). Never
+    the residual a correction was drawn from (docs/design.md, "Verify")."""
     rows = torch.arange(len(tree_start), device=tree_start.device)[:, None]  # [B, 1]
     columns = torch.arange(path.shape[1] + 1, device=path.device)  # [K + 1]
     contexts = torch.cat([torch.zeros_like(path[:, :1]), path + 1], 1).clamp(min=0)  # [B, K + 1]
     kept = active[:, None] & (columns <= emitted[:, None])  # [B, K + 1]
     slots = state.ring_slot(tree_start[:, None] + columns, kept)  # [B, K + 1]
-    state.keep_p(rows, slots, logits[rows, contexts], lse[rows, contexts])
+    tokens = state.tokens[rows, torch.where(kept, tree_start[:, None] + columns, state.trash)]  # [B, K + 1]
+    state.keep_p(rows, slots, *point_masses_where_broken(logits[rows, contexts], lse[rows, contexts], tokens))

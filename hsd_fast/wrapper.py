@@ -5,9 +5,9 @@ is dropped"). ``hsd_fast.generate`` finds it in HF's call all the same, but the 
 that: it takes the streamer out of the kwargs, hands it to ``hsd_fast.generate`` under its own name,
 and the engine feeds it the prompt, then each committed token in order, then ``end()``: HF's streamer
 contract. ``end()`` comes whatever happens, an error raised by HF's own checks included. The levels
-(drafts, block sizes, tree, or a hierarchy) are resolved and checked once, when the wrapper is made
-(``hsd_fast.request.resolve_levels``), and handed to ``hsd_fast.generate`` as they are; every other
-check of a call is the request's (``hsd_fast.request``), as for a direct call."""
+(drafts, block sizes, tree, or a hierarchy) and ``compile`` are resolved and checked once, when the
+wrapper is made (``hsd_fast.request.resolve_levels``), and handed to ``hsd_fast.generate`` as they are;
+every other check of a call is the request's (``hsd_fast.request``), as for a direct call."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 from hsd_fast.hf_generate import EndOnce, generate
 from hsd_fast.hierarchy_types import Hierarchy
 from hsd_fast.lookup import LookupDraft
-from hsd_fast.request import Levels, check_input_ids, resolve_levels
+from hsd_fast.request import Levels, check_compile, check_input_ids, resolve_levels
 from hsd_fast.tree import Tree
 
 
@@ -40,6 +40,7 @@ class HSDModel:
             raise TypeError(f"target must be a model (torch.nn.Module), got {type(target).__name__}")
         self.target = target
         self.levels: Levels = resolve_levels(drafts, T, tree, hierarchy)  # once: every call reuses them
+        check_compile(compile)
         self.compile = compile
 
     @property

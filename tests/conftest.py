@@ -1,7 +1,9 @@
 """Test configuration. The Triton interpreter must be chosen before any kernel module is imported
 (docs/design.md, "The Triton interpreter": the mode is fixed when `@triton.jit` runs), so it is set
-here, first."""
+here, first. Triton itself is imported only to check its version: where it is not installed
+(macOS, Windows) the tests marked ``triton`` skip and the rest run."""
 
+import functools
 import os
 
 import torch
@@ -11,7 +13,6 @@ if not torch.cuda.is_available():
 
 import numpy
 import pytest
-import triton
 from hypothesis import settings
 from packaging.version import Version
 
@@ -20,13 +21,34 @@ settings.register_profile("dev", max_examples=50, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
+@functools.cache
+def triton_version() -> Version | None:
+    """The installed Triton's version; None where it cannot be imported."""
+    try:
+        import triton
+    except ImportError:
+        return None
+    return Version(triton.__version__)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # Triton 3.6's interpreter turns a loop bound into int(1-element array), which numpy >= 2.4
     # refuses: every kernel with a runtime-bounded loop would fail. Triton 3.7 fixed it (.squeeze()).
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    triton_version, numpy_version = Version(triton.__version__), Version(numpy.__version__)
-    if interpreted and triton_version < Version("3.7") and numpy_version >= Version("2.4"):
+    version, numpy_version = triton_version(), Version(numpy.__version__)
+    if interpreted and version is not None and version < Version("3.7") and numpy_version >= Version("2.4"):
         raise pytest.UsageError(
-            f"the Triton {triton.__version__} interpreter cannot run loops with numpy {numpy.__version__}: "
+            f"the Triton {version} interpreter cannot run loops with numpy {numpy.__version__}: "
             "install numpy<2.4 or triton>=3.7"
         )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without Triton the kernel tests (marked ``triton``) skip: the references and the engine's
+    CPU path need no Triton (docs/design.md, "The house rule for ops")."""
+    if triton_version() is not None:
+        return
+    skip = pytest.mark.skip(reason="Triton is not installed (the `triton` tests run its kernels)")
+    for item in items:
+        if item.get_closest_marker("triton"):
+            item.add_marker(skip)

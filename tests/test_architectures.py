@@ -131,7 +131,7 @@ def test_family(model_type: str, class_name: str) -> None:
 
 
 def test_the_suite_covers_sliding_and_hybrid_families() -> None:
-    """The tiny configs really exercise windows: the families the issue names slide, and the hybrid
+    """The tiny configs really exercise windows: the sliding-window families slide, and the hybrid
     ones mix both layer kinds (one mask per layer type); Moshi's config has a window its code never
     applies, so its layers stay full."""
     expected = {

@@ -1,22 +1,21 @@
 """``hsd-fast bench``: the smoke run writes its result files with every field; passes are timed in
 a rotated order; a pass during which other processes took the CPU is redone. No timed assertions."""
 
-import argparse
 import importlib.util
 import json
 
 import pytest
+from printed import table_rows, words
 
-from hsd_fast.bench import command
+from hsd_fast.bench.results import figure, write
 from hsd_fast.bench.timing import CpuMeter, interleaved, pass_order
+from hsd_fast.cli import main
 
 pytestmark = pytest.mark.hf
 
 
 def _bench(*argv: str) -> int:
-    parser = argparse.ArgumentParser()
-    command.add_parser(parser.add_subparsers())
-    return command.run(parser.parse_args(["bench", *argv]))
+    return main(["bench", *argv])
 
 
 def test_quick_bench_writes_its_files_with_every_field(tmp_path) -> None:
@@ -45,7 +44,8 @@ def test_quick_bench_writes_its_files_with_every_field(tmp_path) -> None:
     assert any(r["config"] == "ours, no draft" for r in ours)
     assert len(ours) >= 2 or "selector's pick: the same hierarchy as ours, no draft" in markdown
     assert all(r["predicted_tok_s"] > 0 and r["measured_decode_tok_s"] > 0 for r in ours)
-    assert "| configuration | tokens/s | x HF generate |" in markdown and meta["commit"] in markdown
+    assert ["configuration", "tokens/s", "x HF generate"] in [row[:3] for row in table_rows(markdown)]
+    assert meta["commit"] in markdown
     assert (tmp_path / "e2e_tiny_cpu.png").is_file() == (importlib.util.find_spec("matplotlib") is not None)
 
 
@@ -87,31 +87,24 @@ def test_a_larger_batch_gets_its_own_pick_and_predictions(tmp_path) -> None:
     assert all(r["predicted_tok_s"] > 0 for r in at[3].values() if r["family"] == "ours")
 
 
-def test_profiles_measured_in_a_child_process_are_read_from_the_cache(tmp_path, monkeypatch) -> None:
-    """The child process (``--profile-only``, the command line ``_profile_in_child`` builds) fills the
-    cache with everything ``_profile`` needs, for every batch: the parent then measures nothing."""
-    args = command._check(
-        argparse.Namespace(
-            scenario="tiny", quick=True, eager=False, batch=[1, 2], do_sample=True, temperature=0.8,
-            max_new_tokens=None, passes=None, prompts_per_set=None, out=tmp_path, cache=tmp_path / "p.json",
-            profile_only=False,
-        )
-    )  # fmt: skip
-    command._profile_in_child(args)
-    cached = args.cache.read_text()
-    assert json.loads(cached)["entries"], "the child cached nothing"
+def test_profiles_measured_by_profile_only_serve_the_bench(tmp_path, monkeypatch) -> None:
+    """``--profile-only`` (what a compiled bench runs in a child process first) caches everything the
+    bench's selector needs, for every batch: a bench run on that cache then measures no step cost
+    and adds nothing to the cache, and ``--profile-only`` writes no result files."""
+    cache = tmp_path / "p.json"
+    common = ["--scenario", "tiny", "--batch", "1", "2", "--do-sample", "--max-new-tokens", "32"]
+    common += ["--cache", str(cache), "--out", str(tmp_path)]
+    assert _bench(*common, "--eager", "--profile-only") == 0
+    cached = cache.read_text()
+    assert json.loads(cached)["entries"], "--profile-only cached nothing"
+    assert not list(tmp_path.glob("e2e_*")), "--profile-only wrote result files"
 
     def measure(*_args, **_kwargs):
-        raise AssertionError("step costs measured again in the parent")
+        raise AssertionError("step costs measured again by the bench")
 
     monkeypatch.setattr("hsd_fast.profile.cache.forward_costs", measure)
-    scenario = command.SCENARIOS["tiny"]()
-    sampling = {"do_sample": True, "temperature": 0.8}
-    for batch in (1, 2):
-        costs, alpha, names = command._profile(scenario, sampling, args, batch)
-        assert len(costs) == len(names) and len(alpha) == len(names)
-    assert args.cache.read_text() == cached, "the parent measured something the child had not cached"
-    assert not list(tmp_path.glob("e2e_*")), "--profile-only wrote result files"
+    assert _bench(*common, "--quick") == 0
+    assert cache.read_text() == cached, "the bench measured something --profile-only had not cached"
 
 
 def test_a_run_beyond_the_position_table_is_refused_before_measuring(tmp_path, capsys) -> None:
@@ -120,6 +113,31 @@ def test_a_run_beyond_the_position_table_is_refused_before_measuring(tmp_path, c
         _bench("--scenario", "tiny", "--quick", "--max-new-tokens", "497", "--out", str(tmp_path))
     assert "step costs" not in capsys.readouterr().err  # nothing was profiled
     assert not list(tmp_path.iterdir())
+
+
+ROWS = [  # HF assisted generation runs at batch 1 only
+    {"batch": 1, "prompt_set": "code", "config": "HF generate", "tok_s": 10.0},
+    {"batch": 1, "prompt_set": "code", "config": "HF assisted, xxs", "tok_s": 12.0},
+    {"batch": 4, "prompt_set": "code", "config": "HF generate", "tok_s": 30.0},
+]
+
+
+def test_the_tables_name_a_configuration_that_runs_at_batch_1_only(tmp_path) -> None:
+    write(tmp_path / "r", {"scenario": "s", "sampling_label": "greedy"}, ROWS, [])
+    markdown = (tmp_path / "r.md").read_text()
+    batch_1, batch_4 = (words(part) for part in markdown.split("## Batch ")[1:3])
+    assert "batch 1 only" not in batch_1
+    assert "HF assisted, xxs` (batch 1 only)" in batch_4
+
+
+def test_the_plot_says_batch_1_only_where_a_configuration_did_not_run() -> None:
+    pytest.importorskip("matplotlib")
+    batch_1, batch_4 = figure("title", ROWS).axes
+    assert not batch_1.texts
+    (said,) = batch_4.texts
+    labels = [label.get_text() for label in batch_4.get_yticklabels()]
+    row = dict(zip(labels, batch_4.get_yticks(), strict=True))["HF assisted, xxs"]
+    assert said.get_text().strip() == "batch 1 only" and said.get_position()[1] == row
 
 
 def test_every_configuration_takes_every_place_in_the_order() -> None:
@@ -136,7 +154,7 @@ def test_the_meter_counts_only_other_processes(tmp_path) -> None:
 
     def snapshot(wall: float, busy_s: float, own_s: float) -> tuple[float, float, float]:
         stat.write_text(f"cpu  {int(busy_s * hz)} 0 0 1000 0 0 0 0 0 0\n")
-        return wall, meter._busy_seconds(), own_s
+        return wall, meter.snapshot()[1], own_s  # the system's busy seconds, as read from the file
 
     before = snapshot(0.0, 10.0, 3.0)
     after = snapshot(2.0, 10.0 + 2.0 * cores * 0.5, 3.0 + 0.5 * cores)  # half the machine busy: ours

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from printed import table_rows
 
 from hsd_fast import zoo
 from hsd_fast.cli import main
@@ -14,7 +15,8 @@ pytestmark = pytest.mark.hf
 def test_zoo_info_prints_the_card(capsys) -> None:
     assert main(["zoo", "info"]) == 0
     out = capsys.readouterr().out
-    assert all(f"| {name} |" in out for name in zoo.names())
+    cells = {cell for row in table_rows(out) for cell in row}
+    assert set(zoo.names()) <= cells
 
 
 def _printed_matrices(out: str) -> dict[str, tuple[list[str], list[str], list[list[float]]]]:
@@ -24,8 +26,8 @@ def _printed_matrices(out: str) -> dict[str, tuple[list[str], list[str], list[li
         if line.endswith(":") and not line.startswith("|"):
             title = line[:-1]
             tables[title] = ([], [], [])
-        elif title is not None and line.startswith("| "):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        elif title is not None and table_rows(line):
+            (cells,) = table_rows(line)
             columns, rows, values = tables[title]
             if cells[0] == "draft \\ verifier":
                 columns += cells[1:]
@@ -75,7 +77,7 @@ def test_select_prints_and_measures_the_best_hierarchies(zoo_without_profile, tm
     assert rows[0]["predicted_tok_s"] == max(r["predicted_tok_s"] for r in rows)
     assert any(len(r["chain"]) == 1 for r in rows) and any(len(r["chain"]) == 2 for r in rows)
     assert all(r["measured_tok_s"] > 0 and r["measured_over_predicted_latency"] > 0 for r in rows)
-    assert report.with_suffix(".md").read_text().count("\n| ") == len(rows) + 1
+    assert len(table_rows(report.with_suffix(".md").read_text())) == len(rows) + 1  # and the header
     assert "measured tok/s" in capsys.readouterr().out
 
     # with no fallback, the run measured every model's costs and every pair's acceptance rate

@@ -166,7 +166,7 @@ class _BrokenRunner(TableRunner):
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "+inf"])
-@pytest.mark.parametrize("broken_level", [0, 1, 2])
+@pytest.mark.parametrize("broken_level", [2])  # a draft's: tests/test_broken_draft.py
 def test_broken_logits_stop_the_run_naming_the_level(value: float, broken_level: int) -> None:
     runners = _runners([2, 2])
     runners[broken_level] = _BrokenRunner(runners[broken_level].model, value, after=6)

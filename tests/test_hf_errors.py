@@ -6,6 +6,7 @@ from hf_models import noisy_copy, tiny_model
 from transformers import MambaConfig, MambaForCausalLM, T5Config, T5ForConditionalGeneration
 
 import hsd_fast
+from hsd_fast import zoo
 from hsd_fast.hf_generate import generate
 
 pytestmark = pytest.mark.hf
@@ -130,11 +131,16 @@ def test_history_or_length_dependent_options_are_refused(target, draft, option, 
 
 
 def test_stop_strings_refused(target, draft) -> None:
-    # HF itself refuses stop_strings on the custom_generate path: it drops the tokenizer before
-    # building the criterion. A criterion built by hand is refused by name, like any other
-    # unsupported one (test below).
-    with pytest.raises(ValueError, match="stop strings"):
+    """``stop_strings`` never runs: HF refuses it on the custom_generate path (it drops the tokenizer
+    before building the criterion), and a criterion built by hand is refused by name, like any other
+    unsupported one."""
+    from transformers import StoppingCriteriaList, StopStringCriteria
+
+    with pytest.raises(ValueError):  # HF's own refusal: its wording is not ours to test
         _run(target, drafts=[draft], T=[2], stop_strings=["t5"])
+    criterion = StopStringCriteria(zoo.load_tokenizer(), ["t5"])  # any tokenizer: refused before use
+    with pytest.raises(ValueError, match="StopStringCriteria"):
+        _run(target, drafts=[draft], T=[2], stopping_criteria=StoppingCriteriaList([criterion]))
 
 
 def test_custom_stopping_criteria_refused(target, draft) -> None:

@@ -1,5 +1,5 @@
-"""Keyed randomness: the Triton device functions equal the torch reference bit for bit, and the
-uniforms look uniform and independent across the parts of the key."""
+"""Keyed randomness: the Triton device functions equal the torch reference bit for bit (tests marked
+``triton``), and the uniforms look uniform and independent across the parts of the key."""
 
 import pytest
 import torch
@@ -7,18 +7,22 @@ from keyed_hash import hash_bits, position_hashing_to
 from scipy import stats
 
 from hsd_fast.triton_kernels import keyed_random_torch as kr
-from hsd_fast.triton_kernels.keyed_random import uniform_triton
-
-pytestmark = pytest.mark.triton
 
 SEEDS = torch.tensor([0, 1, 2**40 + 7, -5, 2**63 - 1], dtype=torch.int64)
 POSITIONS = torch.tensor([0, 5, 100, 2**31 + 3, 7], dtype=torch.int64)
 
 
+def _uniform_triton(*args) -> torch.Tensor:
+    from hsd_fast.triton_kernels.keyed_random import uniform_triton  # imports Triton
+
+    return uniform_triton(*args)
+
+
+@pytest.mark.triton
 @pytest.mark.parametrize(("level", "purpose"), [(0, kr.DRAFT), (3, kr.RESIDUAL), (2**20, kr.BONUS)])
 def test_triton_equals_torch(level: int, purpose: int) -> None:
     ref = kr.uniform_grid_torch(SEEDS, level, POSITIONS, purpose, 37)
-    tri = uniform_triton(SEEDS, level, POSITIONS, purpose, 37)
+    tri = _uniform_triton(SEEDS, level, POSITIONS, purpose, 37)
     assert torch.equal(ref, tri)
 
 
@@ -29,15 +33,32 @@ def test_matches_the_documented_hash_in_plain_python() -> None:
     assert got[0, index].item() == expected
 
 
-@pytest.mark.parametrize(("bits", "expected"), [(0xFFFFFFFF, 1 - 2**-24), (0, 2**-24)], ids=["top", "bottom"])
+EXTREMES = pytest.mark.parametrize(
+    ("bits", "expected"), [(0xFFFFFFFF, 1 - 2**-24), (0, 2**-24)], ids=["top", "bottom"]
+)
+
+
+def _at_extreme_hash(bits: int) -> tuple:
+    """(seed, level, position, purpose, index) at which the hash of ``index`` is ``bits``."""
+    seed, level, purpose, index = 2**40 + 7, 2, kr.DRAFT, 3
+    return seed, level, torch.tensor([position_hashing_to(bits, seed, level, purpose, index)]), purpose, index
+
+
+@EXTREMES
 def test_extreme_hashes_give_uniforms_strictly_inside_the_interval(bits: int, expected: float) -> None:
     """u == 1.0 would make the race's Gumbel key +inf: that token would win whatever its weight."""
-    seed, level, purpose, index = 2**40 + 7, 2, kr.DRAFT, 3
-    pos = torch.tensor([position_hashing_to(bits, seed, level, purpose, index)])
+    seed, level, pos, purpose, index = _at_extreme_hash(bits)
     ref = kr.uniform_grid_torch(torch.tensor([seed]), level, pos, purpose, 8)
     assert ref[0, index].item() == expected
     assert torch.isfinite(-torch.log(-torch.log(ref))).all()
-    assert torch.equal(uniform_triton(torch.tensor([seed]), level, pos, purpose, 8), ref)
+
+
+@pytest.mark.triton
+@EXTREMES
+def test_triton_equals_torch_at_the_extreme_hashes(bits: int, expected: float) -> None:
+    seed, level, pos, purpose, _ = _at_extreme_hash(bits)
+    ref = kr.uniform_grid_torch(torch.tensor([seed]), level, pos, purpose, 8)
+    assert torch.equal(_uniform_triton(torch.tensor([seed]), level, pos, purpose, 8), ref)
 
 
 def test_race_never_draws_an_impossible_token_at_the_top_uniform() -> None:

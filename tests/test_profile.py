@@ -1,5 +1,5 @@
 """The profiler's arithmetic (fake clock), acceptance rates, select_hierarchy end to end, and
-profiling on a busy machine (issue 20, item 8): robust fits, interleaved repeats, noise reported.
+profiling on a busy machine: robust fits, interleaved repeats, noise reported.
 Every timing here reads a fake clock; nothing depends on the real machine's speed."""
 
 import copy

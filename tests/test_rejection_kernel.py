@@ -10,6 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from padded import pad_rows, row_columns
 
+pytest.importorskip("triton")  # every test here runs a kernel: none without Triton
+
 from hsd_fast.engine import run_hsd
 from hsd_fast.testing.tables import TableRunner, table_family
 from hsd_fast.triton_kernels import rejection, sampling, split

@@ -7,6 +7,8 @@ import pytest
 import torch
 from keyed_hash import position_hashing_to
 
+pytest.importorskip("triton")  # every test here runs a kernel: none without Triton
+
 from hsd_fast.triton_kernels import split
 from hsd_fast.triton_kernels.keyed_random_torch import DRAFT
 from hsd_fast.triton_kernels.sampling import sample_triton

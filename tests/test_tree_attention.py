@@ -14,6 +14,8 @@ from hf_models import tiny_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+pytest.importorskip("triton")  # every test here runs a kernel: none without Triton
+
 from hsd_fast import attention
 from hsd_fast.hf_runner import HFRunner
 from hsd_fast.layout import FedBlock

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from printed import words
 from safetensors.torch import load_file
 
 import hsd_fast
@@ -236,7 +237,7 @@ def test_missing_sources_name_their_debian_packages(monkeypatch, capsys, tmp_pat
     assert [s.name for s in err.value.missing] == ["perl-pod", "bible"]
     assert main(["zoo", "sources"]) == 1
     out = capsys.readouterr().out
-    assert "perl-pod     perl-doc" in out and out.count("missing") >= 2 and "apt-get install" in out
+    assert "perl-pod perl-doc" in words(out) and out.count("missing") >= 2 and "apt-get install" in out
 
 
 # -- calibration windows ---------------------------------------------------------------------------

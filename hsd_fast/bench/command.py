@@ -31,6 +31,7 @@ from hsd_fast.bench import measuring
 from hsd_fast.bench.results import write
 from hsd_fast.bench.scenarios import SCENARIOS, Scenario
 from hsd_fast.bench.timing import CpuMeter
+from hsd_fast.cli_args import output_folder, positive_float, positive_int
 from hsd_fast.hf_generate import generate
 from hsd_fast.hierarchy import with_lookup_level
 from hsd_fast.hierarchy_types import Hierarchy, Selection
@@ -64,13 +65,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--quick", action="store_true", help="a smoke test: eager, one pass, 2 prompts per set, 32 new tokens"
     )
     p.add_argument("--eager", action="store_true", help="our configurations uncompiled (and no HF compiled)")
-    p.add_argument("--batch", type=int, nargs="+", help="batch sizes (default: 1 4 16; --quick: 1)")
+    p.add_argument("--batch", type=positive_int, nargs="+", help="batch sizes (default: 1 4 16; --quick: 1)")
     p.add_argument("--do-sample", action="store_true", help="sample (default: greedy)")
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--max-new-tokens", type=int, help="default 128 (--quick: 32)")
-    p.add_argument("--passes", type=int, help="counted passes after the warm-up (default 3; --quick: 1)")
-    p.add_argument("--prompts-per-set", type=int, help="default 8 (--quick: 2)")
-    p.add_argument("--out", type=Path, default=Path("bench/results"), help="folder for the result files")
+    p.add_argument("--temperature", type=positive_float, default=0.8)
+    p.add_argument("--max-new-tokens", type=positive_int, help="default 128 (--quick: 32)")
+    p.add_argument(
+        "--passes", type=positive_int, help="counted passes after the warm-up (default 3; --quick: 1)"
+    )
+    p.add_argument("--prompts-per-set", type=positive_int, help="default 8 (--quick: 2)")
+    p.add_argument("--out", type=output_folder, default="bench/results", help="folder for the result files")
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="profile cache for the selector")
     p.add_argument(
         "--profile-only", action="store_true",
@@ -78,25 +81,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _check(args: argparse.Namespace) -> argparse.Namespace:
+def _defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """What was not given, by ``--quick``; the values given were checked by their argparse types
+    (``cli_args``: bad ones are usage errors, never replaced by a default)."""
     quick = args.quick
     args.eager = args.eager or quick
-    args.batch = args.batch or ([1] if quick else [1, 4, 16])
-    args.max_new_tokens = args.max_new_tokens or (32 if quick else 128)
-    args.passes = args.passes or (1 if quick else 3)
-    args.prompts_per_set = args.prompts_per_set or (2 if quick else 8)
-    for name in ("max_new_tokens", "passes", "prompts_per_set"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"hsd-fast bench: --{name.replace('_', '-')} must be >= 1")
-    if any(b < 1 for b in args.batch):
-        raise SystemExit("hsd-fast bench: batch sizes must be >= 1")
-    if args.do_sample and args.temperature <= 0:
-        raise SystemExit("hsd-fast bench: --temperature must be > 0")
+    chosen = {
+        "batch": [1] if quick else [1, 4, 16],
+        "max_new_tokens": 32 if quick else 128,
+        "passes": 1 if quick else 3,
+        "prompts_per_set": 2 if quick else 8,
+    }
+    for name, default in chosen.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     return args
 
 
 def run(args: argparse.Namespace) -> int:
-    args = _check(args)
+    args = _defaults(args)
     scenario = SCENARIOS[args.scenario]()
     sampling = (
         {"do_sample": True, "temperature": args.temperature} if args.do_sample else {"do_sample": False}

@@ -1,17 +1,25 @@
 """The benchmark's result files: ``<stem>.json`` (everything), ``<stem>.md`` (the tables) and
-``<stem>.png`` (tokens/s per configuration and batch size; needs matplotlib, the ``bench`` extra)."""
+``<stem>.png`` (tokens/s per configuration and batch size; needs matplotlib, the ``bench`` extra).
+A configuration that runs at some batch sizes only (HF assisted generation and prompt lookup: batch 1)
+is named at the others as not run there, in the tables and in the plot, never left blank.
+Also the driver of the end-to-end suites (``bench/bench_e2e.py``): ``measure_script`` and
+``write_compiled_cpu_run``."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from hsd_fast.bench import measuring
 from hsd_fast.bench.timing import CpuMeter
 from hsd_fast.report import markdown_table, run_metadata, write_report
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 COLUMNS = [
     ("config", "configuration"),
@@ -41,6 +49,10 @@ def write(
                 [title for _, title in COLUMNS], [[r.get(k) for k, _ in COLUMNS] for r in chosen]
             )
             sections.append("")
+        absent = _absent_at(rows, batch)
+        if absent:
+            named = ", ".join(f"`{config}` ({only})" for config, only in absent.items())
+            sections += [f"Not run at batch {batch}: {named}.", ""]
     sections += [*extra, "## Notes", "", *[f"- {n}" for n in notes]]
     title = f"hsd-fast bench: {meta['scenario']}, {meta['sampling_label']}"
     write_report(stem, title, meta, sections, {"rows": rows})
@@ -48,6 +60,19 @@ def write(
     if _plot(stem.parent / f"{stem.name}.png", title, rows):
         written.append(stem.parent / f"{stem.name}.png")
     return written
+
+
+def _absent_at(rows: list[dict], batch: int) -> dict[str, str]:
+    """The configurations of ``rows`` with no row at ``batch``, each with where it ran: "batch 1 only"."""
+    ran_at: dict[str, set[int]] = {}
+    for row in rows:
+        ran_at.setdefault(row["config"], set()).add(row["batch"])
+    absent = {}
+    for config, batches in ran_at.items():
+        if batch not in batches:
+            sizes = ", ".join(str(b) for b in sorted(batches))
+            absent[config] = f"batch{'es' if len(batches) > 1 else ''} {sizes} only"
+    return absent
 
 
 def write_compiled_cpu_run(
@@ -61,7 +86,7 @@ def write_compiled_cpu_run(
     recompiled: int,
     notes: Sequence[str] = (),
 ) -> None:
-    """The result files of a compiled, fp32 CPU run of the bench scripts (``bench/bench_*.py``):
+    """The result files of a compiled, fp32 CPU run of an end-to-end suite (``bench/bench_e2e.py``):
     its metadata and the notes every such run states, then ``notes``; prints the paths written."""
     label = f"temperature {sampling['temperature']}" if args.do_sample else "greedy"
     meta = run_metadata(
@@ -82,20 +107,31 @@ def write_compiled_cpu_run(
 
 def _plot(path: Path, title: str, rows: list[dict]) -> bool:
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        fig = figure(title, rows)
     except ImportError:
         return False
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return True
+
+
+def figure(title: str, rows: list[dict]) -> Figure:
+    """Tokens/s per configuration, one panel per batch size, one bar per prompt set; a configuration
+    that did not run at a panel's batch says where it ran ("batch 1 only"). Raises ImportError
+    without matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     batches = sorted({r["batch"] for r in rows})
     configs = list(dict.fromkeys(r["config"] for r in rows))
     fig, axes = plt.subplots(
         1, len(batches), figsize=(6 * len(batches), 0.45 * len(configs) + 2), squeeze=False
     )
     for ax, batch in zip(axes[0], batches, strict=True):
-        # tokens/s per configuration, summed over prompt sets as a harmonic mean would hide nothing:
-        # one bar per (configuration, prompt set)
         sets = sorted({r["prompt_set"] for r in rows if r["batch"] == batch})
         height = 0.8 / max(len(sets), 1)
         for k, prompt_set in enumerate(sets):
@@ -104,35 +140,18 @@ def _plot(path: Path, title: str, rows: list[dict]) -> bool:
             }
             ys = [i + k * height for i, c in enumerate(configs) if c in values]
             ax.barh(ys, [values[c] for c in configs if c in values], height=height, label=prompt_set)
-        ax.set_yticks([i + 0.4 - height / 2 for i in range(len(configs))], configs, fontsize=8)
+        centres = [i + 0.4 - height / 2 for i in range(len(configs))]
+        absent = _absent_at(rows, batch)
+        for config, only in absent.items():  # an empty row would read as "measured nothing"
+            ax.text(0, centres[configs.index(config)], f" {only}", va="center", fontsize=8, color="0.4")
+        ax.set_yticks(centres, configs, fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel("tokens/s")
         ax.set_title(f"batch {batch}")
         ax.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
-def script_arguments(doc: str, batches: Sequence[int], passes: int, **extra: dict) -> argparse.Namespace:
-    """The command line every end-to-end bench script takes (``bench/bench_*.py``): sampling,
-    batch sizes, prompts, passes, new tokens and the output folder; ``extra``: more options, by
-    name (``--name``), each with its ``add_argument`` keywords. ``.sampling`` holds the sampling
-    arguments of ``generate`` they ask for."""
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    for name, options in extra.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", **options)
-    parser.add_argument("--do-sample", action="store_true", help="temperature 0.8 (default: greedy)")
-    parser.add_argument("--batch", type=int, nargs="+", default=list(batches))
-    parser.add_argument("--prompts", type=int, default=4, help="prompts per set (repeated to fill a batch)")
-    parser.add_argument("--passes", type=int, default=passes)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--out", type=Path, default=Path("bench/results"))
-    args = parser.parse_args()
-    args.sampling = {"do_sample": True, "temperature": 0.8} if args.do_sample else {"do_sample": False}
-    return args
+    return fig
 
 
 def measure_script(
@@ -141,7 +160,7 @@ def measure_script(
     configs_for: Callable[[int], list],  # batch size -> the configurations (hsd_fast.bench.configs)
     prompt_sets: Sequence[str] = ("code",),
 ) -> tuple[list[dict], int, int]:
-    """Measure a bench script's configurations batch by batch and prompt set by prompt set, as
+    """Measure a suite's configurations batch by batch and prompt set by prompt set, as
     ``hsd-fast bench`` does (interleaved passes, contended ones redone). Returns the rows and the
     passes redone for contention and for compiling."""
     rows, redone, recompiled, meter = [], 0, 0, CpuMeter()

@@ -34,15 +34,25 @@ def zoo_dir() -> Path:
 
 
 def manifest() -> dict:
+    """The zoo's ``manifest.json``: FileNotFoundError where there is none, ValueError naming it
+    where it is not a JSON object."""
     path = zoo_dir() / "manifest.json"
     if not path.is_file():
         raise FileNotFoundError(f"no zoo manifest at {path}; build one with `hsd-fast zoo build`")
-    return json.loads(path.read_text())
+    try:
+        content = json.loads(path.read_text())
+    except ValueError as err:  # JSON or text decoding
+        raise ValueError(f"{path} is not a zoo manifest ({err})") from None
+    if not isinstance(content, dict):
+        raise ValueError(f"{path} is not a zoo manifest (not a JSON object)")
+    return content
 
 
 def names() -> list[str]:
     """The zoo's models, smallest first."""
-    models = manifest()["models"]
+    models = manifest().get("models")
+    if not isinstance(models, dict):
+        raise ValueError(f"{zoo_dir() / 'manifest.json'} lists no models (no 'models' object)")
     return sorted(models, key=lambda name: models[name]["params"])
 
 

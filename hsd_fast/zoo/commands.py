@@ -6,10 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
+from hsd_fast.cli_args import unwritable
 from hsd_fast.zoo import card
 
 
-def add_parser(sub) -> None:
+def add_parser(sub) -> argparse.ArgumentParser:
     zoo = sub.add_parser("zoo", help="the committed model zoo: info, sources, build, accept")
     zoo.add_argument("--zoo-dir", type=Path, help="default: $HSD_FAST_ZOO or the installed zoo")
     actions = zoo.add_subparsers(dest="action", required=True)
@@ -31,9 +32,12 @@ def add_parser(sub) -> None:
     )
     accept = actions.add_parser("accept", help="pairwise acceptance matrix on held-out text")
     accept.add_argument("--write", action="store_true", help="store it in manifest.json and README.md")
+    return zoo
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
+    """``parser`` (the ``zoo`` sub-command's) reports usage errors; without one they exit with
+    their message."""
     from hsd_fast import zoo
     from hsd_fast.zoo.corpus import MissingSourcesError
 
@@ -60,9 +64,9 @@ def run(args: argparse.Namespace) -> int:
             return 1
         _write_card(zoo_dir)
         return 0
-    from hsd_fast.zoo.build import measure_acceptance, read_manifest
+    from hsd_fast.zoo.build import measure_acceptance
 
-    manifest = read_manifest(zoo_dir)
+    manifest = _read_manifest(zoo_dir)
     if not manifest.get("models"):
         print(f"no zoo models under {zoo_dir}; build them with `hsd-fast zoo build`")
         return 1
@@ -71,6 +75,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"zoo: {zoo_dir}\n")
         print(card.render(manifest))
         return 0
+    if args.write:  # before measuring: a zoo that cannot take the result fails now, not at the end
+        for path in (zoo_dir / "manifest.json", zoo_dir / "README.md"):
+            problem = unwritable(path)
+            if problem is not None:
+                message = f"accept --write: {problem}"
+                if parser is None:
+                    raise SystemExit(f"hsd-fast zoo: error: {message}")
+                parser.error(message)
     result = measure_acceptance(zoo_dir, names)
     for key in ("greedy", "sum_min_t1"):
         print(f"\n{key}:")
@@ -82,9 +94,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_manifest(zoo_dir: Path) -> dict:
+    """The zoo's manifest; one that is not JSON exits naming its path."""
+    from hsd_fast.zoo.build import read_manifest
+
+    try:
+        manifest = read_manifest(zoo_dir)
+    except ValueError as err:  # JSON or text decoding
+        raise SystemExit(f"hsd-fast zoo: {zoo_dir / 'manifest.json'} is not a zoo manifest ({err})") from None
+    if not isinstance(manifest, dict):
+        raise SystemExit(
+            f"hsd-fast zoo: {zoo_dir / 'manifest.json'} is not a zoo manifest (not a JSON object)"
+        )
+    return manifest
+
+
 def _sources(zoo_dir: Path, check_hash: bool) -> int:
     """The corpus sources of this machine, one line each; 1 when one is missing."""
-    from hsd_fast.zoo.build import read_manifest
     from hsd_fast.zoo.corpus import SOURCES, MissingSourcesError, documents, locate_sources, text_hash
 
     found = locate_sources()
@@ -98,7 +124,7 @@ def _sources(zoo_dir: Path, check_hash: bool) -> int:
         print(f"\n{MissingSourcesError(missing)}")
         return 1
     if check_hash:  # reads every document (~40 MB for the committed corpus)
-        recorded = read_manifest(zoo_dir).get("corpus", {}).get("text_sha256")
+        recorded = _read_manifest(zoo_dir).get("corpus", {}).get("text_sha256")
         digest = text_hash(list(documents()))
         verdict = "the recorded corpus" if digest == recorded else f"not the recorded corpus ({recorded})"
         print(f"\ntext sha256 {digest}: {verdict}")

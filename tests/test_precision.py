@@ -1,4 +1,4 @@
-"""Greedy precision in bf16 and fp16 (issue 20, item 6).
+"""Greedy precision in bf16 and fp16.
 
 In bf16 the engine's greedy output may differ from ``target.generate`` with HF's default dynamic
 cache: the engine attends over a preallocated slot cache with a mask, which sums in another order

@@ -1,4 +1,4 @@
-"""The ops refuse bad arguments instead of crashing or reading out of bounds (issue 20, class A).
+"""The ops refuse bad arguments instead of crashing or reading out of bounds.
 
 ``verify`` and ``sample``: the torch references and the Triton launchers run one shared check
 (triton_kernels/checks.py) and raise the same ``ValueError``, naming the argument: shapes, ranks,

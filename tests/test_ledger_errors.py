@@ -1,4 +1,4 @@
-"""No Python call crashes the ledger extension (issue 20, class B).
+"""No Python call crashes the ledger extension.
 
 A ``Ledger`` whose C++ object was never constructed (``Ledger.__new__(Ledger)``, or the base's
 ``__new__``, which skip ``__init__``) used to segfault on its first method call. Every public

@@ -1,4 +1,4 @@
-"""Requests, valid and invalid (issue 20, items 7 and 10, and the issue's two hypothesis tests).
+"""Requests, valid and invalid.
 
 - Resources before validation: a request is checked before any buffer is sized from it
   (``max_new_tokens=10**8`` and ``T=[10**6]`` used to allocate hundreds of MB, then fail), and the
@@ -56,7 +56,7 @@ def _hsd(target, ids, **kwargs) -> torch.Tensor:
     return target.generate(ids, custom_generate=hsd_fast.generate, compile=False, **kwargs)
 
 
-# ----------------------------------------------------------------------------- positions (item 7)
+# ----------------------------------------------------------------------------- positions
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])  # RoPE and a learned position table
 def test_a_request_that_exactly_fills_the_positions_is_served(arch) -> None:
     """Rows of different lengths, a multi-token draft step whose rows stop at different points: the
@@ -146,7 +146,7 @@ def test_the_ring_is_sized_by_what_the_request_can_use() -> None:
     assert speculative_window([2], max_new_tokens=100) == 4
 
 
-# ----------------------------------------------------------------------------- clear errors (item 10)
+# ----------------------------------------------------------------------------- clear errors
 @pytest.mark.parametrize(
     ("inputs", "error", "match"),
     [

@@ -1,4 +1,4 @@
-"""Padded vocabularies keep the target's output exactly (issue 20, item 5).
+"""Padded vocabularies keep the target's output exactly.
 
 Drafts may have fewer (or more) logits than the target when one tokenizer's embedding is padded to
 different sizes. The old rule cut every level to the smallest size, the target included: where the
