@@ -69,8 +69,9 @@ def point_masses_where_broken(
     """The distributions to keep as the next level's q: where a column's logits are broken (NaN or
     +inf), a point mass on its token instead (logits 0 there and -inf elsewhere, log-sum-exp 0).
     Verification against a point mass is exact whatever the token, and whether a column is broken
-    depends only on the tokens before it (docs/design.md, "Why it is exact")."""
-    bad = (torch.isnan(logits) | torch.isposinf(logits)).any(-1, keepdim=True)  # [..., 1]
+    depends only on the tokens before it (docs/design.md, "Why it is exact"). A NaN or +inf logit
+    makes the log-sum-exp NaN or +inf, so that is read instead of scanning the vocabulary again."""
+    bad = (torch.isnan(lse) | torch.isposinf(lse))[..., None]  # [..., 1]
     ids = torch.arange(logits.shape[-1], device=logits.device)  # [V]
     point = torch.where(ids == tokens[..., None], 0.0, -torch.inf).to(logits.dtype)  # [..., V]
     return torch.where(bad, point, logits), torch.where(bad[..., 0], 0.0, lse)
