@@ -29,7 +29,15 @@ import numpy as np
 
 from hsd_fast._C import Ledger
 from hsd_fast.hierarchy_types import Selection
-from hsd_fast.latency import Acceptance, Cost, draft_seconds, draw_gain, expected_latency, verify_tokens
+from hsd_fast.latency import (
+    Acceptance,
+    Cost,
+    draft_seconds,
+    draw_gain,
+    expected_latency,
+    sharing_the_cache,
+    verify_tokens,
+)
 from hsd_fast.layout import bucket
 from hsd_fast.schedule import draft_count, drafts_wanted
 from hsd_fast.selector import select
@@ -61,6 +69,7 @@ def batch_latency(
             f"{len(costs) - 1} draft level(s) need as many alphas and T, got {len(alphas)} and {len(T)}"
         )
     rng = random.Random(seed)
+    costs = sharing_the_cache(costs)
     per_token = [
         _run_seconds(costs, alphas, T, rows, max_new_tokens, rng) / max_new_tokens for _ in range(runs)
     ]

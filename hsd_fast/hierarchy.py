@@ -21,11 +21,13 @@ from tqdm.auto import tqdm
 from hsd_fast.batch_latency import select_for_batch
 from hsd_fast.engine import MAX_BLOCK_SIZE
 from hsd_fast.hf_generate import generate
-from hsd_fast.hierarchy_types import Hierarchy, Selection, TreeDraft
+from hsd_fast.hierarchy_types import Hierarchy, NoDraftWarning, Selection, TreeDraft
 from hsd_fast.latency import Acceptance, Cost, LookupCost
 from hsd_fast.lookup import LookupDraft, as_lookup
 from hsd_fast.processors import generation_sampling
 from hsd_fast.profile import ProfileCache, ProfileNoiseWarning, measured_latency
+from hsd_fast.profile.costs import weight_bytes
+from hsd_fast.selector import prefer_no_draft
 from hsd_fast.tree import MAX_NODES, Tree
 from hsd_fast.tree_latency import tree_acceptance, tree_cost
 
@@ -47,10 +49,12 @@ def select_hierarchy(
     clock: Callable[[], float] = time.perf_counter,
     tree_sizes: Sequence[int] = (),
     batch: int = 1,
+    min_gain: float | None = None,
     **generation_kwargs,
 ) -> Hierarchy:
     """Profile ``candidates`` and ``target`` (costs at ``context`` cached tokens, default the prompt
-    length; acceptance teacher-forced on the target's own continuations of ``prompts``, under exactly
+    length; acceptance teacher-forced on the target's own continuations of ``prompts``, each
+    ``max_new_tokens`` long like the runs selected for, under exactly
     the sampling transform that ``target.generate(**generation_kwargs)`` applies: do_sample,
     temperature, top_k, ...; docs/design.md, "Acceptance on the run's own text"), pick the
     latency-optimal hierarchy, and with ``measure=True`` time it with the engine on ``prompts[:batch]``.
@@ -67,6 +71,10 @@ def select_hierarchy(
     ``batch_latency``: a lookup level's blocks padded to the widest row, rows that fall out of step
     or finish apart; docs/design.md, "Selecting for a batch"): a draft that pays at batch 1 can
     lose to plain decoding at batch 16, where a forward over more tokens costs more.
+
+    ``min_gain`` (default ``MODEL_ERROR``, the model's measured error on text it was not built on):
+    when the best hierarchy is predicted less than that much faster than no-draft decoding, no draft
+    is chosen, with a ``NoDraftWarning`` and the reason in ``no_draft_reason`` (0 turns this off).
 
     A profile is only as good as the machine was quiet: the returned ``Hierarchy`` carries the
     costs' relative noise (``cost_noise``), and when the pick's predicted speed-up over
@@ -88,26 +96,43 @@ def select_hierarchy(
     models = [m for m in everything if not isinstance(m, LookupDraft)]
     context = context or prompts.shape[1]
     transform, greedy = generation_sampling(target, **generation_kwargs)
+    sizes = {id(m): weight_bytes(m) for m in models}
+    others = {id(m): sum(sizes.values()) - sizes[id(m)] for m in models}  # what a chain's other steps read
     costs = [
-        cache.costs(m, context, compile, transform, greedy, batch, clock=clock)
+        cache.costs(m, context, compile, transform, greedy, batch, crowd_bytes=others[id(m)], clock=clock)
         for m in tqdm(models, desc="step costs", disable=not progress)
     ]
-    alpha = cache.acceptance(models, prompts, transform, greedy, progress, generation_kwargs)
+    run = {"new_tokens": max_new_tokens}  # rates on text as long as the run (profile.run_text)
+    alpha = cache.acceptance(models, prompts, transform, greedy, progress, generation_kwargs, **run)
     if lookups:
         at = lookups[0]
         spec = candidates[at]
         lookup_cost, rates = cache.lookup(
-            spec, models, prompts, transform, greedy, max_T, progress, generation_kwargs, batch, clock=clock
+            spec,
+            models,
+            prompts,
+            transform,
+            greedy,
+            max_T,
+            progress,
+            generation_kwargs,
+            batch,
+            clock=clock,
+            **run,
         )
         costs, alpha = with_lookup_level(costs, alpha, at, lookup_cost, rates)
     if tree_sizes:
         costs, alpha, everything = with_tree_candidates(
             costs, alpha, everything, tree_sizes, max_T, cache, prompts, transform, greedy, progress,
-            generation_kwargs,
+            generation_kwargs, max_new_tokens,
         )  # fmt: skip
     cache.save()
     selection = select_for_batch(costs, alpha, batch, max_T=max_T, max_new_tokens=max_new_tokens)
+    selection, no_draft_reason = prefer_no_draft(selection, MODEL_ERROR if min_gain is None else min_gain)
     pick = Hierarchy.bind(selection, everything, batch)
+    if no_draft_reason is not None:
+        warnings.warn(f"select_hierarchy: {no_draft_reason}", NoDraftWarning, stacklevel=2)
+        pick = replace(pick, no_draft_reason=no_draft_reason)
     noise = max(c.noise for c in costs)
     doubt = _doubt(pick.selection, noise)
     if doubt is not None:
@@ -159,6 +184,7 @@ def with_tree_candidates(
     greedy: bool,
     progress: bool,
     generation_kwargs: dict | None = None,
+    new_tokens: int | None = None,
 ) -> tuple[list[Cost], list[list[Acceptance]], list]:
     """Candidates extended by token trees (inserted before the target): for every model d and every
     model m costlier than it, and every size n, the best tree of n nodes (at most ``max_T`` deep)
@@ -172,7 +198,7 @@ def with_tree_candidates(
     if not pairs:
         return list(costs), [list(row) for row in alpha], list(everything)
     ranks = cache.rank_acceptance(
-        everything, pairs, prompts, transform, greedy, MAX_TREE_RANK, progress, generation_kwargs
+        everything, pairs, prompts, transform, greedy, MAX_TREE_RANK, progress, generation_kwargs, new_tokens
     )
     found: dict[tuple[int, Tree], None] = {}
     for d, m in pairs:
@@ -222,6 +248,13 @@ def with_lookup_level(
     with_alpha.insert(at, [*rates[:at], 1.0, *rates[at:]])
     return with_costs, with_alpha
 
+
+MODEL_ERROR = 0.15
+"""The latency model's error on text it was not built on: the median |measured / predicted - 1| of
+the five best-predicted hierarchies on the varied-text sets, 0.145 over both committed tables
+(greedy compiled 0.23, temperature 0.8 eager 0.14: ``bench/bench_select_text.py``,
+bench/results/select_text_cpu*.md). A pick predicted to gain less than this over no-draft decoding
+cannot be told apart from it, so no draft is chosen (``select_hierarchy(min_gain=)``)."""
 
 NOISE_MARGIN = 3.0
 """How many standard errors of the costs a predicted advantage must exceed to count. Both latencies

@@ -1,6 +1,6 @@
 """What a selection produces, as plain data: the ``Selection`` (candidate indices and block sizes,
 the selector's answer), the ``Hierarchy`` (those indices bound to draft models: what ``generate``
-and ``wrap`` take), the ``TreeDraft`` candidate and the ``HierarchyBatchWarning``.
+and ``wrap`` take), the ``TreeDraft`` candidate and the warnings about a selection.
 
 A leaf, so the request path can check ``hierarchy=`` without importing the selector or the profiler:
 ``hsd_fast.selector`` computes a ``Selection`` and ``hsd_fast.hierarchy`` (``select_hierarchy``)
@@ -35,6 +35,11 @@ class HierarchyBatchWarning(UserWarning):
     """A hierarchy runs at a batch size other than the one it was selected for."""
 
 
+class NoDraftWarning(UserWarning):
+    """The selector chose no-draft decoding: the best hierarchy's predicted gain was within the
+    latency model's own error."""
+
+
 @dataclass(frozen=True)
 class TreeDraft:
     """A candidate level 0: ``model`` drafting the token tree ``tree``."""
@@ -61,6 +66,7 @@ class Hierarchy:
     within_noise: bool = False  # its predicted advantage is smaller than that noise can resolve
     tree: Tree | None = None
     batch: int = 1  # rows it was chosen for: its latencies are per token of each row
+    no_draft_reason: str | None = None  # why no draft was chosen over a better-predicted chain
 
     @property
     def predicted_tokens_per_second(self) -> float:

@@ -148,6 +148,12 @@ class TreeCost:
         return self.model(n)
 
     @property
+    def crowded(self) -> TreeCost | None:
+        """The tree drafted at the model's crowded cost (``sharing_the_cache``), where measured."""
+        crowded = getattr(self.model, "crowded", None)
+        return TreeCost(crowded, self.widths) if crowded is not None else None
+
+    @property
     def noise(self) -> float:
         return getattr(self.model, "noise", 0.0)
 
@@ -275,10 +281,22 @@ def level_outcomes(
     return outcomes
 
 
+def sharing_the_cache(levels: Sequence[Cost]) -> list[Cost]:
+    """The levels' costs as a run pays them: where two or more models take turns (a lookup level has
+    no weights), each model's step runs right after the others' and finds its weights pushed out of
+    the cache, so its ``crowded`` cost counts where one was measured (docs/design.md, "Where the
+    latency model errs"). One model alone keeps the cost it was timed at."""
+    if sum(not isinstance(c, LookupCost) for c in levels) < 2:
+        return list(levels)
+    return [getattr(c, "crowded", None) or c for c in levels]
+
+
 def expected_latency(costs: Sequence[Cost], alphas: Sequence[Acceptance], T: Sequence[int]) -> float:
-    """Expected seconds per committed token; K = 0 is plain autoregressive decoding."""
+    """Expected seconds per committed token; K = 0 is plain autoregressive decoding. Costs are
+    taken as the levels share the cache (``sharing_the_cache``)."""
     if len(costs) == 1:
         return decode_seconds(costs[0])
+    costs = sharing_the_cache(costs)
     below = level_outcomes(costs, alphas, T)[-1]
     verify = _verify_seconds(costs, T, len(costs) - 1, below)
     return (below.cost + verify) / below.mean(lambda b: expected_gain(alphas[-1], b))

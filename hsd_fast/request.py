@@ -9,21 +9,30 @@ what is wrong, before anything is allocated. Two steps:
   when it is made, and passes the result on; ``generate`` resolves what it was given.
 - ``build_request``: the prompt, the models, the generation config (sampling, stopping, limits),
   the seed and the streamer, checked in this order: levels, input_ids, models and devices, options
-  HSD cannot honour, the prompt's padding and ids, the positions, the logits processors, the
-  streamer's batch.
+  HSD cannot honour (``generation_options.OPTIONS``: every ``GenerationConfig`` field served, refused
+  or without effect), the stopping criteria, the prompt's padding and ids, the positions, the logits
+  processors, the streamer's batch.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+from transformers import GenerationConfig
+from transformers.generation.logits_process import LogitsProcessorList
+from transformers.generation.stopping_criteria import (
+    EosTokenCriteria,
+    MaxLengthCriteria,
+    StoppingCriteriaList,
+)
 
 from hsd_fast.compat import check_devices, check_model, hierarchy_vocab_size
 from hsd_fast.engine import MAX_BLOCK_SIZE, check_block_sizes
+from hsd_fast.generation_options import check_generation_options
 from hsd_fast.hierarchy_types import Hierarchy
 from hsd_fast.lookup import LookupDraft, as_lookup
 from hsd_fast.positions import check_positions, max_positions
@@ -133,15 +142,20 @@ def build_request(
     model_kwargs: dict | None = None,
 ) -> Request:
     """The request ``model.generate(input_ids, ...)`` makes of HSD with ``levels`` under ``model``,
-    checked; ``generation_config``, ``logits_processor``, ``stopping_criteria`` as HF prepared them.
+    checked; ``generation_config``, ``logits_processor``, ``stopping_criteria`` as HF prepared them
+    (on a direct call, a config filled and the processors and criteria built as HF would).
     A ``HierarchyBatchWarning`` when ``levels`` came from a hierarchy selected for another batch."""
     model_kwargs = model_kwargs or {}
-    config = generation_config if generation_config is not None else model.generation_config
     check_input_ids(input_ids, model_kwargs)
+    config = filled_config(model, generation_config, input_ids.shape[1])
     if levels.hierarchy is not None:
         levels.hierarchy.warn_unless_selected_for(input_ids.shape[0])
     drafts = levels.models
-    _check_models_and_options(model, drafts, input_ids, config, stopping_criteria)
+    _check_models_and_options(model, drafts, input_ids, config)
+    logits_processor, stopping_criteria = _hf_prepared(
+        model, input_ids, config, logits_processor, stopping_criteria, model_kwargs
+    )
+    _check_stopping_criteria(stopping_criteria)
     vocab = hierarchy_vocab_size(model, drafts)
     if levels.tree is not None and levels.tree.most_children > vocab:
         raise ValueError(
@@ -158,7 +172,7 @@ def build_request(
         asked="prompt + max_new_tokens",
         remedy="lower max_new_tokens",
     )
-    transform = LogitsTransform(list(logits_processor or []))
+    transform = LogitsTransform(list(logits_processor))
     eos_ids = _eos_ids(config)
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item())  # host value by design: keys the hash
@@ -180,6 +194,42 @@ def build_request(
         streamer=streamer,
         return_dict=bool(config.return_dict_in_generate),
     )
+
+
+def filled_config(
+    model: torch.nn.Module, config: GenerationConfig | None, prompt_length: int
+) -> GenerationConfig:
+    """``config`` (or a bare ``GenerationConfig``) filled as HF's ``generate`` fills it before it calls
+    a ``custom_generate`` callable, so that a direct ``hsd_fast.generate(model, ids, generation_config=
+    ...)`` decodes as ``model.generate`` would: unset fields from ``model.generation_config``, then HF's
+    global defaults; ``max_length`` from ``max_new_tokens`` (which takes precedence), else HF's
+    default of 20 new tokens within ``max_position_embeddings``. A config HF prepared is returned
+    as it is; the caller's is never changed."""
+    defaults = getattr(GenerationConfig, "_get_default_generation_params", dict)()  # 5.24; 5.17: none
+    if config is not None and not _unfilled(config, defaults, prompt_length):  # as HF prepared it
+        return config
+    config = copy.copy(config) if config is not None else GenerationConfig()  # fields set, never mutated
+    model_config = getattr(model, "generation_config", None) or GenerationConfig()
+    default_max_length = config.max_length is None and model_config.max_length is None
+    for source in (model_config.to_dict(), defaults):
+        for name, value in source.items():
+            if getattr(config, name, None) is None and value is not None:
+                setattr(config, name, copy.deepcopy(value))
+    if config.max_new_tokens is not None:
+        config.max_length = config.max_new_tokens + prompt_length
+    elif default_max_length:  # HF: 20 new tokens (its default max_length), within the positions
+        config.max_length = (config.max_length or 20) + prompt_length
+        if getattr(model.config, "max_position_embeddings", None) is not None:
+            config.max_length = min(config.max_length, model.config.max_position_embeddings)
+    return config
+
+
+def _unfilled(config: GenerationConfig, defaults: dict, prompt_length: int) -> bool:
+    """Whether ``config`` lacks its length, has one ``max_new_tokens`` disagrees with, or lacks a
+    field HF gives a default (a config HF prepared does none of these)."""
+    if config.max_length is None or config.max_new_tokens not in (None, config.max_length - prompt_length):
+        return True
+    return any(v is not None and getattr(config, k, None) is None for k, v in defaults.items())
 
 
 def check_drafts(drafts) -> tuple[LookupDraft | None, list[torch.nn.Module]]:
@@ -227,17 +277,35 @@ def check_input_ids(input_ids, model_kwargs: dict) -> None:
         )
 
 
-def _check_models_and_options(model, drafts, input_ids, config, stopping_criteria) -> None:
+def _check_models_and_options(model, drafts, input_ids, config) -> None:
     """Every model runnable exactly, all on the prompt's device, and no option HSD cannot honour."""
     check_model(model, "target")
     for i, d in enumerate(drafts):
         check_model(d, f"draft {i}")
     check_devices(model, drafts, input_ids)
-    if getattr(config, "num_beams", 1) > 1:
-        raise ValueError("hsd_fast does not support beam search (num_beams > 1)")
-    for flag in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
-        if getattr(config, flag, False):
-            raise ValueError(f"hsd_fast does not support {flag}=True")
+    check_generation_options(config)  # every field served, refused or without effect: one table
+
+
+def _hf_prepared(model, input_ids, config, logits_processor, stopping_criteria, model_kwargs) -> tuple:
+    """The logits processors and stopping criteria as given, or, on a direct call (where HF prepared
+    none), those HF's ``generate`` would build from ``config``: no field is ignored either way."""
+    if logits_processor is None or stopping_criteria is None:
+        config = copy.copy(config)  # HF sets the special-token tensors the processors use on it
+        has_mask = model_kwargs.get("attention_mask") is not None
+        model._prepare_special_tokens(config, has_mask, device=input_ids.device)
+    if logits_processor is None:
+        logits_processor = model._get_logits_processor(
+            generation_config=config, input_ids_seq_length=input_ids.shape[1], encoder_input_ids=input_ids,
+            logits_processor=LogitsProcessorList(), device=input_ids.device, model_kwargs=model_kwargs,
+        )  # fmt: skip
+    if stopping_criteria is None:
+        stopping_criteria = model._get_stopping_criteria(
+            generation_config=config, stopping_criteria=StoppingCriteriaList()
+        )
+    return logits_processor, stopping_criteria
+
+
+def _check_stopping_criteria(stopping_criteria) -> None:
     unsupported = [
         type(c).__name__ for c in (stopping_criteria or []) if not isinstance(c, SUPPORTED_STOPPING)
     ]

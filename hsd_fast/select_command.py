@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from hsd_fast.bench.text_sets import TEXT_SETS
 from hsd_fast.cli_args import (
     device,
     non_negative_int,
@@ -68,6 +69,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="select for compiled steps (what generate runs once warm; each step is compiled to be timed)",
     )
     p.add_argument("--measure", action="store_true", help="run every listed hierarchy with the engine")
+    p.add_argument(
+        "--text",
+        choices=list(TEXT_SETS),
+        help="calibrate and measure on this text found on the machine, outside the zoo's corpus "
+        "(default: the zoo's calibration windows)",
+    )
     p.add_argument("--prompt-len", type=positive_int, default=64, help="prompt tokens per measured row")
     p.add_argument(
         "--max-new-tokens",
@@ -134,6 +141,11 @@ def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     if args.max_T > MAX_BLOCK_SIZE:
         parser.error(f"--max-T {args.max_T}: block sizes are at most {MAX_BLOCK_SIZE} (MAX_BLOCK_SIZE)")
     _check_names(args, parser)
+    if args.text:
+        from hsd_fast.bench.text_sets import available
+
+        if args.text not in available():
+            parser.error(f"--text {args.text}: no file of it on this machine ({TEXT_SETS[args.text].kind})")
     if args.measure:
         _check_measured_run(args, parser)
     _check_positions(args, parser)
@@ -162,6 +174,8 @@ def _check_measured_run(args: argparse.Namespace, parser: argparse.ArgumentParse
         parser.error(
             "--measure times the tokens after the first (the prefill excluded): --max-new-tokens must be >= 2"
         )
+    if args.text:  # its prompts are cut to --prompt-len from the text
+        return
     try:
         window = min(w.shape[1] for w in read_calibration(zoo.zoo_dir()).values())
     except (OSError, ValueError):  # no zoo: run() says so
@@ -217,16 +231,14 @@ def run(args: argparse.Namespace) -> int:
     from hsd_fast.hf_generate import generate
     from hsd_fast.hierarchy import select_hierarchy
     from hsd_fast.profile import ProfileCache, measured_latency
-    from hsd_fast.zoo.calibration import read_calibration
 
     dtype = getattr(torch, args.dtype)
     names = zoo.names()
     target_name = args.target or names[-1]
     candidate_names = args.candidates or [LOOKUP, *(n for n in names if n != target_name)]
     models = {n: _load(n, dtype, args.device) for n in [*candidate_names, target_name] if n != LOOKUP}
-    windows = read_calibration(zoo.zoo_dir())
-    calibration = torch.cat(list(windows.values())).to(args.device)  # [N, 128]
-    prompts = torch.stack([w[0, : args.prompt_len] for w in windows.values()]).to(args.device)
+    calibration, prompts, described = _calibration_and_prompts(args)
+    calibration, prompts = calibration.to(args.device), prompts.to(args.device)
 
     if args.no_cache:
         cache = ProfileCache()
@@ -278,6 +290,15 @@ def run(args: argparse.Namespace) -> int:
             }
         rows.append(row)
     table = _table(rows, args.measure)
+    if pick.no_draft_reason:
+        table.append(f"\nThe pick is no draft: {pick.no_draft_reason}.")
+    if args.measure:
+        rank = sorted(r["measured_tok_s"] for r in rows)[::-1].index(rows[0]["measured_tok_s"]) + 1
+        best = max(r["measured_tok_s"] for r in rows)
+        table.append(
+            f"\nThe pick (#0) measured #{rank} of {len(rows)}, {rows[0]['measured_tok_s'] / best:.2f}x the "
+            "fastest measured."
+        )
     print("\n".join(table))
     if args.json:
         meta = run_metadata(
@@ -287,11 +308,36 @@ def run(args: argparse.Namespace) -> int:
             sampling=sampling,
             compiled=args.compile,
             context=args.context,
-            prompts=f"{len(prompts)} rows x {args.prompt_len} tokens (zoo calibration, one per source)",
+            prompts=f"{len(prompts)} rows x {args.prompt_len} tokens ({described})",
             max_new_tokens=args.max_new_tokens,
         )
         write_report(args.json, "hsd-fast select", meta, table, {"rows": rows})  # a stem: run.v2 stays
     return 0
+
+
+def _calibration_and_prompts(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """Calibration windows [N, L] and measured prompts [M, prompt_len]: from ``--text`` (a text set
+    found on the machine, cut into disjoint windows) or the zoo's calibration (every window, and the
+    first of each source's as a prompt); and a phrase saying which."""
+    from hsd_fast import zoo
+
+    if args.text:
+        from hsd_fast.bench.text_sets import prompt_set
+
+        tokenizer = zoo.load_tokenizer()
+        try:
+            found = prompt_set(
+                args.text, lambda text: tokenizer(text)["input_ids"], prompt_len=args.prompt_len
+            )
+        except ValueError as err:
+            raise SystemExit(f"hsd-fast select: {err}") from None
+        return found.calibration, found.prompts, f"{found.kind}, {args.text}"
+    from hsd_fast.zoo.calibration import read_calibration
+
+    windows = read_calibration(zoo.zoo_dir())
+    calibration = torch.cat(list(windows.values()))  # [N, 128]
+    prompts = torch.stack([w[0, : args.prompt_len] for w in windows.values()])
+    return calibration, prompts, "zoo calibration, one per source"
 
 
 def _table(rows: list[dict], measured: bool) -> list[str]:

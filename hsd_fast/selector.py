@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import replace
 
 from hsd_fast.hierarchy_types import Selection
 from hsd_fast.latency import (
@@ -168,3 +169,21 @@ def _exact(costs: Sequence[Cost], alpha: Sequence[Sequence[Acceptance]], chain, 
     models = [m for m, _ in chain] + [target]
     alphas = [alpha[a][b] for a, b in itertools.pairwise(models)]
     return expected_latency([costs[m] for m in models], alphas, [t for _, t in chain])
+
+
+def prefer_no_draft(selection: Selection, min_gain: float) -> tuple[Selection, str | None]:
+    """``selection`` with no-draft decoding (always among its runner-ups) made the pick when the
+    pick's predicted speed-up over it is below ``1 + min_gain``, and why (None when it is kept).
+
+    ``min_gain`` is the latency model's own error: a pick predicted 10 % faster than no draft by a
+    model that errs by 15 % may well be slower, and a static pick must never lose to plain decoding
+    by more than noise (docs/design.md, "Where the latency model errs")."""
+    if len(selection.chain) == 1 or selection.speedup_over_ar >= 1 + min_gain:
+        return selection, None
+    ar = next(s for s in selection.runner_ups if len(s.chain) == 1)
+    others = [replace(selection, runner_ups=()), *(s for s in selection.runner_ups if s is not ar)]
+    reason = (
+        f"the best hierarchy is predicted {selection.speedup_over_ar:.2f}x no-draft decoding, within the "
+        f"latency model's error (+-{min_gain:.0%}): no draft chosen"
+    )
+    return replace(ar, runner_ups=tuple(others)), reason

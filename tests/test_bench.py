@@ -74,10 +74,8 @@ def test_a_larger_batch_gets_its_own_pick_and_predictions(tmp_path) -> None:
     at = {batch: {r["config"]: r for r in rows if r["batch"] == batch} for batch in (1, 3)}
     assert not any(r["family"] in ("hf assisted", "hf lookup") for r in at[3].values())
     entries = json.loads(cache.read_text())["entries"]
-    assert (
-        sum(k.startswith("cost ") and k.endswith(" batch 3") for k in entries) == 3
-    )  # two drafts and the target
-    assert sum(k.startswith("lookup cost ") and k.endswith(" batch 3") for k in entries) == 1
+    assert sum(k.startswith("cost ") and " batch 3 " in k for k in entries) == 3  # two drafts, the target
+    assert sum(k.startswith("lookup cost ") and " batch 3 " in k for k in entries) == 1
     alone = "ours, no draft"
     assert at[3][alone]["predicted_tok_s"] != pytest.approx(3 * at[1][alone]["predicted_tok_s"], rel=1e-9)
     picked = [name for name in at[3] if name.endswith("(selector's pick for batch 3)")]

@@ -131,6 +131,7 @@ def test_select_writes_both_halves_of_the_report(given, stem, tmp_path, monkeypa
         speedup_over_ar=1.5,
         speedup_over_best_single=1.0,
         runner_ups=[],
+        no_draft_reason=None,
     )
 
     def fake_select(target, candidates, calibration, *, cache, tree_sizes, **kwargs):

@@ -41,7 +41,7 @@ def fake_measurements(monkeypatch) -> dict:
 
     monkeypatch.setattr(cache_module, "forward_costs", costs)
     monkeypatch.setattr(cache_module, "acceptance", alpha)
-    monkeypatch.setattr(cache_module.run_text, "continued", lambda target, ids, **kwargs: ids)
+    monkeypatch.setattr(cache_module.run_text, "continued", lambda target, ids, *args, **kwargs: ids)
     return calls
 
 

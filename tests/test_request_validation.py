@@ -6,7 +6,8 @@
 - A request that exactly fills ``max_position_embeddings`` is served, as HF serves it; one more
   position is refused, naming the level.
 - Clear errors: ``input_ids`` as a list, 1-D, float, out of the vocabulary; ``inputs_embeds``; seeds
-  beyond 64 bits; ``T`` checked when wrapping; the wrapper survives deepcopy and pickle.
+  beyond 64 bits; ``T`` checked when wrapping; the wrapper survives deepcopy and pickle. (Each
+  ``GenerationConfig`` field: tests/test_generation_options.py.)
 - Random valid requests (architectures, batch, left padding, T, sampling) give the target's greedy
   output, or a sample without error; random invalid ones raise ValueError or TypeError naming the
   argument, never anything else. The invalid ones run in a subprocess: a crash fails the test instead
@@ -283,6 +284,11 @@ FAULTS = {
                        {"attention_mask": torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])}],
     "compile": [{"compile": "yes"}, {"compile": 1}],
     "num_beams": [{"num_beams": 2}],
+    "num_assistant_tokens": [{"num_assistant_tokens": 5}],
+    "prompt_lookup_num_tokens": [{"prompt_lookup_num_tokens": 3}],
+    "penalty_alpha": [{"penalty_alpha": 0.6, "top_k": 4, "do_sample": False}],
+    "dola_layers": [{"dola_layers": "high"}],
+    "guidance_scale": [{"guidance_scale": 1.5}],
     "output_scores": [{"output_scores": True, "return_dict_in_generate": True}],
     "hierarchy": [{"hierarchy": "best"}],
 }  # fmt: skip

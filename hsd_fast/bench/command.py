@@ -40,6 +40,7 @@ from hsd_fast.lookup import LOOKUP, LookupDraft, as_lookup
 from hsd_fast.positions import COMMAND_FORM, check_positions, fewest_positions
 from hsd_fast.processors import generation_sampling
 from hsd_fast.profile import ProfileCache, measured_latency
+from hsd_fast.profile.costs import weight_bytes
 from hsd_fast.report import markdown_table, run_metadata
 from hsd_fast.selector import select
 
@@ -227,12 +228,26 @@ def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> tuple[
     transform, greedy = generation_sampling(scenario.target, **sampling)
     context = _prompt_tokens(scenario) + args.max_new_tokens // 2
     desc = f"step costs{'' if args.eager else ' (compiled)'}, batch {batch}"
+    sizes = [weight_bytes(m) for m in models]
     costs = [
-        cache.costs(m, context, not args.eager, transform, greedy, batch) for m in tqdm(models, desc=desc)
+        cache.costs(m, context, not args.eager, transform, greedy, batch, crowd_bytes=sum(sizes) - size)
+        for m, size in zip(tqdm(models, desc=desc), sizes, strict=True)
     ]
-    alpha = cache.acceptance(models, scenario.calibration, transform, greedy, generation_kwargs=sampling)
+    run = {"new_tokens": args.max_new_tokens}  # rates on text as long as the runs (profile.run_text)
+    alpha = cache.acceptance(
+        models, scenario.calibration, transform, greedy, generation_kwargs=sampling, **run
+    )
     lookup, rates = cache.lookup(
-        LookupDraft(), models, scenario.calibration, transform, greedy, GRID_MAX_T, True, sampling, batch
+        LookupDraft(),
+        models,
+        scenario.calibration,
+        transform,
+        greedy,
+        GRID_MAX_T,
+        True,
+        sampling,
+        batch,
+        **run,
     )
     cache.save()
     return (*with_lookup_level(costs, alpha, 0, lookup, rates), names)

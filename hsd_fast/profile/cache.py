@@ -1,13 +1,17 @@
 """Measured forward costs and acceptance rates, cached in JSON across runs and machines.
 
-Keys name what was measured: a cost by model identity (a hash of the weights), device, dtype and
-context length; rates measured on the text a run meets (``run_text``: the target's continuations of
-the calibration ids) by what they compare and by that text (the target's identity, the sampling
-transform, the hash of the calibration ids): an acceptance rate by the unordered pair of
-identities, a rank acceptance by the draft and the verifier, a lookup level's profile
-(``lookup_replay``) by its n-gram sizes and largest block, with the model identity for the rates a
-model accepts it with, and the device for its host cost. The text is generated once per cache.
-``fallbacks`` (e.g. the zoo's committed CPU profile) are read but never written.
+Keys name what was measured: a cost by model identity (a hash of the weights), device, dtype,
+context length and the timing environment (``costs.timing_environment``: the entry's version, the
+torch release, the CPU threads or the GPU), and a cost entry holds the anchor workload's time
+(``costs.anchor_seconds``), so that one timed on a machine running at another speed is timed again;
+rates measured on the text a run meets (``run_text``: the target's continuations of the
+calibration ids, as long as the run) by what they compare and by that text (the target's identity,
+the sampling transform, the hash of the calibration ids, the length when not the default): an
+acceptance rate by the unordered pair of identities, a rank acceptance by the draft and the
+verifier, a lookup level's profile (``lookup_replay``) by its n-gram sizes and largest block, with
+the model identity for the rates a model accepts it with, and the device for its host cost.
+The text is generated once per cache. ``fallbacks`` (e.g. the zoo's committed CPU profile) are read
+but never written.
 
 A cache file is never fatal: one that is not this cache's JSON (corrupt, truncated, foreign) is
 named in a warning and moved aside to ``<name>.corrupt-<timestamp>``, and the run goes on without
@@ -28,6 +32,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -38,7 +43,13 @@ from hsd_fast.lookup import LookupDraft
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile import lookup_replay, rank_acceptance, run_text
 from hsd_fast.profile.acceptance_rates import acceptance, teacher_forced_logits, teacher_forced_scores
-from hsd_fast.profile.costs import CostProfile, forward_costs
+from hsd_fast.profile.costs import (
+    ANCHOR_TOLERANCE,
+    CostProfile,
+    anchor_seconds,
+    forward_costs,
+    timing_environment,
+)
 
 
 def model_identity(model: torch.nn.Module) -> str:
@@ -97,6 +108,14 @@ def _usable_cost(entry: object) -> bool:
     )
 
 
+def _cost_entry(profile: CostProfile) -> dict:
+    return {field: list(getattr(profile, field)) for field in COST_FIELDS} | {"noise": profile.noise}
+
+
+def _cost_profile(entry: dict) -> CostProfile:
+    return CostProfile(*(tuple(entry[field]) for field in COST_FIELDS), entry["noise"])
+
+
 def read_entries(path: Path) -> dict:
     """The entries of a cache file; ``ValueError`` (saying what is wrong) if it is not one: not
     JSON, or not ``{"entries": {str: ...}}``. Entries are checked where they are used."""
@@ -118,6 +137,7 @@ class ProfileCache:
         self.changed = False  # something was measured since the files were read
         self.writable = self.path is not None  # False where the file must be left alone
         self._texts: dict[str, torch.Tensor] = {}  # the run's text per _text_key, generated once
+        self._anchors: dict[str, float] = {}  # anchor_seconds per device type, timed once
         for source in fallbacks:
             self._read(Path(source), fallback=True)
         if self.path is not None:
@@ -182,17 +202,24 @@ class ProfileCache:
         transform: LogitsTransform | None = None,
         greedy: bool = True,
         batch: int = 1,
+        crowd_bytes: int = 0,
         **kwargs,
     ) -> CostProfile:
         """``model``'s step costs at ``context`` cached tokens, on the path ``generate`` takes
-        (compiled or not, greedy or sampled under ``transform``), for ``batch`` rows."""
+        (compiled or not, greedy or sampled under ``transform``), for ``batch`` rows; with
+        ``crowd_bytes`` (the other candidates' weights), also timed after that much memory went
+        through the cache (``CostProfile.crowded``)."""
         transform = transform or LogitsTransform()
         p = next(model.parameters())
         key = (
             f"cost {model_identity(model)} {p.device.type} {str(p.dtype).removeprefix('torch.')} {context} "
             f"{'compiled' if compile else 'eager'} {sampling_key(transform, greedy)}{_batch_key(batch)}"
+            f"{f' crowd {crowd_bytes}' if crowd_bytes else ''} [{timing_environment(p.device)}]"
         )
-        if not _usable_cost(self.entries.get(key)):
+        clock = kwargs.get("clock", time.perf_counter)
+        entry = self.entries.get(key)
+        usable = _usable_cost(entry) and (not crowd_bytes or _usable_cost(entry.get("crowded")))
+        if not (usable and self._same_speed(entry, p.device, clock)):
             profile = forward_costs(
                 model,
                 context=context,
@@ -200,13 +227,36 @@ class ProfileCache:
                 greedy=greedy,
                 transform=transform,
                 batch=batch,
+                crowd_bytes=crowd_bytes,
                 **kwargs,
             )
-            self.entries[key] = {field: list(getattr(profile, field)) for field in COST_FIELDS}
-            self.entries[key]["noise"] = profile.noise
+            self.entries[key] = _cost_entry(profile) | {"anchor": self._anchor(p.device, clock)}
+            if profile.crowded is not None:
+                self.entries[key]["crowded"] = _cost_entry(profile.crowded)
             self.changed = True
         entry = self.entries[key]
-        return CostProfile(*(tuple(entry[field]) for field in COST_FIELDS), entry["noise"])
+        crowded = _cost_profile(entry["crowded"]) if crowd_bytes else None
+        return replace(_cost_profile(entry), crowded=crowded)
+
+    def _anchor(self, device: torch.device, clock) -> float:
+        """``anchor_seconds`` on ``device``, timed once per cache (per process, in practice)."""
+        if device.type not in self._anchors:
+            self._anchors[device.type] = anchor_seconds(device, clock)
+        return self._anchors[device.type]
+
+    def _same_speed(self, entry: dict, device: torch.device, clock) -> bool:
+        """Whether ``entry`` was timed on a machine running the anchor workload at this one's speed
+        now (within ``ANCHOR_TOLERANCE``); if not, a warning says its costs are timed again."""
+        then, now = entry.get("anchor"), self._anchor(device, clock)
+        if not _is_number(then):  # an entry from before anchors: timed again
+            return False
+        if then == now or abs(now - then) <= ANCHOR_TOLERANCE * then:
+            return True
+        _warn(
+            f"a cached step cost was timed where the anchor workload took {then * 1e6:.0f} us; here and "
+            f"now it takes {now * 1e6:.0f} us: timing the steps again (costs do not carry across machines)"
+        )
+        return False
 
     def acceptance(
         self,
@@ -216,21 +266,22 @@ class ProfileCache:
         greedy: bool,
         progress: bool = True,
         generation_kwargs: dict | None = None,
+        new_tokens: int | None = None,
     ) -> list[list[float]]:
         """The pairwise acceptance rates of ``models`` (the target last) over the contexts a run
-        meets: the target's own continuations of ``ids`` under ``generation_kwargs`` (the run's
-        sampling settings; ``run_text``)."""
+        meets: the target's own continuations of ``ids``, ``new_tokens`` long (the run's length;
+        default half a row), under ``generation_kwargs`` (the run's sampling settings;
+        ``run_text``)."""
         names = [model_identity(m) for m in models]
-        text = self._text_key(models[-1], ids, transform, greedy)
+        text = self._text_key(models[-1], ids, transform, greedy, new_tokens)
         keys = {
             (j, m): f"alpha {' '.join(sorted((names[j], names[m])))} on {text}"
             for j, m in itertools.combinations(range(len(models)), 2)
         }
         if not all(_is_rate(self.entries.get(key)) for key in keys.values()):
-            text_ids = self._run_text(models[-1], ids, text, generation_kwargs)
-            alpha = acceptance(
-                models, text_ids, transform, greedy, progress, contexts=run_text.run_contexts(text_ids)
-            )
+            text_ids = self._run_text(models[-1], ids, text, generation_kwargs, new_tokens)
+            contexts = run_text.run_contexts(run_text.continuation_start(ids), text_ids.shape[1])
+            alpha = acceptance(models, text_ids, transform, greedy, progress, contexts=contexts)
             self.entries.update({key: alpha[j][m] for (j, m), key in keys.items()})
             self.changed = True
         alpha = [[1.0] * len(models) for _ in models]
@@ -248,18 +299,19 @@ class ProfileCache:
         max_rank: int,
         progress: bool = True,
         generation_kwargs: dict | None = None,
+        new_tokens: int | None = None,
     ) -> dict[tuple[int, int], tuple[float, ...]]:
         """Rank acceptance (``profile.rank_acceptance``) of ``models[d]`` drafting token trees under
         ``models[m]`` for every ``(d, m)`` of ``pairs``, over the contexts a run meets (as
         ``acceptance``; ``models[-1]`` is the target). Each model's logits are computed once for all
         the pairs it is in."""
         names = {i: model_identity(models[i]) for pair in pairs for i in pair}  # models only, no lookup
-        text = self._text_key(models[-1], ids, transform, greedy)
+        text = self._text_key(models[-1], ids, transform, greedy, new_tokens)
         keys = {(d, m): f"ranks {max_rank} {names[d]} on {names[m]} in {text}" for d, m in pairs}
         missing = [pair for pair, key in keys.items() if not _rates(self.entries.get(key))]
         if missing:
-            text_ids = self._run_text(models[-1], ids, text, generation_kwargs)
-            contexts = run_text.run_contexts(text_ids)
+            text_ids = self._run_text(models[-1], ids, text, generation_kwargs, new_tokens)
+            contexts = run_text.run_contexts(run_text.continuation_start(ids), text_ids.shape[1])
             vocab = models[-1].get_output_embeddings().weight.shape[0]  # the target's
             needed = sorted({i for pair in missing for i in pair})
             logits = {
@@ -285,6 +337,7 @@ class ProfileCache:
         progress: bool = True,
         generation_kwargs: dict | None = None,
         batch: int = 1,
+        new_tokens: int | None = None,
         **timing,
     ) -> tuple[LookupCost, list[Acceptance]]:
         """A lookup level's cost (host seconds per call for ``batch`` rows, lengths offered) and the
@@ -292,15 +345,16 @@ class ProfileCache:
         replayed on the target's own continuations of ``ids`` under ``generation_kwargs`` (the
         run's sampling settings)."""
         level = f"{spec.max_ngram}-{spec.min_ngram} T{max_T}"
-        text = self._text_key(models[-1], ids, transform, greedy)
+        text = self._text_key(models[-1], ids, transform, greedy, new_tokens)
         lengths_key = f"lookup lengths {level} {text}"
         rate_keys = [f"lookup rates {level} {model_identity(m)} on {text}" for m in models]
         cost_key = f"lookup cost {level} {ids.device.type} {ids_hash(ids)}{_batch_key(batch)}"
+        cost_key += f" [{timing_environment(ids.device)}]"
         missing = [k for k in (lengths_key, *rate_keys) if not _rates(self.entries.get(k))]
         if missing:
-            text_ids = self._run_text(models[-1], ids, text, generation_kwargs)  # [N, L]
+            text_ids = self._run_text(models[-1], ids, text, generation_kwargs, new_tokens)
             vocab = models[-1].get_output_embeddings().weight.shape[0]
-            start = run_text.continuation_start(text_ids)
+            start = run_text.continuation_start(ids)
             proposals = lookup_replay.replay(spec, text_ids, max_T, start=start)
             self.entries[lengths_key] = list(lookup_replay.offered_lengths(proposals, max_T))
             replayed = tqdm(
@@ -326,17 +380,32 @@ class ProfileCache:
 
     @staticmethod
     def _text_key(
-        target: torch.nn.Module, ids: torch.Tensor, transform: LogitsTransform, greedy: bool
+        target: torch.nn.Module,
+        ids: torch.Tensor,
+        transform: LogitsTransform,
+        greedy: bool,
+        new_tokens: int | None,
     ) -> str:
-        """What the text a run meets is made of: the target, the sampling, the calibration ids."""
-        return f"{model_identity(target)} {sampling_key(transform, greedy)} {ids_hash(ids)}"
+        """What the text a run meets is made of: the target, the sampling, the calibration ids and,
+        where it is not the default half row, the continuation's length (so the keys written
+        before runs had a length still name the same text)."""
+        key = f"{model_identity(target)} {sampling_key(transform, greedy)} {ids_hash(ids)}"
+        if new_tokens is not None and new_tokens != run_text.default_new_tokens(ids):
+            key += f" +{new_tokens}"
+        return key
 
     def _run_text(
-        self, target: torch.nn.Module, ids: torch.Tensor, key: str, generation_kwargs: dict | None
+        self,
+        target: torch.nn.Module,
+        ids: torch.Tensor,
+        key: str,
+        generation_kwargs: dict | None,
+        new_tokens: int | None,
     ) -> torch.Tensor:
-        """[N, L] ``run_text.continued(target, ids)``, generated once per cache and ``key``."""
+        """[N, L // 2 + new_tokens] ``run_text.continued(target, ids, new_tokens)``, generated once
+        per cache and ``key``."""
         if key not in self._texts:
-            self._texts[key] = run_text.continued(target, ids, **(generation_kwargs or {}))
+            self._texts[key] = run_text.continued(target, ids, new_tokens, **(generation_kwargs or {}))
         return self._texts[key]
 
 

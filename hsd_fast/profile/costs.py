@@ -24,7 +24,7 @@ import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -49,6 +49,9 @@ class CostProfile:
     drafts: tuple[int, ...]
     draft_seconds: tuple[float, ...]  # median seconds of a step drafting that many tokens
     noise: float = 0.0  # relative standard error of the medians (the largest over steps); 0: unknown
+    # the same steps timed after other models' weights went through the cache (``forward_costs``'s
+    # ``crowd_bytes``): what a step costs in a chain of several models (docs/design.md, §8.8)
+    crowded: CostProfile | None = None
 
     @functools.cached_property
     def fit(self) -> AffineCost:
@@ -82,9 +85,12 @@ def forward_costs(
     greedy: bool = True,
     transform: LogitsTransform | None = None,
     batch: int = 1,
+    crowd_bytes: int = 0,
 ) -> CostProfile:
     """Time ``model``'s steps after ``context`` cached tokens, as ``generate`` runs them
-    (``compile``, greedy or sampled under ``transform``), for ``batch`` rows at once."""
+    (``compile``, greedy or sampled under ``transform``), for ``batch`` rows at once. With
+    ``crowd_bytes``, time them again, each call right after ``crowd_bytes`` of memory (the other
+    levels' weights, in a run) went through the cache: the profile's ``crowded``."""
     if batch < 1:
         raise ValueError(f"forward_costs: batch must be >= 1, got {batch}")
     runner = HFRunner(model, model.get_output_embeddings().weight.shape[0])
@@ -109,9 +115,83 @@ def forward_costs(
     with torch.inference_mode():
         verify(state, rows, np.zeros_like(at), at, at - 1)  # prefill the context once
         medians, noise = interleaved_medians(steps, clock, device, warmup, repeats)
+        crowded = None
+        if crowd_bytes > 0:
+            crowd = cache_crowd(crowd_bytes, device)
+            crowded = _profile(spans, drafts, *interleaved_medians(steps, clock, device, 0, repeats, crowd))
+    return replace(_profile(spans, drafts, medians, noise), crowded=crowded)
+
+
+def _profile(spans: Sequence[int], drafts: Sequence[int], medians: list[float], noise: float) -> CostProfile:
+    """A profile from ``interleaved_medians`` over the verification steps, then the draft steps."""
     return CostProfile(
         tuple(spans), tuple(medians[: len(spans)]), tuple(drafts), tuple(medians[len(spans) :]), noise
     )
+
+
+def cache_crowd(num_bytes: int, device: torch.device) -> Callable[[], None]:
+    """A call that reads and writes ``num_bytes`` of memory on ``device``: what the other levels of a
+    chain do to the caches between two steps of one model (their weights pass through). Timed
+    alone, a small model's steps find their weights in the cache; in a chain of the zoo's models
+    they do not (compiled, the 4 M-parameter draft's one-token step took 343 us alone, 505 us right
+    after the other models' steps; docs/design.md, "Where the latency model errs")."""
+    buffer = torch.zeros(max(1, num_bytes // 4), dtype=torch.float32, device=device)
+
+    def crowd() -> None:
+        buffer.add_(1.0)
+
+    return crowd
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of ``model``'s parameters: what its steps read."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+COST_METHOD = 2
+"""The version of how a cost is timed and stored, part of every cost's key with the torch release and
+the machine (``timing_environment``): bumped when a change to the steps changes what they cost or
+the entry changes form (2: entries carry the anchor workload's time, ``anchor_seconds``)."""
+
+
+def timing_environment(device: torch.device) -> str:
+    """What a step's cost depends on besides the model and the step: ``COST_METHOD``, the torch
+    release, and the CPU threads (on a CPU) or the GPU's name (on CUDA)."""
+    release = torch.__version__.split("+")[0]
+    if device.type == "cuda":
+        where = torch.cuda.get_device_name(device).replace(" ", "-")
+    else:
+        where = f"threads {torch.get_num_threads()}"
+    return f"m{COST_METHOD} torch {release} {where}"
+
+
+ANCHOR_TOLERANCE = 0.25
+"""How far (relative) the anchor workload's time may have moved since a cost entry was timed before
+the entry is taken as another machine's or another time's, and timed again."""
+
+
+def anchor_seconds(device: torch.device, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Median seconds of a fixed workload shaped like a small model's decode step (a few GEMVs into
+    and out of a [256]-wide hidden state, a softmax over an 8k vocabulary), timed on ``device`` the way
+    steps are. Stored with every cost entry and timed again before one is reused: the same cost
+    entries predicted the zoo's no-draft decoding at 605 tok/s in the process that timed them
+    (measured 585) and at 605 where a process two days later measured 902 (docs/design.md, "Where the
+    latency model errs"). What the machine or the process changes, this workload sees too."""
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    hidden = torch.randn(1, 256, generator=generator).to(device)
+    up = torch.randn(256, 768, generator=generator).to(device) / 16
+    down = torch.randn(768, 256, generator=generator).to(device) / 28
+    head = torch.randn(256, 8192, generator=generator).to(device) / 16
+
+    def workload() -> None:
+        x = hidden
+        for _ in range(6):  # layers
+            x = x + torch.relu(x @ up) @ down
+        torch.softmax(x @ head, dim=-1)
+
+    with torch.inference_mode():
+        medians, _ = interleaved_medians([workload], clock, device, warmup=3, repeats=15)
+    return medians[0]
 
 
 SETTLE_CALLS = 30
@@ -128,6 +208,7 @@ def interleaved_medians(
     device: torch.device,
     warmup: int,
     repeats: int,
+    before: Callable[[], object] | None = None,
 ) -> tuple[list[float], float]:
     """Median seconds of each step over ``repeats`` rounds, and the noise of those medians.
 
@@ -135,9 +216,12 @@ def interleaved_medians(
     (right after ``torch.compile`` has built a step, with the C++ wrapper on a CPU, its calls can run
     100x slower for a while). Then round r times every step once, starting from step r: load that
     comes and goes lands on different steps in different rounds. Noise: the largest relative
-    standard error of a median, from the spread of its repeats (median absolute deviation)."""
+    standard error of a median, from the spread of its repeats (median absolute deviation).
+    ``before``: called before every timed call, outside the timing."""
 
     def once(run: Callable[[], object]) -> float:
+        if before is not None:
+            before()
         synchronize(device)
         begin = clock()
         run()  # rewrites the same slots each time

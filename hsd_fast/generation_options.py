@@ -1,0 +1,221 @@
+"""What hsd_fast does with each field of HF's ``GenerationConfig``: the one table.
+
+Every field a ``transformers.GenerationConfig`` holds is classified here, so that none that changes
+decoding is silently ignored (``tests/test_generation_options.py`` walks the installed
+``GenerationConfig`` and fails on a field this table does not name):
+
+- ``SERVED``: hsd_fast serves it (the note says how).
+- ``PROCESSOR``: HF turns it into a logits processor or a stopping criterion before it calls
+  ``custom_generate``; the request serves the position-independent processors at every level and
+  refuses any other processor or criterion by its class name (``hsd_fast.processors``).
+- ``REFUSED``: a value other than an inactive one raises a ValueError naming the field, its value and
+  the reason or what to use instead (``check_generation_options``, called by ``hsd_fast.request``).
+- ``NO_EFFECT``: it cannot change the tokens hsd_fast decodes (the note says why).
+
+A field the table does not know (a newer transformers, a custom entry) is not checked at run time;
+the test is what catches it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+SERVED, PROCESSOR, REFUSED, NO_EFFECT = "served", "processor", "refused", "no effect"
+
+
+@dataclass(frozen=True)
+class Option:
+    """How hsd_fast treats one ``GenerationConfig`` field. For ``REFUSED``: the values at which the
+    field does nothing (``inactive``: None, HF's default), or, where only some values are refused,
+    those (``refused_values``); ``note`` is the reason, with ``{value}`` standing for the value."""
+
+    treatment: str
+    note: str
+    inactive: tuple = (None,)
+    refused_values: tuple | None = None
+
+    def refuses(self, value: Any) -> bool:
+        if self.treatment != REFUSED:
+            return False
+        if self.refused_values is not None:
+            return _among(value, self.refused_values)
+        return not _among(value, self.inactive)
+
+
+def _among(value: Any, values: tuple) -> bool:
+    """``value`` is one of ``values`` (None, or an equal bool / int / float / str; anything else,
+    a list or a config object, is never among them)."""
+    if value is None:
+        return None in values
+    return isinstance(value, (bool, int, float, str)) and any(v is not None and value == v for v in values)
+
+
+_PROCESSOR_NOTE = "HF builds {processor}; "
+_HISTORY = "refused by the processor check (it depends on the token history or the length: issue 42)"
+_BEAM = "beam search only (beam search is refused)"
+_LOOKUP = "use drafts=['lookup', ...] and the lookup level's block size in T= (e.g. T=[{value}, ...])"
+
+
+def _processor(name: str, served: bool = False) -> Option:
+    how = "applied at every level" if served else _HISTORY
+    return Option(SERVED if served else PROCESSOR, _PROCESSOR_NOTE.format(processor=name) + how)
+
+
+OPTIONS: dict[str, Option] = {
+    # ---- length and stopping
+    "max_length": Option(SERVED, "the length budget (prompt + new tokens), filled as HF fills it"),
+    "max_new_tokens": Option(SERVED, "the length budget; takes precedence over max_length, as in HF"),
+    "min_length": _processor("MinLengthLogitsProcessor"),
+    "min_new_tokens": _processor("MinNewTokensLengthLogitsProcessor"),
+    "early_stopping": Option(NO_EFFECT, _BEAM),
+    "max_time": Option(PROCESSOR, "HF builds MaxTimeCriteria; refused by the stopping-criteria check"),
+    "stop_strings": Option(
+        PROCESSOR, "HF refuses it before a callable custom_generate (it drops tokenizer=)"
+    ),
+    "eos_token_id": Option(SERVED, "a row stops at any of these ids"),
+    "pad_token_id": Option(SERVED, "fills a row that stopped before the longest (EOS when unset)"),
+    "bos_token_id": Option(
+        NO_EFFECT, "HF uses it only to start a call without a prompt; hsd_fast needs input_ids"
+    ),
+    "decoder_start_token_id": Option(NO_EFFECT, "encoder-decoder models only (refused as an architecture)"),
+    # ---- the decoding strategy
+    "do_sample": Option(SERVED, "exact sampling (True) or the target's greedy tokens (False)"),
+    "num_beam_groups": Option(REFUSED, "group (diverse) beam search is not supported", inactive=(None, 1)),
+    "diversity_penalty": Option(
+        REFUSED, "group (diverse) beam search is not supported", inactive=(None, 0.0)
+    ),
+    "constraints": Option(REFUSED, "constrained beam search is not supported"),
+    "force_words_ids": Option(REFUSED, "constrained beam search is not supported"),
+    "num_beams": Option(
+        REFUSED,
+        "beam search (num_beams > 1) is not supported: hsd_fast samples or decodes "
+        "greedily, one sequence per row",
+        inactive=(None, 1),
+    ),
+    "length_penalty": Option(NO_EFFECT, _BEAM),
+    "penalty_alpha": Option(
+        REFUSED, "contrastive search (penalty_alpha with top_k) is not supported", inactive=(None, 0.0)
+    ),
+    "dola_layers": Option(REFUSED, "DoLa decoding (contrasting early layers with the last) is not supported"),
+    "guidance_scale": Option(
+        REFUSED,
+        "classifier-free guidance is not supported: it runs a second forward with "
+        "its own K/V cache on a negative prompt",
+        inactive=(None, 1.0),
+    ),
+    "low_memory": Option(NO_EFFECT, "HF reads it in beam and contrastive search only, both refused"),
+    "num_return_sequences": Option(
+        SERVED, "HF repeats each prompt before the call (sampling only); each copy is a row with its own seed"
+    ),
+    "token_healing": Option(
+        REFUSED,
+        "token healing needs tokenizer=, which HF does not keep for a callable "
+        "custom_generate: heal the prompt before the call",
+        inactive=(None, False),
+    ),
+    # ---- logits processors
+    "temperature": _processor("TemperatureLogitsWarper", served=True),
+    "top_k": _processor("TopKLogitsWarper", served=True),
+    "top_p": _processor("TopPLogitsWarper", served=True),
+    "min_p": _processor("MinPLogitsWarper", served=True),
+    "typical_p": _processor("TypicalLogitsWarper", served=True),
+    "epsilon_cutoff": _processor("EpsilonLogitsWarper", served=True),
+    "eta_cutoff": _processor("EtaLogitsWarper", served=True),
+    "suppress_tokens": _processor("SuppressTokensLogitsProcessor", served=True),
+    "top_h": _processor("TopHLogitsWarper"),
+    "repetition_penalty": _processor("RepetitionPenaltyLogitsProcessor"),
+    "encoder_repetition_penalty": _processor("EncoderRepetitionPenaltyLogitsProcessor"),
+    "no_repeat_ngram_size": _processor("NoRepeatNGramLogitsProcessor"),
+    "encoder_no_repeat_ngram_size": _processor("EncoderNoRepeatNGramLogitsProcessor"),
+    "bad_words_ids": _processor("NoBadWordsLogitsProcessor"),
+    "sequence_bias": _processor("SequenceBiasLogitsProcessor"),
+    "renormalize_logits": _processor("LogitNormalization"),
+    "forced_bos_token_id": _processor("ForcedBOSTokenLogitsProcessor"),
+    "forced_eos_token_id": _processor("ForcedEOSTokenLogitsProcessor"),
+    "remove_invalid_values": _processor("InfNanRemoveLogitsProcessor"),
+    "exponential_decay_length_penalty": _processor("ExponentialDecayLengthPenalty"),
+    "begin_suppress_tokens": _processor("SuppressTokensAtBeginLogitsProcessor"),
+    "watermarking_config": _processor("WatermarkLogitsProcessor"),
+    # ---- outputs
+    "output_attentions": Option(REFUSED, "hsd_fast returns no attentions", inactive=(None, False)),
+    "output_hidden_states": Option(REFUSED, "hsd_fast returns no hidden states", inactive=(None, False)),
+    "output_scores": Option(REFUSED, "hsd_fast returns no scores (issue 42)", inactive=(None, False)),
+    "output_logits": Option(REFUSED, "hsd_fast returns no logits (issue 42)", inactive=(None, False)),
+    "return_dict_in_generate": Option(SERVED, "a GenerateDecoderOnlyOutput holding the sequences"),
+    # ---- HF's assisted generation: hsd_fast's levels take their place
+    "num_assistant_tokens": Option(
+        REFUSED,
+        "HF's assistant block size: hsd_fast sets each level's block size with T= (e.g. T=[{value}])",
+        inactive=(None, 20),
+    ),
+    "num_assistant_tokens_schedule": Option(
+        REFUSED,
+        "hsd_fast's block sizes are fixed per level (T=); hsd_fast.select_hierarchy chooses them",
+        inactive=(None, "constant"),
+    ),
+    "assistant_confidence_threshold": Option(
+        REFUSED, "hsd_fast drafts whole blocks (T=), with no confidence stop", inactive=(None, 0.4)
+    ),
+    "prompt_lookup_num_tokens": Option(REFUSED, "prompt lookup: " + _LOOKUP),
+    "max_matching_ngram_size": Option(
+        REFUSED, "prompt lookup: use drafts=[hsd_fast.LookupDraft(max_ngram={value}), ...]"
+    ),
+    "assistant_early_exit": Option(
+        REFUSED, "an early-exit level is not yet supported: give a smaller draft model in drafts="
+    ),
+    "assistant_lookbehind": Option(
+        REFUSED,
+        "universal assisted decoding (an assistant with another tokenizer) is "
+        "not supported: every level shares the target's vocabulary",
+        inactive=(None, 10),
+    ),
+    "target_lookbehind": Option(
+        REFUSED,
+        "universal assisted decoding (an assistant with another tokenizer) is "
+        "not supported: every level shares the target's vocabulary",
+        inactive=(None, 10),
+    ),
+    "assistant_ensemble_weight": Option(
+        REFUSED,
+        "ensembling the assistant's distribution with the target's is "
+        "not supported: hsd_fast samples the target's distribution exactly",
+    ),
+    "speculation_type": Option(REFUSED, "hsd_fast's speculation is its own hierarchy (drafts=, T=)"),
+    "use_mtp": Option(
+        REFUSED,
+        "drafting with multi-token-prediction heads is not supported: give draft models in drafts=",
+        inactive=(None, False),
+    ),
+    "is_assistant": Option(
+        PROCESSOR,
+        "HF builds ConfidenceCriteria for an assistant's config; refused by the stopping-criteria check",
+    ),
+    # ---- caches, compilation, batching: how HF runs, not what it decodes
+    "use_cache": Option(NO_EFFECT, "hsd_fast always keeps its own K/V caches"),
+    "cache_implementation": Option(
+        REFUSED,
+        "a quantized K/V cache changes the target's logits; hsd_fast keeps "
+        "its own full-precision cache (other cache kinds do not change the tokens "
+        "and are ignored)",
+        refused_values=("quantized",),
+    ),
+    "cache_config": Option(NO_EFFECT, "HF's cache; hsd_fast keeps its own"),
+    "max_cache_len": Option(NO_EFFECT, "HF's cache; hsd_fast keeps its own"),
+    "prefill_chunk_size": Option(NO_EFFECT, "chunked prefill gives the same tokens"),
+    "compile_config": Option(NO_EFFECT, "hsd_fast compiles as its compile= argument says"),
+    "disable_compile": Option(NO_EFFECT, "hsd_fast compiles as its compile= argument says"),
+    "continuous_batching_config": Option(NO_EFFECT, "read by HF's generate_batch only"),
+    # ---- metadata
+    "transformers_version": Option(NO_EFFECT, "metadata"),
+    "_from_model_config": Option(NO_EFFECT, "metadata"),
+}
+
+
+def check_generation_options(config: Any) -> None:
+    """A ValueError naming the first field of ``config`` (a ``GenerationConfig``) that ``OPTIONS``
+    refuses at its value, with the reason or what to use instead."""
+    for name, option in OPTIONS.items():
+        value = getattr(config, name, None)
+        if option.refuses(value):
+            raise ValueError(f"hsd_fast does not support {name}={value!r}: {option.note.format(value=value)}")
