@@ -64,9 +64,14 @@ def main(
     print(f"zoo: {', '.join(sizes)}")
     calibration = torch.cat(list(read_calibration(zoo.zoo_dir()).values()))
     cache = ProfileCache(fallbacks=[zoo.zoo_dir() / "profile_cpu.json"])
-    pick = select_hierarchy(target, models[:-1], calibration, context=96, cache=cache, progress=False)
+    pick = select_hierarchy(  # for the run below: its steps (compiled or not), its length
+        target, models[:-1], calibration, context=128, cache=cache, progress=False, compile=compile,
+        max_new_tokens=max_new_tokens,
+    )  # fmt: skip
     chain = " > ".join(names[i] for i in pick.chain)
     print(f"hierarchy: {chain}, T = {list(pick.T)} (predicted {pick.speedup_over_ar:.2f}x over AR)\n")
+    if pick.no_draft_reason:
+        print(f"({pick.no_draft_reason})\n")
 
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
     kwargs = {"do_sample": False, "max_new_tokens": max_new_tokens, "eos_token_id": None}
