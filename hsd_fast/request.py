@@ -147,7 +147,10 @@ def build_request(
     A ``HierarchyBatchWarning`` when ``levels`` came from a hierarchy selected for another batch."""
     model_kwargs = model_kwargs or {}
     check_input_ids(input_ids, model_kwargs)
-    config = filled_config(model, generation_config, input_ids.shape[1])
+    # HF's generate passes the processors and criteria it prepared with the config it filled: used as
+    # they are (refilling a prepared config would undo the user's explicit None, e.g. top_k=None)
+    direct = logits_processor is None or stopping_criteria is None
+    config = filled_config(model, generation_config, input_ids.shape[1]) if direct else generation_config
     if levels.hierarchy is not None:
         levels.hierarchy.warn_unless_selected_for(input_ids.shape[0])
     drafts = levels.models
