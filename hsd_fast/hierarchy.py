@@ -26,7 +26,7 @@ from hsd_fast.latency import Acceptance, Cost, LookupCost
 from hsd_fast.lookup import LookupDraft, as_lookup
 from hsd_fast.processors import generation_sampling
 from hsd_fast.profile import ProfileCache, ProfileNoiseWarning, measured_latency
-from hsd_fast.profile.costs import weight_bytes
+from hsd_fast.profile.costs import crowd_bytes
 from hsd_fast.selector import prefer_no_draft
 from hsd_fast.tree import MAX_NODES, Tree
 from hsd_fast.tree_latency import tree_acceptance, tree_cost
@@ -96,11 +96,11 @@ def select_hierarchy(
     models = [m for m in everything if not isinstance(m, LookupDraft)]
     context = context or prompts.shape[1]
     transform, greedy = generation_sampling(target, **generation_kwargs)
-    sizes = {id(m): weight_bytes(m) for m in models}
-    others = {id(m): sum(sizes.values()) - sizes[id(m)] for m in models}  # what a chain's other steps read
     costs = [
-        cache.costs(m, context, compile, transform, greedy, batch, crowd_bytes=others[id(m)], clock=clock)
-        for m in tqdm(models, desc="step costs", disable=not progress)
+        cache.costs(m, context, compile, transform, greedy, batch, crowd_bytes=crowd, clock=clock)
+        for m, crowd in zip(
+            tqdm(models, desc="step costs", disable=not progress), crowd_bytes(models), strict=True
+        )
     ]
     run = {"new_tokens": max_new_tokens}  # rates on text as long as the run (profile.run_text)
     alpha = cache.acceptance(models, prompts, transform, greedy, progress, generation_kwargs, **run)

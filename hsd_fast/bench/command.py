@@ -40,7 +40,7 @@ from hsd_fast.lookup import LOOKUP, LookupDraft, as_lookup
 from hsd_fast.positions import COMMAND_FORM, check_positions, fewest_positions
 from hsd_fast.processors import generation_sampling
 from hsd_fast.profile import ProfileCache, measured_latency
-from hsd_fast.profile.costs import weight_bytes
+from hsd_fast.profile.costs import crowd_bytes
 from hsd_fast.report import markdown_table, run_metadata
 from hsd_fast.selector import select
 
@@ -228,10 +228,9 @@ def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> tuple[
     transform, greedy = generation_sampling(scenario.target, **sampling)
     context = _prompt_tokens(scenario) + args.max_new_tokens // 2
     desc = f"step costs{'' if args.eager else ' (compiled)'}, batch {batch}"
-    sizes = [weight_bytes(m) for m in models]
     costs = [
-        cache.costs(m, context, not args.eager, transform, greedy, batch, crowd_bytes=sum(sizes) - size)
-        for m, size in zip(tqdm(models, desc=desc), sizes, strict=True)
+        cache.costs(m, context, not args.eager, transform, greedy, batch, crowd_bytes=crowd)
+        for m, crowd in zip(tqdm(models, desc=desc), crowd_bytes(models), strict=True)
     ]
     run = {"new_tokens": args.max_new_tokens}  # rates on text as long as the runs (profile.run_text)
     alpha = cache.acceptance(

@@ -143,9 +143,11 @@ def cache_crowd(num_bytes: int, device: torch.device) -> Callable[[], None]:
     return crowd
 
 
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of ``model``'s parameters: what its steps read."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+def crowd_bytes(models: Sequence[torch.nn.Module]) -> list[int]:
+    """For each of ``models``, the bytes of the others' parameters: what the other levels of a chain
+    read between two of its steps (``forward_costs(crowd_bytes=)``)."""
+    sizes = [sum(p.numel() * p.element_size() for p in m.parameters()) for m in models]
+    return [sum(sizes) - size for size in sizes]
 
 
 COST_METHOD = 2
