@@ -310,6 +310,7 @@ def run(args: argparse.Namespace) -> int:
             context=args.context,
             prompts=f"{len(prompts)} rows x {args.prompt_len} tokens ({described})",
             max_new_tokens=args.max_new_tokens,
+            no_draft_reason=pick.no_draft_reason,
         )
         write_report(args.json, "hsd-fast select", meta, table, {"rows": rows})  # a stem: run.v2 stays
     return 0

@@ -7,6 +7,7 @@ from printed import table_rows
 
 from hsd_fast import zoo
 from hsd_fast.cli import main
+from hsd_fast.hierarchy import MODEL_ERROR
 from hsd_fast.profile import model_identity
 
 pytestmark = pytest.mark.hf
@@ -71,10 +72,16 @@ def test_select_prints_and_measures_the_best_hierarchies(zoo_without_profile, tm
     report, cache = tmp_path / "select.json", tmp_path / "cache.json"
     args = ["select", "--cache", str(cache), "--json", str(report), "--max-T", "4"]
     assert main([*args, "--measure", "--max-new-tokens", "8", "--prompt-len", "16"]) == 0
-    rows = json.loads(report.read_text())["rows"]
+    written = json.loads(report.read_text())
+    rows = written["rows"]
     target = zoo.names()[-1]
     assert all(r["chain"][-1] == target for r in rows)
-    assert rows[0]["predicted_tok_s"] == max(r["predicted_tok_s"] for r in rows)
+    # the pick first: the best predicted, or no draft when that is within the latency model's error
+    if written["meta"]["no_draft_reason"]:
+        assert len(rows[0]["chain"]) == 1
+        assert rows[0]["predicted_tok_s"] * (1 + MODEL_ERROR) > max(r["predicted_tok_s"] for r in rows)
+    else:
+        assert rows[0]["predicted_tok_s"] == max(r["predicted_tok_s"] for r in rows)
     assert any(len(r["chain"]) == 1 for r in rows) and any(len(r["chain"]) == 2 for r in rows)
     assert all(r["measured_tok_s"] > 0 and r["measured_over_predicted_latency"] > 0 for r in rows)
     assert len(table_rows(report.with_suffix(".md").read_text())) == len(rows) + 1  # and the header
