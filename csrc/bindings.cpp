@@ -143,7 +143,8 @@ included) whose tag is >= l, so ``frontier[:, 0]`` is the sequence length and ``
 committed length. ``cached[row, l]`` = leading positions level l's KV cache holds validly.
 
 Loop: ``level = next_level()``; ``rows = rows_for(level)``; ``spans(level, rows)`` says what to feed;
-then ``commit_draft`` or ``commit_proposal`` (level 0) or ``commit_verify`` (level >= 1). Invalid
+then ``commit_draft`` or ``commit_proposal`` (level 0) or ``commit_verify`` (level >= 1). To switch
+hierarchies between rounds: ``hold`` rows at their round boundaries, then ``reconfigure``. Invalid
 arguments raise ValueError before any state changes.
 )doc")
       .def(py::init(&make_ledger), py::arg("num_levels"), py::arg("block_sizes"),
@@ -181,7 +182,8 @@ policy: which level runs when rows want different ones: "most_rows" (ties to the
       .def("output_len", &Ledger::output_len, py::arg("row"),
            "Committed length, cut after a committed EOS.")
       .def("wanted_level", &Ledger::wanted_level, py::arg("row"),
-           "The level the row needs next; -1 once it is finished.")
+           "The level the row needs next; -1 once it is finished, and while it is held.")
+      .def("held", &Ledger::held, py::arg("row"), "Whether hold() holds the row (until reconfigure).")
 
       .def(
           "frontiers",
@@ -204,12 +206,15 @@ policy: which level runs when rows want different ones: "most_rows" (ties to the
       .def(
           "eos_positions", [](const Ledger& self) { return to_numpy(self.eos_positions()); },
           "int64 [num_rows]: position of the drawn EOS, -1 where the row holds none.")
+      .def(
+          "holds", [](const Ledger& self) { return to_numpy(self.holds()); },
+          "int64 [num_rows]: 1 where the row is held, else 0.")
       .def("all_finished", &Ledger::all_finished)
       .def(
           "wanted_levels", [](const Ledger& self) { return to_numpy(self.wanted_levels()); },
           "int64 [num_rows]: wanted_level of every row.")
       .def("next_level", &Ledger::next_level,
-           "The level to run next under the policy; -1 when every row is finished.")
+           "The level to run next under the policy; -1 when every row is finished or held.")
       .def(
           "rows_for",
           [](const Ledger& self, int64_t level) { return to_numpy(self.rows_for(level)); },
@@ -263,6 +268,26 @@ num_accepted[i] drafts passed, then a correction (on a rejection) or a bonus tok
 as extra_is_eos[i] says. A bonus is dropped when the last accepted draft is EOS or the length budget is
 full. A rejection at position j cuts every level's cache to at most j.
 Returns int64 arrays (kept_extra: 0/1, cascaded: how many levels below `level` lost cache entries).
+)doc")
+      .def(
+          "hold",
+          [](Ledger& self, const py::object& rows) { self.hold(to_ints(rows, "rows")); },
+          py::arg("rows"), R"doc(
+The rows wait at their round boundary: each holds no speculative token (seq_len == committed_len) and
+no closed block, or is finished. A held row wants no level (-1) until the next reconfigure; holding it
+again is allowed. finished() and all_finished() are unchanged.
+)doc")
+      .def(
+          "reconfigure",
+          [](Ledger& self, const py::object& block_sizes, const py::object& cached) {
+            self.reconfigure(to_ints(block_sizes, "block_sizes"), to_ints(cached, "cached"));
+          },
+          py::arg("block_sizes"), py::arg("cached"), R"doc(
+Every row finished or held: the ledger gets len(block_sizes) + 1 levels (block sizes >= 1; none: the
+target alone). cached: int64 [num_rows * num_levels], row-major (the new num_levels): what each new
+level's cache validly holds of the row's committed prefix, in [0, committed_len - 1] for a held row
+(each level feeds at least its last token) and [0, committed_len] for a finished one. Every frontier
+becomes the committed length, every hold is released; EOS positions and length budgets are kept.
 )doc");
 
   py::class_<LookupIndex>(m, "LookupIndex", R"doc(

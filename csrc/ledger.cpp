@@ -9,6 +9,7 @@
 #include <limits>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 namespace hsd {
 namespace {
@@ -73,6 +74,7 @@ Ledger::Ledger(int64_t num_levels, const Ints& block_sizes, const Ints& prompt_l
   cached_.assign(num_rows_ * num_levels_, 0);
   eos_pos_.assign(num_rows_, -1);
   closed_.assign(num_rows_, 0);
+  held_.assign(num_rows_, 0);
 }
 
 Ledger::Ledger(int64_t num_levels, const Ints& block_sizes, const Ints& prompt_lens,
@@ -105,7 +107,7 @@ bool Ledger::finished_at(int64_t row) const {
 }
 
 int64_t Ledger::wanted_at(int64_t row) const {
-  if (finished_at(row)) return -1;
+  if (finished_at(row) || held_[row]) return -1;
   // The highest level with a full batch of tokens waiting below it verifies first.
   for (int64_t level = top(); level >= 1; --level)
     if (pending_at(row, level - 1) >= block_sizes_[level - 1]) return level;
@@ -167,6 +169,11 @@ int64_t Ledger::output_len(int64_t row) const {
 int64_t Ledger::wanted_level(int64_t row) const {
   check_row(row);
   return wanted_at(row);
+}
+
+bool Ledger::held(int64_t row) const {
+  check_row(row);
+  return held_[row] != 0;
 }
 
 // ------------------------------------------------------------------------------------ bulk views
@@ -319,6 +326,58 @@ Ledger::Verified Ledger::commit_verify(int64_t level, const Ints& rows, const In
   return out;
 }
 
+// ------------------------------------------------------------------------- holding, reconfiguring
+void Ledger::hold(const Ints& rows) {
+  check_distinct(rows);
+  for (const int64_t r : rows) {
+    check_row(r);
+    if (finished_at(r)) continue;  // finished rows are at rest anyway
+    const int64_t speculative = frontier(r, 0) - frontier(r, top());
+    if (speculative > 0)
+      throw error("row ", r, " is not at a round boundary: it holds ", speculative,
+                  " speculative tokens");
+    if (closed_[r])
+      throw error("row ", r, " is not at a round boundary: its proposal waits for level 1");
+  }
+  for (const int64_t r : rows) held_[r] = 1;
+}
+
+void Ledger::reconfigure(const Ints& block_sizes, const Ints& cached) {
+  for (int64_t r = 0; r < num_rows_; ++r)
+    if (!finished_at(r) && !held_[r])
+      throw error("row ", r, " is neither finished nor held: reconfigure needs every row at rest");
+  if (any_below(block_sizes, 1))
+    throw error("every block size T must be >= 1, got ", ListOf{block_sizes});
+  const int64_t levels = static_cast<int64_t>(block_sizes.size()) + 1;
+  if (static_cast<int64_t>(cached.size()) != num_rows_ * levels)
+    throw error("cached has ", cached.size(), " entries for ", num_rows_, " rows x ", levels,
+                " levels");
+  for (int64_t r = 0; r < num_rows_; ++r) {
+    // A held row runs again: each level feeds at least its last committed token (for its logits).
+    const int64_t most = frontier(r, top()) - (finished_at(r) ? 0 : 1);
+    for (int64_t l = 0; l < levels; ++l) {
+      const int64_t value = cached[r * levels + l];
+      if (value < 0 || value > most)
+        throw error("row ", r, ", level ", l, ": cached ", value, " outside [0, ", most, "] (",
+                    finished_at(r) ? "finished: its committed length"
+                                   : "held: its committed length - 1",
+                    ")");
+    }
+  }
+
+  // Copies first, then moves that cannot throw: a failed allocation leaves the ledger as it was.
+  Ints frontiers(num_rows_ * levels);  // every token is committed: one value per row
+  for (int64_t r = 0; r < num_rows_; ++r)
+    std::fill_n(frontiers.begin() + r * levels, levels, frontier(r, top()));
+  Ints sizes = block_sizes, lens = cached;
+  num_levels_ = levels;
+  block_sizes_ = std::move(sizes);
+  frontier_ = std::move(frontiers);
+  cached_ = std::move(lens);
+  closed_.assign(num_rows_, 0);
+  held_.assign(num_rows_, 0);
+}
+
 // ---------------------------------------------------------------------------------------- checks
 void Ledger::check_row(int64_t row) const {
   if (row < 0 || row >= num_rows_)
@@ -330,8 +389,7 @@ void Ledger::check_level(int64_t level) const {
     throw error("level ", level, " outside [0, ", num_levels_ - 1, "]");
 }
 
-void Ledger::check_rows(int64_t level, const Ints& rows) const {
-  check_level(level);
+void Ledger::check_distinct(const Ints& rows) const {
   // Duplicates first, as the model does (even among out-of-range rows): a mask for the rows in
   // range, a sorted copy of the others (only ever non-empty on the way to an error).
   std::vector<char> seen(num_rows_, 0);
@@ -349,12 +407,18 @@ void Ledger::check_rows(int64_t level, const Ints& rows) const {
   const auto twice = std::adjacent_find(outside.begin(), outside.end());
   if (twice != outside.end())
     throw error("rows contain duplicates: row ", *twice, " appears more than once");
+}
 
+void Ledger::check_rows(int64_t level, const Ints& rows) const {
+  check_level(level);
+  check_distinct(rows);
   for (const int64_t r : rows) {
     check_row(r);
     const int64_t wanted = wanted_at(r);
     if (wanted == level) continue;
-    if (wanted < 0) throw error("row ", r, " is finished: it wants no level, not level ", level);
+    if (wanted < 0)
+      throw error("row ", r, finished_at(r) ? " is finished" : " is held",
+                  ": it wants no level, not level ", level);
     throw error("row ", r, " wants level ", wanted, ", not level ", level);
   }
 }

@@ -49,7 +49,8 @@ class Ledger {
   Ints tags(int64_t row) const;  // [seq_len]: the tag of every position
   bool finished(int64_t row) const;
   int64_t output_len(int64_t row) const;    // committed length, cut after a committed EOS
-  int64_t wanted_level(int64_t row) const;  // -1 once the row is finished
+  int64_t wanted_level(int64_t row) const;  // -1 once the row is finished, and while it is held
+  bool held(int64_t row) const;             // hold() waits it at its round boundary
 
   // --- bulk views
   const Ints& frontiers() const { return frontier_; }  // [num_rows * num_levels], row-major
@@ -57,9 +58,10 @@ class Ledger {
   Ints seq_lens() const;
   Ints output_lens() const;
   const Ints& eos_positions() const { return eos_pos_; }  // -1 where the row holds no EOS
+  const Ints& holds() const { return held_; }             // [num_rows]: 1 where the row is held
   bool all_finished() const;
   Ints wanted_levels() const;
-  int64_t next_level() const;  // the level to run next under the policy, -1 when all are finished
+  int64_t next_level() const;  // the level to run next under the policy, -1 when none is wanted
   Ints rows_for(int64_t level) const;  // the rows that want `level`, ascending
 
   // --- what a level feeds: per row, positions [feed_start, feed_end) and the first position whose
@@ -88,6 +90,19 @@ class Ledger {
   Verified commit_verify(int64_t level, const Ints& rows, const Ints& num_accepted,
                          const Ints& extra_is_eos);
 
+  // --- switching hierarchies between rounds (docs/design.md, "Holding rows and reconfiguring")
+  // A row is at a round boundary when it holds no speculative token (seq_len == committed_len) and
+  // level 0's block is not closed. hold() makes such rows (or finished ones) want nothing until the
+  // next reconfigure; holding a held row again is allowed.
+  void hold(const Ints& rows);
+  // Every row finished or held: the ledger becomes one of block_sizes.size() + 1 levels (block sizes
+  // >= 1, as the constructor's). cached: [num_rows * new num_levels], row-major, what each new
+  // level's cache validly holds of the row's committed prefix: in [0, committed_len - 1] for a held
+  // row (each level feeds at least the row's last token, whose logits it needs), in [0,
+  // committed_len] for a finished one. Every frontier is the committed length, no block is closed,
+  // every hold is released; EOS positions and length budgets are kept.
+  void reconfigure(const Ints& block_sizes, const Ints& cached);
+
  private:
   // Unchecked accessors: callers have validated row and level.
   int64_t& frontier(int64_t row, int64_t level) { return frontier_[row * num_levels_ + level]; }
@@ -102,6 +117,7 @@ class Ledger {
 
   void check_row(int64_t row) const;
   void check_level(int64_t level) const;
+  void check_distinct(const Ints& rows) const;             // duplicates, even out of range
   void check_rows(int64_t level, const Ints& rows) const;  // level, duplicates, range, wanted
 
   int64_t num_levels_;
@@ -113,6 +129,7 @@ class Ledger {
   Ints cached_;      // [num_rows * num_levels]
   Ints eos_pos_;     // [num_rows]: position of the drawn EOS, -1 if none
   Ints closed_;      // [num_rows]: 1 from commit_proposal until the next commit_verify
+  Ints held_;        // [num_rows]: 1 from hold until the next reconfigure
 };
 
 }  // namespace hsd

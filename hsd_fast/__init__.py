@@ -17,16 +17,22 @@ from hsd_fast.engine import HSDResult, run_hsd
 from hsd_fast.lookup import LookupDraft
 from hsd_fast.stats import HSDStats
 from hsd_fast.steps import Runner
+from hsd_fast.switching import ExploreThenCommit
+from hsd_fast.switching_types import Adaptive, Choice, Observation
 from hsd_fast.tree import Tree
 
 __version__ = "0.1.0"
 __all__ = [
+    "Adaptive",
+    "Choice",
+    "ExploreThenCommit",
     "HSDGenerateOutput",
     "HSDModel",
     "HSDResult",
     "HSDStats",
     "Hierarchy",
     "LookupDraft",
+    "Observation",
     "Runner",
     "Tree",
     "__version__",

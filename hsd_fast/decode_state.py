@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from hsd_fast.buffer_pool import POOL
+from hsd_fast.layout import FedBlock
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.sampling_metadata import SamplingMetadata
 from hsd_fast.tree_plan import TreeBuffers
@@ -47,14 +48,52 @@ class DecodeState:
         # Everything a step's code depends on besides tensor shapes: a compiled step is built per
         # structure and guards on tensors only (see LevelStep). Without a ring the window is unused.
         ring = window if keep_q else None
-        self.structure = (ring, capacity, sampling.greedy, keep_q, transform.key, str(ring_dtype))
+        self.chain_structure = (ring, capacity, sampling.greedy, keep_q, transform.key, str(ring_dtype))
+        self.structure = self.chain_structure
         self.tree: TreeBuffers | None = None  # a token tree's pending nodes (level 0 drafts trees)
+        # step shapes to compile once the run is over (an adaptive run): (LevelStep, kind, widths, tree)
+        self.deferred: set[tuple] | None = None
+        # Per history processor (the repetition penalty): the padding ids it counts [B, P] and the
+        # first unpadded position it counts [B] (``LogitsTransform.prompt_history``); the transform's
+        # key, in ``structure``, names the processors, so a penalty run never shares a plain run's graph
+        self.vocab = vocab
+        self.history = transform.prompt_history(num_rows, vocab, device) if transform.needs_history else []
 
-    def set_tree(self, buffers: TreeBuffers) -> None:
-        """Level 0 drafts token trees of this topology, kept in ``buffers``; the topology is part of
-        what a compiled step is built for."""
+    def set_tree(self, buffers: TreeBuffers | None) -> None:
+        """Level 0 drafts token trees of this topology, kept in ``buffers`` (None: chains again, after
+        a switch of hierarchy); the topology is part of what a compiled step is built for."""
         self.tree = buffers
-        self.structure = (*self.structure, buffers.plan.tree.parents)
+        tree = () if buffers is None else (buffers.plan.tree.parents,)
+        self.structure = (*self.chain_structure, *tree)
+
+    def history_ids(self, block: FedBlock, num_outputs: int) -> list[torch.Tensor]:
+        """Per history processor, ``[B * O, K]`` int64: the token ids the history of each of the
+        block's last O columns holds (the vocabulary size V where an entry holds none), the
+        distribution there being for the token after it. A chain column at position t: the row's
+        tokens at positions ``first .. t`` (prompt, commits and the drafts before it, as the token
+        buffer holds them); a tree node: the row's tokens up to ``tree_start - 1`` and the node's
+        ancestors and itself (``tree_sees``). Plus the padding ids HF's processor counts. Recomputed
+        from the buffers at every step (a rollback needs no undo): ``K = P + S + 1 (+ n)`` ids per
+        column, no host sync, static shapes. Padding columns and rows that sit out get some history;
+        their logits are never read."""
+        tokens, vocab = self.tokens, self.vocab  # [B, S + 1]
+        last = block.positions[:, -num_outputs:]  # [B, O] the position of each output's fed token
+        if block.tree_start is not None:  # tree nodes: the chain part of their history ends at P - 1
+            last = torch.minimum(last, block.tree_start[:, None] - 1)
+        at = torch.arange(tokens.shape[1], device=tokens.device)  # [S + 1]
+        out = []
+        for padding, first in self.history:
+            counted = (at >= first[:, None, None]) & (at <= last[..., None])  # [B, O, S + 1]
+            parts = [
+                padding[:, None, :].expand(-1, num_outputs, -1),  # [B, O, P]
+                torch.where(counted, tokens[:, None, :], vocab),
+            ]
+            if block.tree_sees is not None:
+                assert self.tree is not None
+                sees = block.tree_sees[:, -num_outputs:]  # [B, O, n]
+                parts.append(torch.where(sees, self.tree.tokens[:, None, :], vocab))
+            out.append(torch.cat(parts, -1).flatten(0, 1))  # [B * O, K]
+        return out
 
     @property
     def num_rows(self) -> int:

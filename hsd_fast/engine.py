@@ -31,10 +31,13 @@ from hsd_fast.layout import capacity_bucket
 from hsd_fast.level_step import LevelStep
 from hsd_fast.lookup import LookupDraft, LookupProposer
 from hsd_fast.processors import LogitsTransform
+from hsd_fast.round_log import RoundLog
 from hsd_fast.sampling_metadata import SamplingMetadata
 from hsd_fast.schedule import draft_count, drafts_wanted
 from hsd_fast.stats import HSDStats
 from hsd_fast.steps import Runner
+from hsd_fast.switching import Switcher
+from hsd_fast.switching_types import Adaptive, Choice
 from hsd_fast.tree import Tree
 from hsd_fast.tree_plan import TreeBuffers, TreePlan
 from hsd_fast.triton_kernels.tree_torch import COLUMN_SHIFT
@@ -92,11 +95,30 @@ def speculative_window(block_sizes: Sequence[int], max_new_tokens: int | None = 
     return window
 
 
+@dataclass
+class _Chain:
+    """The levels a run decodes with now (``choice`` over its candidates): their runners, level 0
+    first and the target last, block sizes, and each level's step (None for a lookup level)."""
+
+    choice: Choice
+    runners: list[Runner | LookupDraft]
+    block_sizes: list[int]
+    steps: list[LevelStep | None]
+
+    @property
+    def top(self) -> int:
+        return len(self.runners) - 1
+
+    @property
+    def has_lookup(self) -> bool:
+        return isinstance(self.runners[0], LookupDraft)
+
+
 def run_hsd(
     runners: Sequence[Runner | LookupDraft],
     prompts: Sequence[torch.Tensor],
     *,
-    block_sizes: Sequence[int],
+    block_sizes: Sequence[int] | None = None,
     max_new_tokens: int | Sequence[int],
     eos_token_id: int | Sequence[int] | None = None,
     seeds: torch.Tensor | int = 0,
@@ -108,6 +130,7 @@ def run_hsd(
     transform: LogitsTransform | None = None,
     compile: bool | str = "auto",
     tree: Tree | None = None,
+    adapt: Adaptive | None = None,
 ) -> HSDResult:
     """Generate with the hierarchy ``runners`` (level 0 drafts, the last is the target). The first
     may be a ``LookupDraft``: a model-free level 0 that proposes from each row's own context.
@@ -125,195 +148,238 @@ def run_hsd(
     compiled (docs/design.md, "Compiled steps": why). ``tree``: level 0 drafts this token tree and
     level 1 verifies it in one forward (docs/design.md, "Token trees in the engine");
     ``block_sizes[0]`` is then ignored (level 1 verifies once the tree is drafted).
+    ``adapt``: the hierarchy may change between rounds. ``runners`` are then the candidates (smallest
+    first) and the target, ``adapt.policy`` chooses every round's hierarchy over them, and
+    ``block_sizes`` and ``tree`` are not given (docs/design.md, "Switching hierarchies").
     """
-    num_levels, num_rows = len(runners), len(prompts)
-    if num_levels < 1:
-        raise ValueError("need at least one runner (the target)")
-    lookup_spec = runners[0] if isinstance(runners[0], LookupDraft) else None
-    models = runners[1:] if lookup_spec is not None else runners  # the levels that run a model
-    if not models or any(isinstance(r, LookupDraft) for r in models):
-        raise ValueError("a LookupDraft can only be the first level, under at least one model")
-    vocab = runners[-1].vocab_size
-    if any(r.vocab_size != vocab for r in models):
-        raise ValueError(f"runners disagree on vocab_size: {[r.vocab_size for r in models]}")
-    block_sizes = check_block_sizes(block_sizes, num_levels - 1)
-    if tree is not None:
-        if not isinstance(tree, Tree):
-            raise TypeError(f"tree must be a hsd_fast.Tree, got {type(tree).__name__}")
-        if lookup_spec is not None or num_levels < 2:
-            raise ValueError("a token tree is drafted by a model at level 0: give at least one draft model")
-        if tree.depth > MAX_BLOCK_SIZE:
-            raise ValueError(f"a token tree may be at most {MAX_BLOCK_SIZE} deep, got {tree.depth}")
-        block_sizes[0] = tree.depth  # the ledger takes the tree as a proposal of `depth` tokens
+    _check_runners(runners)
+    candidates, target = list(runners[:-1]), runners[-1]
+    if adapt is None:
+        block_sizes = check_block_sizes([] if block_sizes is None else block_sizes, len(candidates))
+        _check_tree(tree, runners)
+        start: Choice | None = Choice(tuple(range(len(candidates))), tuple(block_sizes), tree)
+        trees = () if tree is None else (tree,)
+        widest = start.block_sizes  # the block sizes the ring of draft distributions is sized for
+    else:
+        if block_sizes is not None or tree is not None:
+            raise ValueError(
+                "an adaptive run takes its block sizes and trees from adapt=, not block_sizes=/tree="
+            )
+        for t in adapt.trees:
+            _check_tree(t, runners, adaptive=True)
+        start, trees, widest = adapt.start, adapt.trees, [adapt.max_T] * len(candidates)
     if not prompts:
         raise ValueError("the batch needs at least one row (prompts is empty)")
+    num_rows = len(prompts)
     budget = np.broadcast_to(_token_counts(max_new_tokens, "max_new_tokens"), (num_rows,))
     prompt_lens = np.array([p.numel() for p in prompts], dtype=np.int64)
     budget_end = prompt_lens + budget  # [B] where each row's length budget ends
-    if tree is not None and int(budget_end.max()) + tree.depth >= 1 << COLUMN_SHIFT:  # the keys' field
+    if trees and int(budget_end.max()) + max(t.depth for t in trees) >= 1 << COLUMN_SHIFT:  # the keys' field
         raise ValueError(f"token trees need positions below 2**{COLUMN_SHIFT}")
-    ledger = Ledger(num_levels, block_sizes, prompt_lens.tolist(), budget.tolist(), policy)
     sampling = SamplingMetadata.build(
         num_rows, prompts[0].device, seeds, temperature, eos_token_id, greedy, use_kernel
     )
     # Every check is done and the runners have refused what their models cannot hold before the
     # run's buffers are allocated. A level feeds positions up to budget_end - 1 (the last draft of a
-    # full budget, for the bonus after it): budget_end positions per row in each cache.
-    for level, runner in enumerate(runners):  # levels 0 and 1 keep a pending tree after the prefix
-        if runner is not lookup_spec:
-            runner.prepare(num_rows, int(budget_end.max()), tree.num_nodes if tree and level <= 1 else 0)
+    # full budget, for the bonus after it): budget_end positions per row in each cache. Levels 0 and
+    # 1 keep a pending tree after the prefix (in an adaptive run, any level may be level 0 or 1).
+    tree_slots = max((t.num_nodes for t in trees), default=0)
+    for level, runner in enumerate(runners):
+        if not isinstance(runner, LookupDraft):
+            runner.prepare(num_rows, int(budget_end.max()), tree_slots if adapt or level <= 1 else 0)
     # +1: a bonus drawn past the length budget is written to the token buffer before the ledger drops it
     capacity = int(budget_end.max()) + 1
     positions = capacity_bucket(capacity)  # in every compiled step's shapes: a few sizes only
     transform = transform or LogitsTransform()
-    # The ring keeps a model level's p for the level above; a lookup level's q is implicit (point masses)
-    keep_q = len(models) > (1 if tree is None else 2) and not greedy  # a tree keeps its own q
+    models = [r for r in runners if not isinstance(r, LookupDraft)]
+    # The ring keeps a model level's p for the level above; a lookup level's q is implicit (point
+    # masses), and a tree keeps its own q
+    keep_q = not greedy and len(models) > (2 if adapt is None and tree is not None else 1)
     ring_dtype = torch.float32 if transform.processors else _widest(r.dtype for r in models)
-    window = speculative_window(block_sizes, int(budget.max()))
-    state = DecodeState(prompts, positions, window, vocab, ring_dtype, sampling, transform, keep_q)
-    if tree is not None:
-        plan = TreePlan.of(tree, state.tokens.device)
-        state.set_tree(TreeBuffers(plan, num_rows, vocab, ring_dtype, greedy))
-    compiled = _decide_compile(compile, runners, block_sizes)
-    above_lookup = 1 if lookup_spec is not None else None  # the level that verifies point masses
-    tree_below = runners[0] if tree is not None else None  # level 1 moves level 0's cache too
-    steps = [
-        None
-        if runner is lookup_spec
-        else LevelStep.of(
-            runner, level, num_levels - 1, compiled, level == above_lookup, tree_below if level == 1 else None
-        )
-        for level, runner in enumerate(runners)
-    ]
-    most_drawn = draft_count(block_sizes)  # per draft step
+    window = speculative_window(widest, int(budget.max()))
+    state = DecodeState(
+        prompts, positions, window, target.vocab_size, ring_dtype, sampling, transform, keep_q
+    )
+    device = state.tokens.device
+    tree_buffers = {
+        t: TreeBuffers(TreePlan.of(t, device), num_rows, target.vocab_size, ring_dtype, greedy) for t in trees
+    }
+    compiled = _decide_compile(compile, runners, widest if adapt is None else ADAPTIVE)
     lookup = None
-    if lookup_spec is not None:
-        lookup = LookupProposer(lookup_spec, num_rows, sampling.eos_ids.tolist())
+    if isinstance(runners[0], LookupDraft):
+        lookup = LookupProposer(runners[0], num_rows, sampling.eos_ids.tolist())
 
-    log = _RoundLog(num_levels)
+    switcher = None
+    if adapt is not None:  # the policy's first choice, or the given one, checked
+        lookup_first = isinstance(runners[0], LookupDraft)
+        switcher = Switcher(len(candidates), adapt, lookup_first, prompt_lens, budget_end, state.tokens)
+        start = switcher.first()
+    assert start is not None
+
+    def chain_of(choice: Choice) -> _Chain:
+        chain = [*(runners[i] for i in choice.drafts), target]
+        above_lookup = 1 if isinstance(chain[0], LookupDraft) else None  # verifies point masses
+        tree_below = chain[0] if choice.tree is not None else None  # level 1 moves level 0's cache too
+        steps = [
+            None
+            if isinstance(runner, LookupDraft)
+            else LevelStep.of(
+                runner,
+                level,
+                len(chain) - 1,
+                compiled,
+                level == above_lookup,
+                tree_below if level == 1 else None,
+            )
+            for level, runner in enumerate(chain)
+        ]
+        state.set_tree(tree_buffers.get(choice.tree))
+        return _Chain(choice, chain, choice.block_sizes, steps)
+
+    if switcher is not None and compiled:  # no switch may wait for a compiler: compile after the run
+        state.deferred = set()
+    chain = chain_of(start)
+    ledger = Ledger(len(chain.runners), chain.block_sizes, prompt_lens.tolist(), budget.tolist(), policy)
+    if switcher is not None:
+        switcher.begin(start, sampling)
+    logs = [(start, RoundLog(len(chain.runners)))]
     emitted = prompt_lens.copy()  # per row: tokens already handed to on_commit
-    broken_levels: set[int] = set()  # draft levels whose logits broke in this run (warned once each)
+    broken: set[int] = set()  # draft levels whose logits broke in this run (warned once each)
     with torch.inference_mode():
-        round_start = time.perf_counter()
-        while (level := ledger.next_level()) >= 0:
-            rows = ledger.rows_for(level)
-            starts, ends, outs = ledger.spans(level, rows)
-            if level == 0 and lookup is not None:
-                wanted = drafts_wanted(ledger, rows, budget_end, block_sizes)
-                started = time.perf_counter()
-                proposals, counts, last_is_eos = lookup.propose(state.tokens, rows, ends, wanted)
-                state.write_proposals(rows, ends, proposals, counts)
-                ledger.commit_proposal(rows, counts, last_is_eos)
-                inside = time.perf_counter() - started
-                log.proposed(counts)
-            elif level == 0 and tree is not None:
-                wanted = drafts_wanted(ledger, rows, budget_end, block_sizes)
-                (proposed, _, broken), inside = steps[0](state, rows, starts, ends, outs, wanted)
-                # a row's tree is cut above broken logits (tree_draft_step): the rest is proposed
-                _check_logits(runners, level, rows, broken, broken_levels)
-                ledger.commit_proposal(rows, proposed, np.zeros_like(proposed))
-                log.drafted_tree(starts, ends, tree)
-            elif level == 0:
-                wanted = drafts_wanted(ledger, rows, budget_end, block_sizes)
-                (drawn, last_is_eos, broken), inside = steps[0](
-                    state, rows, starts, ends, outs, wanted, count=most_drawn
-                )
-                stopped = _check_logits(runners, level, rows, broken, broken_levels)
-                for k in range(int(drawn.max())):  # the ledger takes drafts one at a time
-                    now = ~stopped & (drawn > k)
-                    ledger.commit_draft(rows[now], last_is_eos[now] & (drawn[now] == k + 1))
-                if stopped.any():  # drafting stopped before broken logits: the block closes there
-                    ledger.commit_proposal(rows[stopped], drawn[stopped], last_is_eos[stopped])
-                log.drafted(starts, ends, drawn)
-            else:
-                result, inside = steps[level](state, rows, starts, ends, outs)
-                accepted, is_eos, broken = result[:3]  # [R] each
-                # what a draft level emitted from broken logits is kept as point masses (verify_step)
-                _check_logits(runners, level, rows, broken, broken_levels)
-                if tree is not None and level == 1:
-                    log.ranked(result[3:])  # [depth, R] the rank of each accepted node
-                kept, cascaded = ledger.commit_verify(level, rows, accepted, is_eos)
-                log.verified(level, starts, ends, outs, accepted, kept, cascaded)
-                if lookup is not None:  # the emitted token replaced whatever stood at its position
-                    lookup.invalidate(rows, outs + 1 + accepted)
-            if on_commit is not None and level == num_levels - 1:
-                lens = ledger.output_lens()
-                for r in np.flatnonzero(lens > emitted):
-                    on_commit(int(r), state.tokens[r, emitted[r] : lens[r]])
-                emitted = np.maximum(emitted, lens)
-            round_end = time.perf_counter()
-            log.timed(level, round_end - round_start, inside)
-            round_start = round_end
+        while True:
+            log = logs[-1][1]
+            round_start = time.perf_counter()
+            while (level := ledger.next_level()) >= 0:
+                rows = ledger.rows_for(level)
+                inside = _step(chain, level, rows, ledger, state, lookup, budget_end, log, broken)
+                if level == chain.top:
+                    if on_commit is not None:
+                        lens = ledger.output_lens()
+                        for r in np.flatnonzero(lens > emitted):
+                            on_commit(int(r), state.tokens[r, emitted[r] : lens[r]])
+                        emitted = np.maximum(emitted, lens)
+                    if switcher is not None:  # these rows' round ends: they wait for the others'
+                        ledger.hold(rows)
+                round_end = time.perf_counter()
+                log.timed(level, round_end - round_start, inside)
+                round_start = round_end
+            if switcher is None or ledger.all_finished():
+                break
+            # every unfinished row has ended its round: the policy looks, the ledger takes its choice
+            looked = time.perf_counter()
+            choice = switcher.round_end(ledger, chain.choice, log)
+            if choice != chain.choice:
+                chain = chain_of(choice)
+                logs.append((choice, RoundLog(len(chain.runners))))
+                switcher.used[-1].switch_seconds = time.perf_counter() - looked
+            if lookup is not None:  # whatever stood past the committed tokens is gone
+                lookup.invalidate(np.arange(num_rows), ledger.frontiers()[:, -1])
+        if state.deferred:  # inside inference mode, as the steps will run
+            LevelStep.compile_deferred(state)
 
-    stats = log.stats()
+    if switcher is None:
+        stats = logs[0][1].stats()
+    else:
+        lifted = [log.stats().lifted(switcher.levels_of(c), len(runners)) for c, log in logs]
+        stats = functools.reduce(operator.add, lifted)
+        stats.hierarchies = switcher.used
     if compiled:
         LevelStep.compile_progress_done()
     elif compile == "auto":
-        _count_eager(runners, block_sizes, sum(stats.wall_time))
+        _count_eager(runners, widest if adapt is None else ADAPTIVE, sum(stats.wall_time))
     lens = ledger.output_lens()
     sequences = [state.tokens[r, : lens[r]].clone() for r in range(num_rows)]
     return HSDResult(sequences, (lens - prompt_lens).tolist(), stats)
 
 
-class _RoundLog:
-    """What every round did, kept raw and summed into ``HSDStats`` once at the end: a round's own
-    host work stays a few list appends."""
+ADAPTIVE = ("adaptive",)
+"""What stands for the block sizes in the eager-time record of an adaptive run (``compile="auto"``)."""
 
-    def __init__(self, num_levels: int) -> None:
-        self.num_levels = num_levels
-        self.spans: list[list[np.ndarray]] = [[] for _ in range(num_levels)]  # fed tokens per row
-        self.verifies: list[list[tuple]] = [[] for _ in range(num_levels)]
-        self.times: list[list[tuple[float, float]]] = [[] for _ in range(num_levels)]
-        self.lookups: list[int] = []  # tokens proposed per lookup round
-        self.tree_nodes = 0  # token-tree nodes drafted
-        self.ranks: list[np.ndarray] = []  # [depth, R] per tree verification: accepted nodes' ranks
 
-    def drafted(self, starts: np.ndarray, ends: np.ndarray, drawn: np.ndarray) -> None:
-        for k in range(int(drawn.max())):  # one lockstep forward per token drawn
-            self.spans[0].append(ends - starts if k == 0 else np.ones(int((drawn > k).sum()), dtype=np.int64))
+def _step(
+    chain: _Chain,
+    level: int,
+    rows: np.ndarray,  # [R] the rows that want ``level``
+    ledger: Ledger,
+    state: DecodeState,
+    lookup: LookupProposer | None,
+    budget_end: np.ndarray,  # [B]
+    log: RoundLog,
+    broken_levels: set[int],
+) -> float:
+    """One step of ``level`` for ``rows``: the lookup level's proposals, a draft step (a chain, or a
+    token tree), or a verification, committed to the ledger. Returns the seconds spent inside the
+    step function."""
+    starts, ends, outs = ledger.spans(level, rows)
+    runners, block_sizes, tree = chain.runners, chain.block_sizes, chain.choice.tree
+    if level == 0 and chain.has_lookup:
+        assert lookup is not None
+        wanted = drafts_wanted(ledger, rows, budget_end, block_sizes)
+        started = time.perf_counter()
+        proposals, counts, last_is_eos = lookup.propose(state.tokens, rows, ends, wanted)
+        state.write_proposals(rows, ends, proposals, counts)
+        ledger.commit_proposal(rows, counts, last_is_eos)
+        log.proposed(counts)
+        return time.perf_counter() - started
+    step = chain.steps[level]
+    assert step is not None
+    if level == 0 and tree is not None:
+        wanted = drafts_wanted(ledger, rows, budget_end, block_sizes)
+        (proposed, _, broken), inside = step(state, rows, starts, ends, outs, wanted)
+        # a row's tree is cut above broken logits (tree_draft_step): the rest is proposed
+        _check_logits(runners, level, rows, broken, broken_levels)
+        ledger.commit_proposal(rows, proposed, np.zeros_like(proposed))
+        log.drafted_tree(starts, ends, tree)
+    elif level == 0:
+        wanted = drafts_wanted(ledger, rows, budget_end, block_sizes)
+        (drawn, last_is_eos, broken), inside = step(
+            state, rows, starts, ends, outs, wanted, count=draft_count(block_sizes)
+        )
+        stopped = _check_logits(runners, level, rows, broken, broken_levels)
+        for k in range(int(drawn.max())):  # the ledger takes drafts one at a time
+            now = ~stopped & (drawn > k)
+            ledger.commit_draft(rows[now], last_is_eos[now] & (drawn[now] == k + 1))
+        if stopped.any():  # drafting stopped before broken logits: the block closes there
+            ledger.commit_proposal(rows[stopped], drawn[stopped], last_is_eos[stopped])
+        log.drafted(starts, ends, drawn)
+    else:
+        result, inside = step(state, rows, starts, ends, outs)
+        accepted, is_eos, broken = result[:3]  # [R] each
+        # what a draft level emitted from broken logits is kept as point masses (verify_step)
+        _check_logits(runners, level, rows, broken, broken_levels)
+        if tree is not None and level == 1:
+            log.ranked(result[3:])  # [depth, R] the rank of each accepted node
+        kept, cascaded = ledger.commit_verify(level, rows, accepted, is_eos)
+        log.verified(level, starts, ends, outs, accepted, kept, cascaded)
+        if lookup is not None:  # the emitted token replaced whatever stood at its position
+            lookup.invalidate(rows, outs + 1 + accepted)
+    return inside
 
-    def drafted_tree(self, starts: np.ndarray, ends: np.ndarray, tree: Tree) -> None:
-        """A token tree drafted: the catch-up forward, then one forward per depth but the last."""
-        self.spans[0].append(ends - starts)
-        for width in tree.widths[:-1]:
-            self.spans[0].append(np.full(len(ends), width, dtype=np.int64))
-        self.tree_nodes += len(ends) * tree.num_nodes
 
-    def ranked(self, ranks: np.ndarray) -> None:
-        self.ranks.append(ranks)
+def _check_runners(runners: Sequence[Runner | LookupDraft]) -> None:
+    """At least the target; a lookup level only first, under a model; one vocabulary size."""
+    if len(runners) < 1:
+        raise ValueError("need at least one runner (the target)")
+    models = runners[1:] if isinstance(runners[0], LookupDraft) else runners  # the levels that run a model
+    if not models or any(isinstance(r, LookupDraft) for r in models):
+        raise ValueError("a LookupDraft can only be the first level, under at least one model")
+    vocab = runners[-1].vocab_size
+    if any(r.vocab_size != vocab for r in models):
+        raise ValueError(f"runners disagree on vocab_size: {[r.vocab_size for r in models]}")
 
-    def proposed(self, counts: np.ndarray) -> None:
-        """A lookup round: no forward, ``counts`` [R] tokens proposed."""
-        self.spans[0].append(np.zeros(len(counts), dtype=np.int64))
-        self.lookups.append(int(counts.sum()))
 
-    def verified(self, level: int, starts, ends, outs, accepted, kept, cascaded) -> None:
-        self.spans[level].append(ends - starts)
-        self.verifies[level].append((ends - outs - 1, accepted, kept, cascaded))
-
-    def timed(self, level: int, wall: float, inside_step: float) -> None:
-        self.times[level].append((wall, inside_step))
-
-    def stats(self) -> HSDStats:
-        stats = HSDStats(self.num_levels)
-        for level in range(self.num_levels):
-            for fed in self.spans[level]:
-                stats.record_forward(level, len(fed), int(fed.sum()))
-            if level == 0 and self.lookups:  # a lookup level: its rounds, no forwards
-                stats.record_draft(sum(self.lookups))
-            elif level == 0 and self.tree_nodes:
-                stats.record_draft(self.tree_nodes)
-            elif level == 0:
-                stats.record_draft(int(sum(len(fed) for fed in self.spans[0])))
-            elif self.verifies[level]:
-                stats.record_verify(
-                    level, *(np.concatenate(parts) for parts in zip(*self.verifies[level], strict=True))
-                )
-            for wall, inside in self.times[level]:
-                stats.record_time(level, wall, inside)
-        if self.ranks:
-            stats.record_ranks(np.concatenate([r.ravel() for r in self.ranks]))
-        return stats
+def _check_tree(tree: Tree | None, runners: Sequence[Runner | LookupDraft], adaptive: bool = False) -> None:
+    """A token tree a model at level 0 can draft (of an adaptive run: some choice's level 0), no
+    deeper than a block may be."""
+    if tree is None:
+        return
+    if not isinstance(tree, Tree):
+        raise TypeError(f"tree must be a hsd_fast.Tree, got {type(tree).__name__}")
+    draft_models = [r for r in runners[:-1] if not isinstance(r, LookupDraft)]
+    if not draft_models or (isinstance(runners[0], LookupDraft) and not adaptive):
+        raise ValueError("a token tree is drafted by a model at level 0: give at least one draft model")
+    if tree.depth > MAX_BLOCK_SIZE:
+        raise ValueError(f"a token tree may be at most {MAX_BLOCK_SIZE} deep, got {tree.depth}")
 
 
 AUTO_COMPILE_AFTER_SECONDS = 60.0

@@ -57,8 +57,8 @@ _BEAM = "beam search only (beam search is refused)"
 _LOOKUP = "use drafts=['lookup', ...] and the lookup level's block size in T= (e.g. T=[{value}, ...])"
 
 
-def _processor(name: str, served: bool = False) -> Option:
-    how = "applied at every level" if served else _HISTORY
+def _processor(name: str, served: bool = False, how: str = "applied at every level") -> Option:
+    how = how if served else _HISTORY
     return Option(SERVED if served else PROCESSOR, _PROCESSOR_NOTE.format(processor=name) + how)
 
 
@@ -124,7 +124,11 @@ OPTIONS: dict[str, Option] = {
     "eta_cutoff": _processor("EtaLogitsWarper", served=True),
     "suppress_tokens": _processor("SuppressTokensLogitsProcessor", served=True),
     "top_h": _processor("TopHLogitsWarper"),
-    "repetition_penalty": _processor("RepetitionPenaltyLogitsProcessor"),
+    "repetition_penalty": _processor(
+        "RepetitionPenaltyLogitsProcessor",
+        served=True,
+        how="applied at every level with each position's own history, drafts and tree ancestors included",
+    ),
     "encoder_repetition_penalty": _processor("EncoderRepetitionPenaltyLogitsProcessor"),
     "no_repeat_ngram_size": _processor("NoRepeatNGramLogitsProcessor"),
     "encoder_no_repeat_ngram_size": _processor("EncoderNoRepeatNGramLogitsProcessor"),

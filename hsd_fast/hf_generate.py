@@ -30,6 +30,7 @@ from hsd_fast.hf_runner import HFRunner, level_runners, models_held
 from hsd_fast.hierarchy_types import Hierarchy
 from hsd_fast.request import Levels, Request, build_request, resolve_levels
 from hsd_fast.stats import HSDStats
+from hsd_fast.switching_types import Adaptive, Policy
 from hsd_fast.tree import Tree
 
 
@@ -54,6 +55,8 @@ def generate(
     hierarchy: Hierarchy | None = None,
     compile: bool | str = "auto",
     tree: Tree | None = None,
+    adapt: bool | Policy | Adaptive = False,
+    trees: Sequence[Tree] = (),
     hsd_levels: Levels | None = None,
     **model_kwargs,
 ) -> torch.Tensor | GenerateDecoderOnlyOutput:
@@ -72,6 +75,15 @@ def generate(
     it in one forward; ``T[0]``, checked like every block size, then stands for the tree's depth.
     Steps with a tree compile as the others do.
 
+    ``adapt=True``: the hierarchy may change between rounds (docs/design.md, "Switching
+    hierarchies"): ``drafts`` are then the *candidates* (smallest first, ``"lookup"`` allowed first),
+    every round decodes with a sub-chain of them (no draft included) chosen by the built-in policy
+    (``hsd_fast.ExploreThenCommit``), ``trees`` are token trees a round may draft, and ``hierarchy``
+    (if given) is the first round's. ``adapt`` may also be your own policy (a function from an
+    ``hsd_fast.Observation`` to an ``hsd_fast.Choice``) or an ``hsd_fast.Adaptive``. The output is
+    the target's whatever the policy chooses; ``output_hsd_stats=True`` lists every hierarchy used
+    (``HSDStats.hierarchies``).
+
     Streaming (batch size 1): ``target.generate(..., streamer=s)`` puts the prompt into ``s`` and then
     drops it (docs/design.md, "The streamer is dropped"); this function finds it in HF's call and puts
     the committed tokens in order. ``hsd_fast.wrap`` passes its streamer as ``hsd_streamer`` (it is put
@@ -86,7 +98,10 @@ def generate(
     if streamer is None:  # HF's own streamer, if it took one: it already holds the prompt
         streamer, prompt_streamed = EndOnce.of(_streamer_hf_dropped(sys._getframe(1))), True
     try:
-        levels = hsd_levels if hsd_levels is not None else resolve_levels(drafts, T, tree, hierarchy)
+        if hsd_levels is None:
+            levels = resolve_levels(drafts, T, tree, hierarchy, adapt, trees)
+        else:
+            levels = hsd_levels
         request = build_request(
             model, input_ids, levels, generation_config=generation_config, logits_processor=logits_processor,
             stopping_criteria=stopping_criteria, seed=seed, compile=compile, streamer=streamer,
@@ -117,7 +132,7 @@ def _run_held(request: Request, model_runners: list[HFRunner], prompt_streamed: 
     return run_hsd(
         runners,
         list(request.prompts),
-        block_sizes=list(levels.T),
+        block_sizes=None if levels.adapt is not None else list(levels.T),
         max_new_tokens=request.max_new_tokens,
         eos_token_id=list(request.eos_ids),
         seeds=request.seed,
@@ -126,6 +141,7 @@ def _run_held(request: Request, model_runners: list[HFRunner], prompt_streamed: 
         greedy=request.greedy,
         compile=request.compile,
         tree=levels.tree,
+        adapt=levels.adapt,
         on_commit=None if streamer is None else lambda _row, toks: streamer.put(toks.cpu()),
     )
 

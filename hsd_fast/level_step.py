@@ -40,14 +40,16 @@ def _feed(level: LevelStep, width: int, out_width: int, keep_q: bool, use_kernel
 
 def _draft(level: LevelStep, width: int, out_width: int, keep_q: bool, use_kernel: bool | None) -> Callable:
     return functools.partial(
-        draft_step, level.runner, width=width, count=out_width, keep_q=keep_q, use_kernel=use_kernel
-    )
+        draft_step, level.runner, width=width, count=out_width, keep_q=keep_q, use_kernel=use_kernel,
+        below_target=level.level < level.top,
+    )  # fmt: skip
 
 
 def _verify(level: LevelStep, width: int, out_width: int, keep_q: bool, use_kernel: bool | None) -> Callable:
     return functools.partial(
         verify_step, level.runner, level=level.level, width=width, out_width=out_width,
         keep_q=keep_q, use_kernel=use_kernel, point_mass=level.point_mass,
+        below_target=level.level < level.top,
     )  # fmt: skip
 
 
@@ -60,7 +62,10 @@ def _tree_draft(
 def _tree_verify(
     level: LevelStep, width: int, out_width: int, keep_q: bool, use_kernel: bool | None
 ) -> Callable:
-    return functools.partial(tree_verify_step, level.runner, level.tree_below, width=width, keep_q=keep_q)
+    return functools.partial(
+        tree_verify_step, level.runner, level.tree_below, width=width, keep_q=keep_q,
+        below_target=level.level < level.top,
+    )  # fmt: skip
 
 
 _STEP_KINDS: dict[str, Callable[[LevelStep, int, int, bool, bool | None], Callable]] = {
@@ -145,12 +150,36 @@ class LevelStep:
             return self.function(kind, *covering[0], state, compiled=True)  # its own graph comes first
         key = (*family, width, out_width)
         self.uses[key] = self.uses.get(key, 0) + 1
-        if self.uses[key] >= self.compile_after_uses and self._room_for_a_graph(state.tokens.device):
+        if self.uses[key] >= self.compile_after_uses and state.deferred is not None:
+            state.deferred.add((self, kind, width, out_width, state.tree))  # compiled once the run is over
+        elif self.uses[key] >= self.compile_after_uses and self._room_for_a_graph(state.tokens.device):
             compiled.append((width, out_width))
             return self.function(kind, width, out_width, state, compiled=True)
         if covering:
             return self.function(kind, *covering[0], state, compiled=True)
         return self.function(kind, width, out_width, state, compiled=False)
+
+    @staticmethod
+    def compile_deferred(state: DecodeState) -> int:
+        """Compile the step shapes a run deferred (``state.deferred``: an adaptive run compiles
+        nothing while it decodes, so no switch waits for a compiler), each by one call in which
+        every row sits out (padding into the scratch slots only), so that later runs find them.
+        Returns how many graphs were compiled."""
+        count = 0
+        idle = torch.zeros(
+            (5, state.num_rows), dtype=torch.int64, device=state.tokens.device
+        )  # no row active
+        for level, kind, width, out_width, tree in sorted(
+            state.deferred or (), key=lambda d: (d[0].level, *d[1:4])
+        ):
+            state.set_tree(tree)  # a token tree's steps are built for its topology
+            family = level.compiled.setdefault((kind, *state.structure), [])
+            if (width, out_width) in family or not level._room_for_a_graph(state.tokens.device):
+                continue
+            family.append((width, out_width))
+            level.function(kind, width, out_width, state, compiled=True)(state, idle)
+            count += 1
+        return count
 
     def _room_for_a_graph(self, device: torch.device) -> bool:
         """Whether memory allows one more compiled graph of this level. On a CPU each graph holds

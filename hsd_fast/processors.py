@@ -2,10 +2,13 @@
 
 HSD is exact when every level applies the *same* transform to its logits. HF's prepared processors
 are applied as they are (rebuilding them from kwargs would miss HF's default top-k of 50 under
-``do_sample=True``), batched over ``[rows * positions, V]``, which is only right for processors that
-ignore the token history and the length. Those are allow-listed; anything else is refused with an
-error naming the supported ones. ``generation_sampling`` asks HF itself for the processors a
-``generate`` call would apply, so that profiling measures under exactly what decoding will use.
+``do_sample=True``), batched over ``[rows * positions, V]``, which is right as it is for processors
+that ignore the token history and the length. Those are allow-listed, and so is the repetition
+penalty, a *history* processor: the caller hands it, per output row, the token ids its history
+holds (``history``: built from the run's token buffer by ``DecodeState.history_ids``), and it is
+applied in its place in HF's order as a tensor operation. Anything else is refused with an error
+naming the supported ones. ``generation_sampling`` asks HF itself for the processors a ``generate``
+call would apply, so that profiling measures under exactly what decoding will use.
 transformers is imported on first use: the engine holds a transform, and ``import hsd_fast`` loads
 no transformers.
 """
@@ -31,6 +34,7 @@ _POSITION_INDEPENDENT = (
     "EtaLogitsWarper",
     "SuppressTokensLogitsProcessor",
 )
+_HISTORY = ("RepetitionPenaltyLogitsProcessor",)  # read the token history: ``history`` at every call
 
 
 @functools.cache
@@ -38,17 +42,38 @@ def supported_processors() -> tuple[type, ...]:
     """The processor classes applied at every level (those of the installed transformers)."""
     from transformers.generation import logits_process as lp
 
-    return tuple(getattr(lp, n) for n in _POSITION_INDEPENDENT if hasattr(lp, n))
+    return tuple(getattr(lp, n) for n in (*_POSITION_INDEPENDENT, *_HISTORY) if hasattr(lp, n))
+
+
+@functools.cache
+def history_processors() -> tuple[type, ...]:
+    """The supported processor classes that read the token history (``DecodeState.history_ids``)."""
+    from transformers.generation import logits_process as lp
+
+    return tuple(getattr(lp, n) for n in _HISTORY if hasattr(lp, n))
 
 
 class LogitsTransform:
     """Applies HF processors to ``[N, V]`` logits. When the only processor is a temperature, the
     transform is the identity and ``temperature`` carries it to the verification op (its fast path:
-    raw logits in, the temperature fused)."""
+    raw logits in, the temperature fused).
 
-    def __init__(self, processors: Sequence[LogitsProcessor] = ()) -> None:
+    A history processor (the repetition penalty) needs, at every call, the token ids each of the N
+    rows' history holds (``history``); ``input_ids`` and ``attention_mask`` are the request's
+    left-padded prompt, from which ``prompt_history`` tells which padding ids HF's processor counts
+    (it sees the padded ``input_ids``, less the first ``prompt_ignore_length`` columns of each row)."""
+
+    def __init__(
+        self,
+        processors: Sequence[LogitsProcessor] = (),
+        *,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> None:
         self.temperature = 1.0
         self.processors = list(processors)
+        self.history: tuple[int, ...] = ()  # indices of the history processors in ``processors``
+        self.prompt = None if input_ids is None else (input_ids, attention_mask)
         if not self.processors:
             return
         from transformers.generation.logits_process import TemperatureLogitsWarper
@@ -61,17 +86,72 @@ class LogitsTransform:
                 f"hsd_fast cannot apply {unsupported} exactly at every level (they depend on the "
                 f"token history or the length). Supported logits processors: {names}."
             )
+        self.history = tuple(i for i, p in enumerate(self.processors) if isinstance(p, history_processors()))
+        for i in self.history:
+            _check_history_processor(self.processors[i])
         if len(self.processors) == 1 and isinstance(self.processors[0], TemperatureLogitsWarper):
             self.temperature = float(self.processors.pop().temperature)
 
-    def __call__(self, logits: torch.Tensor) -> torch.Tensor:  # [N, V] -> [N, V]
+    @property
+    def needs_history(self) -> bool:
+        """Whether a call needs ``history`` (a processor reads the token history)."""
+        return bool(self.history)
+
+    def __call__(self, logits: torch.Tensor, history: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+        """[N, V] -> [N, V]. ``history``: per history processor (in ``self.history`` order),
+        ``[N, K]`` int64, the ids row n's history holds, V where an entry holds none
+        (``DecodeState.history_ids``). None skips the history processors: only for teacher-forced
+        profiling scores, which have no run's history (an approximation there)."""
         if not self.processors:
             return logits
         dummy_ids = torch.zeros(logits.shape[0], 1, dtype=torch.int64, device=logits.device)
         scores = logits.float()  # HF's warpers expect float scores; -inf marks removed tokens
-        for processor in self.processors:
-            scores = processor(dummy_ids, scores)
+        for i, processor in enumerate(self.processors):
+            if i not in self.history:
+                scores = processor(dummy_ids, scores)
+            elif history is not None:
+                scores = repetition_penalty(scores, history[self.history.index(i)], processor.penalty)
         return scores
+
+    def prompt_history(
+        self, num_rows: int, vocab: int, device: torch.device
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per history processor: ``[B, P]`` int64, the ids of each row's left padding that HF's
+        processor counts (``vocab`` where it counts none), and ``[B]`` int64, the first position of
+        the row's unpadded tokens it counts. HF's processor sees the padded ``input_ids`` and drops
+        the first ``prompt_ignore_length`` columns of each row: transformers 5.24 sets that to the
+        row's padding (so no pad counts); a processor without it counts every pad, and then a row's
+        output depends on the padding its batch gives it. One host pass per request."""
+        out = []
+        for i in self.history:
+            ignore = self.processors[i].prompt_ignore_length
+            if self.prompt is None:  # no padded prompt: rows start at column 0, nothing padded
+                ids = torch.zeros(num_rows, 0, dtype=torch.int64)
+                pads = torch.zeros(num_rows, dtype=torch.int64)
+            else:
+                ids = self.prompt[0].cpu().long()
+                mask = self.prompt[1]
+                pads = torch.zeros(len(ids), dtype=torch.int64) if mask is None else (mask.cpu() == 0).sum(1)
+            if len(ids) != num_rows:
+                raise ValueError(f"the prompt has {len(ids)} rows, the run {num_rows}")
+            if ignore is None or (self.prompt is None and isinstance(ignore, torch.Tensor)):
+                # no prompt given (profiling runs, unpadded): HF's per-row padding of the prompt it
+                # was prepared for (``generation_sampling``'s dummy) says nothing about the run's
+                ignore = torch.zeros(num_rows, dtype=torch.int64)
+            elif isinstance(ignore, int):
+                ignore = torch.full((num_rows,), ignore, dtype=torch.int64)
+            else:
+                ignore = ignore.cpu().long()
+                if ignore.shape != (num_rows,):
+                    raise ValueError(
+                        f"RepetitionPenaltyLogitsProcessor.prompt_ignore_length has {tuple(ignore.shape)} "
+                        f"entries, the batch {num_rows} rows"
+                    )
+            columns = torch.arange(ids.shape[1])  # [P] padded columns
+            counted = (columns < pads[:, None]) & (columns >= ignore[:, None])  # [B, P] pads HF counts
+            padding = torch.where(counted, ids.clamp(0, vocab), vocab)  # HF drops ids past the vocabulary
+            out.append((padding.to(device), (ignore - pads).clamp(min=0).to(device)))
+        return out
 
     @property
     def key(self) -> str:
@@ -80,6 +160,30 @@ class LogitsTransform:
         parts = [f"temperature={self.temperature:g}"] if self.temperature != 1.0 else []
         parts += [_describe(p) for p in self.processors]
         return " ".join(parts) or "identity"
+
+
+def repetition_penalty(scores: torch.Tensor, ids: torch.Tensor, penalty: float) -> torch.Tensor:
+    """HF's ``RepetitionPenaltyLogitsProcessor`` on ``[N, V]`` fp32 scores, given ``ids`` ``[N, K]``
+    (the ids each row's history holds, V for none): each such id's score divided by ``penalty`` where
+    it is >= 0, multiplied where it is negative, once however often it occurs. HF's own gather and
+    scatter (an id held twice writes the same value twice), on ``N * K`` entries rather than
+    ``N * V`` (a masked pass over the vocabulary costs several times more)."""
+    padded = torch.nn.functional.pad(scores, (0, 1))  # column V absorbs the entries that hold no id
+    held = padded.gather(1, ids)  # [N, K]
+    penalized = torch.where(held < 0, held * penalty, held / penalty)
+    return padded.scatter(1, ids, penalized)[:, : scores.shape[1]]
+
+
+def _check_history_processor(processor: LogitsProcessor) -> None:
+    """A repetition penalty hsd_fast applies as HF would: no continuous-batching state set."""
+    if (
+        getattr(processor, "logits_indices", None) is not None
+        or getattr(processor, "cu_seq_lens_q", None) is not None
+    ):
+        raise ValueError(
+            "hsd_fast cannot apply a RepetitionPenaltyLogitsProcessor set up for continuous batching "
+            "(logits_indices / cu_seq_lens_q)"
+        )
 
 
 def _describe(processor: LogitsProcessor) -> str:

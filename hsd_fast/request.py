@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -37,6 +37,7 @@ from hsd_fast.hierarchy_types import Hierarchy
 from hsd_fast.lookup import LookupDraft, as_lookup
 from hsd_fast.positions import check_positions, max_positions
 from hsd_fast.processors import LogitsTransform
+from hsd_fast.switching_types import Adaptive, Choice, Policy
 from hsd_fast.tree import Tree
 
 DEFAULT_T = 4
@@ -49,13 +50,15 @@ SUPPORTED_STOPPING = (MaxLengthCriteria, EosTokenCriteria)
 class Levels:
     """The levels under the target: a lookup level (or None), the draft models smallest first, one
     block size per level (the lookup level's first), the token tree the first draft drafts, and the
-    ``Hierarchy`` they came from (None when given as drafts/T/tree)."""
+    ``Hierarchy`` they came from (None when given as drafts/T/tree). An adaptive request's levels are
+    the candidates (``adapt``), with no block sizes or tree of their own."""
 
     lookup: LookupDraft | None
     models: tuple[torch.nn.Module, ...]
     T: tuple[int, ...]
     tree: Tree | None = None
     hierarchy: Hierarchy | None = None
+    adapt: Adaptive | None = None  # the levels are candidates: a policy chooses per round among them
 
     @property
     def drafts(self) -> list[torch.nn.Module | LookupDraft]:
@@ -88,14 +91,21 @@ def resolve_levels(
     T: Sequence[int] | None = None,
     tree: Tree | None = None,
     hierarchy: Hierarchy | None = None,
+    adapt: bool | Policy | Adaptive = False,
+    trees: Sequence[Tree] = (),
 ) -> Levels:
     """``drafts``/``T``/``tree``, or ``hierarchy`` (not both), as ``Levels``; a TypeError or
-    ValueError naming the argument otherwise. ``T`` defaults to ``DEFAULT_T`` at every level."""
+    ValueError naming the argument otherwise. ``T`` defaults to ``DEFAULT_T`` at every level.
+    ``adapt`` (True, a policy, or an ``Adaptive``): ``drafts`` are candidates, ``trees`` the token
+    trees a round may draft, and ``hierarchy`` (if given) the first round's hierarchy."""
+    if adapt is not False:
+        return _adaptive_levels(drafts, T, tree, hierarchy, adapt, trees)
+    if trees:
+        raise ValueError(
+            "trees= offers token trees to an adaptive run (adapt=True); a fixed hierarchy takes tree="
+        )
     if hierarchy is not None:  # from hsd_fast.select_hierarchy: its drafts and block sizes
-        if not isinstance(hierarchy, Hierarchy):
-            raise TypeError(
-                f"hierarchy must be a Hierarchy (from select_hierarchy), got {type(hierarchy).__name__}"
-            )
+        _check_hierarchy(hierarchy)
         if drafts or T is not None or tree is not None:
             raise ValueError("pass either hierarchy= or drafts=/T=/tree=, not both")
         drafts, T, tree = hierarchy.drafts, hierarchy.T, hierarchy.tree
@@ -107,6 +117,70 @@ def resolve_levels(
     return Levels(lookup, tuple(models), tuple(T), tree, hierarchy)
 
 
+def _check_hierarchy(hierarchy: object) -> None:
+    if not isinstance(hierarchy, Hierarchy):
+        raise TypeError(
+            f"hierarchy must be a Hierarchy (from select_hierarchy), got {type(hierarchy).__name__}"
+        )
+
+
+def _adaptive_levels(drafts, T, tree, hierarchy, adapt, trees) -> Levels:
+    """The candidates of an adaptive request, its policy, trees and first hierarchy, checked."""
+    if T is not None:
+        raise ValueError(
+            "adapt: the policy chooses the block sizes every round (a Choice's T); do not pass T="
+        )
+    if tree is not None:
+        raise ValueError("adapt: offer token trees with trees=[...]; the policy chooses when to draft one")
+    if isinstance(adapt, Adaptive):
+        if trees:
+            raise ValueError("adapt: give the trees in the Adaptive (its trees=), not also as trees=")
+        spec = adapt
+    elif adapt is True:
+        spec = Adaptive(None)  # the built-in policy, fresh for every run
+    elif callable(adapt) and not isinstance(adapt, bool):
+        spec = Adaptive(adapt)
+    else:
+        raise TypeError(f"adapt must be True, False, a policy (a callable) or an Adaptive, got {adapt!r}")
+    spec = replace(spec, trees=tuple(spec.trees) + tuple(trees))
+    if hierarchy is not None:
+        _check_hierarchy(hierarchy)
+        drafts = drafts or hierarchy.drafts
+        if hierarchy.tree is not None and hierarchy.tree not in spec.trees:
+            spec = replace(spec, trees=(*spec.trees, hierarchy.tree))
+    lookup, models = check_drafts(drafts)
+    candidates = [*([] if lookup is None else [lookup]), *models]
+    if len({id(m) for m in models}) < len(models):
+        raise ValueError("adapt: each candidate may appear once in drafts")
+    for t in spec.trees:
+        check_tree(t, None, models)
+        if t.depth > spec.max_T:
+            raise ValueError(f"adapt: a tree {t.depth} deep is deeper than max_T={spec.max_T}")
+    if hierarchy is not None:
+        spec = replace(spec, start=_start_of(hierarchy, candidates, spec))
+    return Levels(lookup, tuple(models), (), None, hierarchy, spec)
+
+
+def _start_of(hierarchy: Hierarchy, candidates: list, spec: Adaptive) -> Choice:
+    """``hierarchy`` as a ``Choice`` over ``candidates`` (the first round's hierarchy)."""
+    index = {id(c) if not isinstance(c, LookupDraft) else "lookup": i for i, c in enumerate(candidates)}
+    keys = [id(d) if as_lookup(d) is None else "lookup" for d in hierarchy.drafts]
+    missing = [i for i, k in enumerate(keys) if k not in index]
+    if missing:
+        raise ValueError(
+            f"adapt: hierarchy= drafts {missing} (by position) are not among the candidates in drafts="
+        )
+    if any(t > spec.max_T for t in hierarchy.T):
+        raise ValueError(f"adapt: hierarchy= has T={list(hierarchy.T)}, above max_T={spec.max_T}")
+    tree = hierarchy.tree
+    if tree is not None and tree not in spec.trees:
+        spec_trees = (*spec.trees, tree)
+        raise ValueError(
+            f"adapt: hierarchy= drafts a token tree; offer it in trees= too ({len(spec_trees)} trees)"
+        )
+    return Choice(tuple(index[k] for k in keys), tuple(hierarchy.T), tree)
+
+
 def check_tree(tree: Tree | None, lookup: LookupDraft | None, models: Sequence[torch.nn.Module]) -> None:
     """A token tree the first draft model can draft: a ``Tree``, drafted by a model (not under a
     lookup level), at most ``MAX_BLOCK_SIZE`` deep (its depth is level 0's block)."""
@@ -116,7 +190,7 @@ def check_tree(tree: Tree | None, lookup: LookupDraft | None, models: Sequence[t
         raise TypeError(
             f"tree must be a hsd_fast.Tree (Tree.chain, full, spine, ...), got {type(tree).__name__}"
         )
-    if lookup is not None or not models:
+    if lookup is not None or not models:  # an adaptive run passes no lookup: its trees skip it
         raise ValueError("tree: a token tree is drafted by a model at level 0: give at least one draft model")
     if tree.depth > MAX_BLOCK_SIZE:
         raise ValueError(f"tree: a token tree may be at most {MAX_BLOCK_SIZE} deep, got {tree.depth}")
@@ -150,6 +224,8 @@ def build_request(
     # HF's generate passes the processors and criteria it prepared with the config it filled: used as
     # they are (refilling a prepared config would undo the user's explicit None, e.g. top_k=None)
     direct = logits_processor is None or stopping_criteria is None
+    if direct:
+        generation_config, model_kwargs = _generation_keywords(generation_config, model_kwargs)
     config = filled_config(model, generation_config, input_ids.shape[1]) if direct else generation_config
     if levels.hierarchy is not None:
         levels.hierarchy.warn_unless_selected_for(input_ids.shape[0])
@@ -175,7 +251,10 @@ def build_request(
         asked="prompt + max_new_tokens",
         remedy="lower max_new_tokens",
     )
-    transform = LogitsTransform(list(logits_processor))
+    # the padded prompt: a history processor (repetition penalty) counts the pads HF's would
+    transform = LogitsTransform(
+        list(logits_processor), input_ids=input_ids, attention_mask=model_kwargs.get("attention_mask")
+    )
     eos_ids = _eos_ids(config)
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item())  # host value by design: keys the hash
@@ -197,6 +276,17 @@ def build_request(
         streamer=streamer,
         return_dict=bool(config.return_dict_in_generate),
     )
+
+
+def _generation_keywords(config: GenerationConfig | None, model_kwargs: dict) -> tuple:
+    """A direct call's generation options given as keywords (``max_new_tokens=16``,
+    ``repetition_penalty=1.3``) moved into a copy of its config, overriding it, as HF's ``generate``
+    moves them; the other keywords stay model inputs. The caller's config is never changed."""
+    probe = GenerationConfig()
+    if not any(hasattr(probe, k) for k in model_kwargs):
+        return config, model_kwargs
+    config = copy.deepcopy(config) if config is not None else GenerationConfig()
+    return config, config.update(**model_kwargs)
 
 
 def filled_config(

@@ -19,7 +19,9 @@ class SamplingMetadata:
     ``greedy``: every level's distribution is one-hot at its argmax. ``use_kernel``: draft and verify
     with the Triton kernels (``None``: on CUDA tensors) or the torch references."""
 
-    seeds: torch.Tensor  # [B] int64: keys all randomness of row b (docs/design.md, "Keyed randomness")
+    seeds: torch.Tensor  # [B] int64: keys the target's randomness of row b (design, "Keyed randomness")
+    draft_seeds: torch.Tensor  # [B] int64: keys every level below the target; changed per epoch, in place
+    host_seeds: np.ndarray  # [B] int64: ``seeds`` on the host
     temperature: torch.Tensor  # [B] fp32; 1 when the runners' logits are already processed
     eos_ids: torch.Tensor  # [E] int64, possibly empty
     greedy: bool = False
@@ -41,13 +43,59 @@ class SamplingMetadata:
         seeds = seed_tensor(seeds, num_rows)
         temperature = _temperatures(temperature, num_rows, greedy).to(device)
         eos = [] if eos_token_id is None else np.atleast_1d(eos_token_id).tolist()
+        host = seeds.to(torch.int64).numpy().copy()
+        seeds = seeds.to(device=device, dtype=torch.int64)
         return cls(
-            seeds=seeds.to(device=device, dtype=torch.int64),
+            seeds=seeds,
+            draft_seeds=seeds.clone(),
+            host_seeds=host,
             temperature=temperature.expand(num_rows).contiguous(),
             eos_ids=torch.tensor(eos, dtype=torch.int64, device=device),
             greedy=greedy,
             use_kernel=use_kernel,
         )
+
+    def seeds_at(self, below_target: bool) -> torch.Tensor:
+        """[B] the row seeds a level keys its randomness with: the target's own, or those of the
+        levels below it."""
+        return self.draft_seeds if below_target else self.seeds
+
+    def start_epoch(self, epoch: int) -> None:
+        """Key the levels below the target by ``epoch`` from now on (epoch 0: the target's seeds):
+        an adaptive run starts a new epoch wherever its policy looks at the run, so that no uniform
+        a lower level will still use can have influenced what the policy saw (docs/design.md,
+        "Switching hierarchies"). In place, so compiled steps keep reading the same tensor; hashed
+        on the host from ``host_seeds``, one copy to the device per epoch."""
+        if epoch == 0:
+            self.draft_seeds.copy_(self.seeds)
+        else:
+            self.draft_seeds.copy_(torch.from_numpy(_epoch_seeds(self.host_seeds, epoch)))
+
+
+def epoch_seeds(seeds: torch.Tensor, epoch: int) -> torch.Tensor:
+    """[B] int64 seeds for ``epoch`` >= 1 from the row seeds ``seeds`` [B]: a 64-bit hash of (seed,
+    epoch) (on the host)."""
+    return torch.from_numpy(_epoch_seeds(seeds.cpu().numpy(), epoch))
+
+
+def _epoch_seeds(seeds: np.ndarray, epoch: int) -> np.ndarray:  # [B] int64 -> [B] int64
+    bits = seeds.astype(np.int64).view(np.uint64)
+    lo, hi = bits & _MASK32, bits >> np.uint64(32)
+    e = np.uint64(epoch & 0xFFFFFFFF)
+    top = _mix32(_mix32(hi ^ _mix32(e ^ np.uint64(0x85EBCA6B))) ^ lo)
+    return ((top << np.uint64(32)) | _mix32(top ^ lo ^ _mix32(e))).view(np.int64)
+
+
+_MASK32 = np.uint64(0xFFFFFFFF)
+
+
+def _mix32(x: np.ndarray) -> np.ndarray:
+    """lowbias32 (docs/design.md, "Keyed randomness") on uint64 arrays holding 32-bit values."""
+    x = x ^ (x >> np.uint64(16))
+    x = (x * np.uint64(0x7FEB352D)) & _MASK32
+    x = x ^ (x >> np.uint64(15))
+    x = (x * np.uint64(0x846CA68B)) & _MASK32
+    return x ^ (x >> np.uint64(16))
 
 
 def _temperatures(temperature: float | torch.Tensor, num_rows: int, greedy: bool) -> torch.Tensor:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from hsd_fast.switching_types import HierarchyUsed
 
 
 def _zeros(n: int) -> list[int]:
@@ -36,6 +41,8 @@ class HSDStats:
     accepted_by_rank: list[int] = field(default_factory=list)  # [r] token trees: accepted nodes of rank r
     wall_time: list[float] = field(default_factory=list)  # seconds of the level's rounds, host clock
     step_time: list[float] = field(default_factory=list)  # of which inside its step functions
+    # adaptive runs (levels = the candidates, then the target): every hierarchy used, in order
+    hierarchies: list[HierarchyUsed] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = self.num_levels
@@ -92,15 +99,29 @@ class HSDStats:
         if other.num_levels != self.num_levels:
             raise ValueError(f"cannot add stats of {self.num_levels} and {other.num_levels} levels")
         total = HSDStats(self.num_levels)
+        total.hierarchies = [*self.hierarchies, *other.hierarchies]
         for f in fields(self):
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if f.name == "num_levels":
+            if f.name in ("num_levels", "hierarchies"):
                 continue
             if mine and isinstance(mine[0], list):
                 setattr(total, f.name, [_summed(a, b) for a, b in zip(mine, theirs, strict=True)])
             else:
                 setattr(total, f.name, _summed(mine, theirs))
         return total
+
+    def lifted(self, levels: Sequence[int], num_levels: int) -> HSDStats:
+        """These counters, of a hierarchy whose level i is level ``levels[i]`` of ``num_levels``
+        (an adaptive run's candidates and target), as counters of those levels."""
+        out = HSDStats(
+            num_levels, cascade_depth=list(self.cascade_depth), accepted_by_rank=list(self.accepted_by_rank)
+        )
+        for f in fields(self):
+            if f.name in _PER_LEVEL:
+                mine, theirs = getattr(self, f.name), getattr(out, f.name)
+                for level, value in zip(levels, mine, strict=True):
+                    theirs[level] = list(value) if isinstance(value, list) else value
+        return out
 
     # ------------------------------------------------------------------ views
     def acceptance_rate(self, level: int) -> float:
@@ -132,6 +153,13 @@ class HSDStats:
         if self.accepted_by_rank:
             lines.append(f"token trees: accepted nodes by rank {self.accepted_by_rank}")
         return "\n".join(lines)
+
+
+_PER_LEVEL = (
+    "forwards", "row_forwards", "fed_tokens", "drafted", "verified", "accepted", "bonus", "corrections",
+    "verified_at", "accepted_at", "rejected_at", "wall_time", "step_time",
+)  # fmt: skip
+"""The fields indexed by level (``cascade_depth`` is by depth, ``accepted_by_rank`` by rank)."""
 
 
 def _summed(a: list, b: list) -> list:

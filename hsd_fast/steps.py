@@ -50,8 +50,12 @@ class Runner(Protocol):
 
 
 def processed_logits(runner: Runner, state: DecodeState, block: FedBlock, num_outputs: int) -> torch.Tensor:
+    """The level's logits at the block's last ``num_outputs`` columns through the sampling transform;
+    a history processor (the repetition penalty) reads each column's own history, drafts included
+    (``DecodeState.history_ids``: a chain's by position, a tree node's by its ancestors)."""
     logits = runner.forward(block, num_outputs)  # [B, O, V]
-    return state.transform(logits.flatten(0, 1)).unflatten(0, logits.shape[:2])  # [B, O, V]
+    history = state.history_ids(block, num_outputs) if state.transform.needs_history else None
+    return state.transform(logits.flatten(0, 1), history).unflatten(0, logits.shape[:2])  # [B, O, V]
 
 
 def broken_logits(logits: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
@@ -99,6 +103,7 @@ def draft_step(
     count: int,
     keep_q: bool,
     use_kernel: bool | None,
+    below_target: bool,
 ) -> torch.Tensor:  # [3, B]
     """Level 0: feed the block, then draw up to ``count`` tokens one after the other at positions
     ``ends, ends + 1, ...``: row r stops after its wanted number, after an EOS, or before broken
@@ -107,6 +112,7 @@ def draft_step(
     the step) and saves a step's overhead per token. Returns per row the number drawn, whether the
     last one is an EOS, and whether it stopped at broken logits."""
     starts, ends, meta = spans[0], spans[1], state.sampling
+    seeds = meta.seeds_at(below_target)  # [B]: level 0 is the target itself when nothing drafts
     going, wanted = spans[3].bool() & (spans[4] > 0), spans[4]  # [B]
     rows = torch.arange(state.num_rows, device=ends.device)
     block = fed_block(state.tokens, starts, ends, going, width)
@@ -120,7 +126,7 @@ def draft_step(
         broken, going = broken | bad, going & ~bad  # nothing is drawn from broken logits
         position = ends + k  # [B]
         drawn, lse = sample(
-            logits, meta.temperature, meta.seeds, position, 0, DRAFT, meta.greedy, use_kernel=use_kernel
+            logits, meta.temperature, seeds, position, 0, DRAFT, meta.greedy, use_kernel=use_kernel
         )  # [B], [B]
         state.tokens[rows, torch.where(going, position, state.trash)] = drawn
         if keep_q:
@@ -142,6 +148,7 @@ def verify_step(
     keep_q: bool,
     use_kernel: bool | None,
     point_mass: bool = False,
+    below_target: bool,
 ) -> torch.Tensor:  # [3, B]
     """Level >= 1: feed the block, verify each row's drafts at ``[outs + 1, ends)`` against the ring
     (``point_mass``: the drafts are a lookup level's, each q a point mass on its token, and no ring is
@@ -166,8 +173,8 @@ def verify_step(
         slots = state.ring_slot(positions[:, :drafts].clamp(min=0), is_draft)  # [B, D]
         draft_logits, draft_lse = state.q_logits[rows[:, None], slots], state.q_lse[rows[:, None], slots]
     result = verify(
-        logits, draft_logits, draft_lse, draft_tokens, num_drafts, meta.temperature, meta.seeds,
-        ends - num_drafts, level, meta.greedy, use_kernel=use_kernel,
+        logits, draft_logits, draft_lse, draft_tokens, num_drafts, meta.temperature,
+        meta.seeds_at(below_target), ends - num_drafts, level, meta.greedy, use_kernel=use_kernel,
     )  # fmt: skip
     emitted_at = ends - num_drafts + result.num_accepted  # [B]
     state.tokens[rows, torch.where(active, emitted_at, state.trash)] = result.next_token

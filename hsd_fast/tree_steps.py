@@ -75,7 +75,7 @@ def _draft_children(
     )  # [B, m]
     drawn, _ = draft_children_torch(
         logits.flatten(0, 1), k, meta.temperature[:, None].expand(-1, m).flatten(),
-        meta.seeds[:, None].expand(-1, m).flatten(), keys.flatten(), 0, meta.greedy,
+        meta.draft_seeds[:, None].expand(-1, m).flatten(), keys.flatten(), 0, meta.greedy,
     )  # fmt: skip
     drawn = drawn.view(num_rows, m * k)  # [B, m * k]
     flat = children.flatten()  # [m * k]
@@ -128,6 +128,7 @@ def tree_verify_step(
     *,
     width: int,
     keep_q: bool,
+    below_target: bool,
 ) -> torch.Tensor:  # [3 + K, B]
     """Level 1: feed the catch-up span and the whole tree, verify it (recursive rejection sampling,
     ``verify_tree_torch``), write the accepted path and the correction or bonus at positions
@@ -157,8 +158,8 @@ def tree_verify_step(
     logits = processed_logits(runner, state, block, n + 1)  # [B, n + 1, V] at the root, then every node
     stops = (buffers.tokens[..., None] == meta.eos_ids).any(-1)  # [B, n]
     result = verify_tree_torch(
-        logits, buffers.q_logits, buffers.tokens, tree, meta.temperature, meta.seeds, tree_start, 1,
-        meta.greedy, max_depth=max_depth, stops=stops,
+        logits, buffers.q_logits, buffers.tokens, tree, meta.temperature, meta.seeds_at(below_target),
+        tree_start, 1, meta.greedy, max_depth=max_depth, stops=stops,
     )  # fmt: skip
     path, accepted = result.path, torch.where(active, result.num_accepted, 0)  # [B, K], [B]
     at_last = (accepted - 1).clamp(min=0)[:, None]  # [B, 1] the path's last depth

@@ -20,6 +20,7 @@ from hsd_fast.hf_generate import EndOnce, generate
 from hsd_fast.hierarchy_types import Hierarchy
 from hsd_fast.lookup import LookupDraft
 from hsd_fast.request import Levels, check_compile, check_input_ids, resolve_levels
+from hsd_fast.switching_types import Adaptive, Policy
 from hsd_fast.tree import Tree
 
 
@@ -35,11 +36,15 @@ class HSDModel:
         hierarchy: Hierarchy | None = None,
         compile: bool | str = "auto",
         tree: Tree | None = None,
+        adapt: bool | Policy | Adaptive = False,
+        trees: Sequence[Tree] = (),
     ) -> None:
         if not isinstance(target, torch.nn.Module):
             raise TypeError(f"target must be a model (torch.nn.Module), got {type(target).__name__}")
         self.target = target
-        self.levels: Levels = resolve_levels(drafts, T, tree, hierarchy)  # once: every call reuses them
+        self.levels: Levels = resolve_levels(
+            drafts, T, tree, hierarchy, adapt, trees
+        )  # once: every call reuses them
         check_compile(compile)
         self.compile = compile
 
@@ -69,7 +74,16 @@ class HSDModel:
         return getattr(target, name)
 
     def generate(self, inputs: torch.Tensor | None = None, **kwargs: Any) -> Any:
-        for name in ("custom_generate", "assistant_model", "drafts", "T", "hierarchy", "tree"):
+        for name in (
+            "custom_generate",
+            "assistant_model",
+            "drafts",
+            "T",
+            "hierarchy",
+            "tree",
+            "adapt",
+            "trees",
+        ):
             if kwargs.get(name) is not None:
                 raise ValueError(f"HSDModel.generate: {name}= is set by the wrapper, not per call")
         # HF's own errors for a list or a 1-D tensor are an AttributeError and an IndexError: say what
@@ -96,8 +110,10 @@ def wrap(
     hierarchy: Hierarchy | None = None,
     compile: bool | str = "auto",
     tree: Tree | None = None,
+    adapt: bool | Policy | Adaptive = False,
+    trees: Sequence[Tree] = (),
 ) -> HSDModel:
     """HSD with ``drafts`` (smallest first) under ``target``, or the ``hierarchy`` that
-    ``hsd_fast.select_hierarchy`` picked: ``wrap(target, drafts).generate(...)``. ``compile`` and
-    ``tree`` as in ``hsd_fast.generate``."""
-    return HSDModel(target, drafts, T, hierarchy, compile, tree)
+    ``hsd_fast.select_hierarchy`` picked: ``wrap(target, drafts).generate(...)``. ``compile``,
+    ``tree``, ``adapt`` and ``trees`` as in ``hsd_fast.generate``."""
+    return HSDModel(target, drafts, T, hierarchy, compile, tree, adapt, trees)

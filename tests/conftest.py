@@ -52,3 +52,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("triton"):
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def target() -> torch.nn.Module:
+    """A tiny random Llama (``hf_models.tiny_model``): the target of the HF-facing tests that need
+    no other (a test module defines its own ``target`` to use another)."""
+    from hf_models import tiny_model  # transformers only where a test asks for it
+
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def drafts(target) -> list[torch.nn.Module]:
+    """Two drafts derived from ``target``, smallest first (``hf_models.derived_drafts``)."""
+    from hf_models import derived_drafts
+
+    return derived_drafts(target, 2)

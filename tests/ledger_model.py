@@ -80,6 +80,7 @@ class LedgerModel:
         self.cached = [[0] * num_levels for _ in prompt_lens]
         self.eos_pos = [-1] * self.num_rows
         self.closed = [False] * self.num_rows  # from commit_proposal until the next commit_verify
+        self._held = [False] * self.num_rows  # from hold until the next reconfigure
 
     # ------------------------------------------------------------ read-only
     @property
@@ -142,9 +143,13 @@ class LedgerModel:
         committed, eos = self.committed_len(row), self.eos_pos[row]
         return eos + 1 if 0 <= eos < committed else committed
 
+    def held(self, row: int) -> bool:
+        row = self._check_row(row)
+        return self._held[row]
+
     def wanted_level(self, row: int) -> int:
         row = self._check_row(row)
-        if self.finished(row):
+        if self.finished(row) or self._held[row]:
             return -1
         for level in range(self.top, 0, -1):
             if self.pending(row, level - 1) >= self.block_sizes[level - 1]:
@@ -170,6 +175,9 @@ class LedgerModel:
 
     def eos_positions(self) -> np.ndarray:  # [B], -1 where the row holds no EOS
         return np.array(self.eos_pos, dtype=np.int64)
+
+    def holds(self) -> np.ndarray:  # [B], 1 where the row is held
+        return np.array(self._held, dtype=np.int64)
 
     def all_finished(self) -> bool:
         return all(self.finished(r) for r in range(self.num_rows))
@@ -295,6 +303,59 @@ class LedgerModel:
             kept.append(keep)
         return np.array(kept, np.int64), np.array(cascaded, np.int64)
 
+    # ------------------------------------------------- holding, reconfiguring
+    def hold(self, rows: Sequence[int]) -> None:
+        """The rows wait at their round boundary (no speculative token, no closed block) or are
+        finished: they want no level until the next ``reconfigure``. Holding twice is allowed."""
+        rows = _as_ints("rows", rows)
+        self._check_distinct(rows)
+        for r in rows:
+            self._check_row(r)
+            if self.finished(r):
+                continue
+            speculative = self.seq_len(r) - self.committed_len(r)
+            if speculative > 0:
+                raise ValueError(
+                    f"row {r} is not at a round boundary: it holds {speculative} speculative tokens"
+                )
+            if self.closed[r]:
+                raise ValueError(f"row {r} is not at a round boundary: its proposal waits for level 1")
+        for r in rows:
+            self._held[r] = True
+
+    def reconfigure(self, block_sizes: Sequence[int], cached: Sequence[int]) -> None:
+        """Every row finished or held: ``len(block_sizes) + 1`` levels from now on. ``cached``
+        ([num_rows * new num_levels], row-major) is what each new level's cache validly holds of the
+        row's committed prefix: at most committed_len - 1 for a held row (each level feeds at least
+        its last token, whose logits it needs), committed_len for a finished one. Every frontier
+        becomes the committed length, no block is closed, every hold is released; EOS positions and
+        length budgets are kept."""
+        block_sizes = _as_ints("block_sizes", block_sizes)
+        cached = _as_ints("cached", cached)
+        for r in range(self.num_rows):
+            if not self.finished(r) and not self._held[r]:
+                raise ValueError(f"row {r} is neither finished nor held: reconfigure needs every row at rest")
+        if any(t < 1 for t in block_sizes):
+            raise ValueError(f"every block size T must be >= 1, got {list(block_sizes)}")
+        levels = len(block_sizes) + 1
+        if len(cached) != self.num_rows * levels:
+            raise ValueError(f"cached has {len(cached)} entries for {self.num_rows} rows x {levels} levels")
+        for r in range(self.num_rows):
+            finished = self.finished(r)
+            most = self.committed_len(r) - (0 if finished else 1)
+            for lvl in range(levels):
+                value = cached[r * levels + lvl]
+                if not 0 <= value <= most:
+                    why = "finished: its committed length" if finished else "held: its committed length - 1"
+                    raise ValueError(f"row {r}, level {lvl}: cached {value} outside [0, {most}] ({why})")
+        committed = [self.committed_len(r) for r in range(self.num_rows)]
+        self._num_levels = levels
+        self._block_sizes = list(block_sizes)
+        self.frontier = [[n] * levels for n in committed]
+        self.cached = [cached[r * levels : (r + 1) * levels] for r in range(self.num_rows)]
+        self.closed = [False] * self.num_rows
+        self._held = [False] * self.num_rows
+
     # ----------------------------------------------------------------- checks
     def _check_level(self, level: int) -> int:
         level = operator.index(level)
@@ -308,15 +369,23 @@ class LedgerModel:
             raise ValueError(f"row {row} outside [0, {self.num_rows - 1}]")
         return row
 
-    def _check_rows(self, level: int, rows: Sequence[int]) -> None:
-        self._check_level(level)
+    @staticmethod
+    def _check_distinct(rows: Sequence[int]) -> None:
         if len(set(rows)) != len(rows):
             raise ValueError(f"rows contain duplicates: {list(rows)}")
+
+    def _check_rows(self, level: int, rows: Sequence[int]) -> None:
+        self._check_level(level)
+        self._check_distinct(rows)
         for r in rows:
             self._check_row(r)
             wanted = self.wanted_level(r)
-            if wanted != level:
-                raise ValueError(f"row {r} wants level {wanted} (-1: finished), not level {level}")
+            if wanted == level:
+                continue
+            if wanted < 0:
+                state = "finished" if self.finished(r) else "held"
+                raise ValueError(f"row {r} is {state}: it wants no level, not level {level}")
+            raise ValueError(f"row {r} wants level {wanted}, not level {level}")
 
     @staticmethod
     def _check_same_length(name: str, values: Sequence[int], rows: Sequence[int]) -> None:

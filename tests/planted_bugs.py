@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import Iterator
 from unittest import mock
 
+import numpy as np
 import torch
 
 from hsd_fast import steps, tree_steps
@@ -125,4 +126,67 @@ def tree_residual_stored_as_q() -> Iterator[None]:
         keep(state, tree_start, path, emitted, active, logits, torch.logsumexp(logits.float(), -1))
 
     with mock.patch.object(tree_steps, "keep_tree_emitted", buggy):
+        yield
+
+
+# ---------------------------------------------------------------- history processors (decode_state)
+@contextlib.contextmanager
+def penalty_history_without_the_blocks_drafts() -> Iterator[None]:
+    """The repetition penalty at every output column of a step applied with the history of the
+    step's first output column: a verifier's p after a draft then ignores the drafts before it (and a
+    draft step, one column, is unchanged). The target's distribution at those positions is wrong, so
+    is the output, not just the acceptance rate."""
+    from hsd_fast.decode_state import DecodeState
+
+    history_ids = DecodeState.history_ids
+
+    def buggy(self, block, num_outputs):
+        fed = block.positions[:, :-num_outputs]
+        first = block.positions[:, -num_outputs:][:, :1].expand(-1, num_outputs)
+        return history_ids(self, block._replace(positions=torch.cat([fed, first], 1)), num_outputs)
+
+    with mock.patch.object(DecodeState, "history_ids", buggy):
+        yield
+
+
+@contextlib.contextmanager
+def penalty_history_without_tree_ancestors() -> Iterator[None]:
+    """A token tree's node gets the penalty with its row's prefix only, not its ancestors' tokens."""
+    from hsd_fast.decode_state import DecodeState
+
+    history_ids = DecodeState.history_ids
+
+    def buggy(self, block, num_outputs):
+        if block.tree_sees is None:
+            return history_ids(self, block, num_outputs)
+        return history_ids(self, block._replace(tree_sees=torch.zeros_like(block.tree_sees)), num_outputs)
+
+    with mock.patch.object(DecodeState, "history_ids", buggy):
+        yield
+
+
+@contextlib.contextmanager
+def lower_keys_never_change() -> Iterator[None]:
+    """Switching hierarchies: every epoch keys the levels below the target like the first, so a
+    policy that learnt a lower level's uniforms from the rounds it saw can choose on what that
+    level will draw next."""
+    from hsd_fast import sampling_metadata
+
+    epoch_seeds = sampling_metadata._epoch_seeds  # what start_epoch and epoch_seeds both hash with
+    with mock.patch.object(sampling_metadata, "_epoch_seeds", lambda seeds, epoch: epoch_seeds(seeds, 1)):
+        yield
+
+
+@contextlib.contextmanager
+def joining_levels_skip_catch_up() -> Iterator[None]:
+    """Switching hierarchies: a level that joins is told its cache holds the whole committed prefix
+    (its stale cache kept as if it had followed the rounds it missed), so it never feeds them."""
+    from hsd_fast.switching import Switcher
+
+    def buggy(self, choice, committed):
+        return np.broadcast_to(
+            np.maximum(committed - 1, 0), (len(self.levels_of(choice)), len(committed))
+        ).copy()
+
+    with mock.patch.object(Switcher, "caches_for", buggy):
         yield

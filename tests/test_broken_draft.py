@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from hf_models import derived_drafts, tiny_model
+from hf_models import derived_drafts
 
 import hsd_fast
 from hsd_fast.engine import run_hsd
@@ -113,11 +113,6 @@ def test_broken_logits_at_the_target_still_raise() -> None:
 
 
 # ----------------------------------------------------------------------------- Hugging Face models
-@pytest.fixture(scope="module")
-def target() -> torch.nn.Module:
-    return tiny_model("llama")
-
-
 @pytest.fixture(scope="module")
 def good(target) -> torch.nn.Module:
     return derived_drafts(target, 1)[0]

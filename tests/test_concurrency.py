@@ -21,11 +21,6 @@ PROMPTS = [[5, 9, 11, 40, 3], [7, 12, 60, 33, 8, 21, 14], [30, 31], [44, 3, 90, 
 
 
 @pytest.fixture(scope="module")
-def target() -> torch.nn.Module:
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
 def draft(target) -> torch.nn.Module:
     return derived_drafts(target, 1)[0]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_models import derived_drafts, tiny_model
+from hf_models import derived_drafts
 from transformers import GenerationConfig, WatermarkingConfig
 from transformers.generation.logits_process import TopKLogitsWarper
 
@@ -28,11 +28,6 @@ from hsd_fast.request import build_request, filled_config, resolve_levels
 pytestmark = pytest.mark.hf
 
 IDS = torch.tensor([[5, 6, 7, 8]])
-
-
-@pytest.fixture(scope="module")
-def target() -> torch.nn.Module:
-    return tiny_model("llama")
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +139,6 @@ PROCESSOR_VALUES = {
     "max_time": 5.0,
     "stop_strings": ["t5"],  # HF's own refusal on a callable custom_generate
     "top_h": 0.5,
-    "repetition_penalty": 1.3,
     "encoder_repetition_penalty": 1.2,
     "no_repeat_ngram_size": 2,
     "encoder_no_repeat_ngram_size": 2,
@@ -235,6 +229,7 @@ def test_served_fields_give_hfs_greedy_tokens(target, draft) -> None:
         {"epsilon_cutoff": 1e-3},
         {"eta_cutoff": 1e-3},
         {"suppress_tokens": [3, 4]},
+        {"repetition_penalty": 1.3},  # tests/test_repetition_penalty.py: exact, greedy and sampled
     ],
     ids=lambda s: ",".join(s),
 )

@@ -13,11 +13,6 @@ pytestmark = pytest.mark.hf
 
 
 @pytest.fixture(scope="module")
-def target() -> torch.nn.Module:
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
 def draft(target) -> torch.nn.Module:
     return noisy_copy(target, 0.05, seed=1)
 
@@ -89,8 +84,8 @@ def test_beyond_max_position_embeddings(target, draft) -> None:
 
 
 def test_unsupported_logits_processor(target, draft) -> None:
-    with pytest.raises(ValueError, match="RepetitionPenaltyLogitsProcessor"):
-        _run(target, drafts=[draft], T=[2], repetition_penalty=1.3)
+    with pytest.raises(ValueError, match="NoRepeatNGramLogitsProcessor"):
+        _run(target, drafts=[draft], T=[2], no_repeat_ngram_size=2)
 
 
 def test_unsupported_stopping_criterion(target, draft) -> None:

@@ -2,7 +2,8 @@
 
 1. Property tests. Random ledgers run random *legal* operation sequences chosen by the model itself
    (its next level or another wanted one, all its rows or a subset, random EOS flags and acceptance
-   counts); after every operation every observable of the two must agree, the model must keep the
+   counts; rows held at their round boundaries and, once every row is finished or held, a random new
+   hierarchy); after every operation every observable of the two must agree, the model must keep the
    invariants of docs/design.md, "Invariants", and a per-row bound on the operations (so every run
    terminates).
    Random, mostly illegal calls must fail alike (ValueError in both) or succeed alike.
@@ -32,6 +33,7 @@ BULK_VIEWS = (
     "output_lens",
     "eos_positions",
     "wanted_levels",
+    "holds",
 )
 ROW_QUERIES = ("seq_len", "committed_len", "last_tag", "output_len", "wanted_level")
 METHODS = (
@@ -40,6 +42,7 @@ METHODS = (
     "pending",
     "tags",
     "finished",
+    "held",
     "all_finished",
     "next_level",
     "rows_for",
@@ -47,6 +50,8 @@ METHODS = (
     "commit_draft",
     "commit_proposal",
     "commit_verify",
+    "hold",
+    "reconfigure",
 )
 PROPERTIES = ("num_levels", "num_rows", "block_sizes", "policy")
 
@@ -87,6 +92,7 @@ def assert_same(model: LedgerModel, ext: Ledger, per_row: bool = True) -> None:
         for name in ROW_QUERIES:
             assert_same_value(getattr(model, name)(row), getattr(ext, name)(row), f"{name}({row})")
         assert_same_value(model.finished(row), ext.finished(row), f"finished({row})")
+        assert_same_value(model.held(row), ext.held(row), f"held({row})")
         assert_int64(model.tags(row), ext.tags(row), f"tags({row})")
         for level in range(model.num_levels):
             what = f"pending({row}, {level})"
@@ -118,15 +124,22 @@ def check_invariants(model: LedgerModel) -> None:
         assert counts[top] == committed
         for level in range(top):
             assert counts[level] == model.pending(r, level)
-        # Level 0 never holds its own last draft; a level >= 1 holds at most its tagged prefix.
-        assert 0 <= c[0] <= n - 1 and np.all(c >= 0) and np.all(c[1:] <= f[1:])
+        finished, wanted, held = model.finished(r), model.wanted_level(r), model.held(r)
+        # Level 0 never holds its own last draft while the row runs; a level >= 1 holds at most its
+        # tagged prefix. At a round boundary every level feeds at least the last token.
+        assert np.all(c >= 0) and np.all(c[1:] <= f[1:]) and c[0] <= n - (0 if finished else 1)
+        boundary = f[0] == f[top] and not model.closed[r]
+        if boundary and not finished:
+            assert np.all(c <= n - 1), f"row {r}: cached {c} at a boundary of {n}"
         # EOS: only drawn tokens; while the row runs, it can only be its last token.
         assert eos == -1 or prompt <= eos < n
-        finished, wanted = model.finished(r), model.wanted_level(r)
         assert model.output_len(r) == (eos + 1 if 0 <= eos < committed else committed)
         assert finished == (0 <= eos < committed or committed >= budget_end)
         if finished:
             assert wanted == -1
+            continue
+        if held:  # waits at its round boundary
+            assert wanted == -1 and boundary and eos == -1
             continue
         assert eos in (-1, n - 1) and 0 <= wanted <= top
         if wanted == 0:  # drafting: below every block size, before any EOS and the budget
@@ -155,15 +168,18 @@ def check_invariants(model: LedgerModel) -> None:
             assert all(wanted.count(best) >= wanted.count(w) for w in wanted)
             assert all(wanted.count(best) > wanted.count(w) for w in wanted if w > best)
     else:
-        assert model.next_level() == -1 and model.all_finished()
+        assert model.next_level() == -1
+        assert all(model.finished(r) or model.held(r) for r in range(model.num_rows))
 
 
-def max_ops(model: LedgerModel, row: int) -> int:
+def max_ops(model: LedgerModel, row: int, start: int | None = None) -> int:
     """Bound on the operations a row can have had. Between two operations of level >= i + 1 a row
     runs level i at most T_i times (each run adds a token tagged >= i; the T_i-th fills the batch),
     and every top-level operation commits at least one token. So with N_K top-level operations so
-    far (N_K <= committed - prompt), N_0 + 1 <= (N_K + 1) * prod(T_i + 1)."""
-    progress = model.committed_len(row) - model.prompt_lens[row]
+    far (N_K <= committed - prompt), N_0 + 1 <= (N_K + 1) * prod(T_i + 1). ``start``: the committed
+    length when the operations began to be counted (the last reconfigure; by default the prompt's)."""
+    start = model.prompt_lens[row] if start is None else start
+    progress = model.committed_len(row) - start
     return (progress + 1) * math.prod(t + 1 for t in model.block_sizes) - 1
 
 
@@ -238,7 +254,13 @@ class LedgerMachine(RuleBasedStateMachine):
     def build(self, cfg: dict) -> None:
         note(f"config: {cfg}")
         self.model, self.ext = LedgerModel(**cfg), Ledger(**cfg)
-        self.ops = [0] * self.model.num_rows  # operations per row, for the termination bound
+        self.restart_count()
+
+    def restart_count(self) -> None:
+        """Counts operations per row from here on, for the termination bound (a reconfigure changes
+        the block sizes, and the bound with them)."""
+        self.ops = [0] * self.model.num_rows
+        self.start = [self.model.committed_len(r) for r in range(self.model.num_rows)]
 
     @rule(data=st.data())
     def step(self, data) -> None:
@@ -251,9 +273,9 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def legal_steps(self, data) -> None:
         """Legal operations (bursts reach deep states within few machine steps), every observable
-        compared after each; nothing once every row is finished."""
+        compared after each; nothing once every row is finished or held."""
         for _ in range(data.draw(st.integers(1, 8), label="burst")):
-            if self.model.all_finished():
+            if self.model.next_level() < 0:
                 return
             self.legal_step(data)
             assert_same(self.model, self.ext, per_row=False)  # in full after the burst
@@ -317,7 +339,16 @@ class LedgerMachine(RuleBasedStateMachine):
         model, num_rows, num_levels = self.model, self.model.num_rows, self.model.num_levels
         method = data.draw(
             st.sampled_from(
-                ["spans", "commit_draft", "commit_proposal", "commit_verify", "rows_for", "row query"]
+                [
+                    "spans",
+                    "commit_draft",
+                    "commit_proposal",
+                    "commit_verify",
+                    "rows_for",
+                    "row query",
+                    "hold",
+                    "reconfigure",
+                ]
             )
         )
         level = data.draw(st.integers(-1, num_levels), label="level")
@@ -337,8 +368,15 @@ class LedgerMachine(RuleBasedStateMachine):
             args = (level, rows, values(-1, 5), values(0, 1))
         elif method == "rows_for":
             args = (level,)
+        elif method == "hold":
+            args = (rows,)
+        elif method == "reconfigure":
+            sizes = data.draw(st.lists(st.integers(0, 3), max_size=3), label="block sizes")
+            size = num_rows * (len(sizes) + 1) + data.draw(st.sampled_from([0, 0, 0, -1, 1]))
+            top = int(max(model.committed_len(r) for r in range(num_rows)))
+            args = (sizes, data.draw(st.lists(st.integers(-1, top), min_size=size, max_size=size)))
         else:
-            method = data.draw(st.sampled_from([*ROW_QUERIES, "finished", "tags", "pending"]))
+            method = data.draw(st.sampled_from([*ROW_QUERIES, "finished", "held", "tags", "pending"]))
             row = data.draw(st.integers(-2, num_rows + 1), label="row")
             args = (row, level) if method == "pending" else (row,)
         note(f"{method}{args}")
@@ -363,6 +401,83 @@ class LedgerMachine(RuleBasedStateMachine):
         if method.startswith("commit_"):
             for r in rows:
                 self.ops[r] += 1
+        if method == "reconfigure":
+            self.restart_count()
+
+    def at_boundary(self) -> list[int]:
+        """The rows hold() accepts: finished, or with no speculative token and no closed block."""
+        model = self.model
+        return [
+            r
+            for r in range(model.num_rows)
+            if model.finished(r) or (model.seq_len(r) == model.committed_len(r) and not model.closed[r])
+        ]
+
+    @rule(data=st.data())
+    def hold(self, data) -> None:
+        """Some rows at their round boundary (held ones again, perhaps) wait: they want nothing, the
+        other rows run on."""
+        candidates = self.at_boundary()
+        if not candidates:
+            return
+        if data.draw(st.booleans(), label="all at the boundary"):
+            rows = candidates
+        else:
+            rows = data.draw(st.lists(st.sampled_from(candidates), min_size=1, unique=True), label="rows")
+        kind = data.draw(SEQUENCE_KINDS, label="sequence kind")
+        note(f"hold({rows})")
+        before = snapshot(self.model)
+        self.model.hold(as_sequence(kind, rows))
+        assert self.ext.hold(as_sequence(kind, rows)) is None
+        assert all(self.model.held(r) and self.model.wanted_level(r) == -1 for r in rows)
+        for level in range(self.model.num_levels):
+            assert not set(rows) & set(self.model.rows_for(level).tolist())
+        after = snapshot(self.model)
+        for name in BULK_VIEWS:  # only the flags and the wishes of the rows change
+            if name not in ("holds", "wanted_levels"):
+                assert np.array_equal(after[name], before[name]), name
+        assert np.array_equal(after["finished"], before["finished"])
+        others = np.setdiff1d(np.arange(self.model.num_rows), rows)
+        assert np.array_equal(after["wanted_levels"][others], before["wanted_levels"][others])
+        assert_same(self.model, self.ext)
+
+    @rule(data=st.data())
+    def reconfigure(self, data) -> None:
+        """Every row finished or held: a random new hierarchy and random legal cache lengths; the rows
+        keep their committed tokens, EOS and budget, and are released."""
+        model = self.model
+        if not all(model.finished(r) or model.held(r) for r in range(model.num_rows)):
+            return
+        if data.draw(st.booleans(), label="the same hierarchy, every cache kept"):
+            # Always legal: how the engine releases the holds when it does not switch.
+            sizes, cached = model.block_sizes, model.cached_lens().ravel().tolist()
+        else:
+            sizes = data.draw(st.lists(st.integers(1, 4), max_size=3), label="block sizes")
+            cached = []
+            for r in range(model.num_rows):
+                most = model.committed_len(r) - (0 if model.finished(r) else 1)
+                cached += data.draw(
+                    st.lists(st.integers(0, most), min_size=len(sizes) + 1, max_size=len(sizes) + 1)
+                )
+        levels = len(sizes) + 1
+        kind = data.draw(SEQUENCE_KINDS, label="sequence kind")
+        note(f"reconfigure({sizes}, {cached})")
+        before = snapshot(model)
+        model.reconfigure(as_sequence(kind, sizes), as_sequence(kind, cached))
+        assert self.ext.reconfigure(as_sequence(kind, sizes), as_sequence(kind, cached)) is None
+        assert model.num_levels == levels and model.block_sizes == sizes
+        after = snapshot(model)
+        committed = before["frontiers"][:, -1]
+        assert np.array_equal(after["frontiers"], np.repeat(committed[:, None], levels, axis=1))
+        assert np.array_equal(after["cached_lens"].ravel(), np.array(cached, dtype=np.int64))
+        assert not after["holds"].any()
+        for name in ("seq_lens", "output_lens", "eos_positions", "finished"):
+            assert np.array_equal(after[name], before[name]), name
+        assert np.all((after["wanted_levels"] == -1) == after["finished"])  # the others draft
+        assert np.all(after["wanted_levels"] <= 0)
+        assert_same(self.model, self.ext)
+        check_invariants(model)
+        self.restart_count()
 
     @invariant()
     def same_observables(self) -> None:
@@ -372,7 +487,8 @@ class LedgerMachine(RuleBasedStateMachine):
     def model_invariants(self) -> None:
         check_invariants(self.model)
         for r in range(self.model.num_rows):
-            assert self.ops[r] <= max_ops(self.model, r), f"row {r}: {self.ops[r]} operations"
+            bound = max_ops(self.model, r, self.start[r])
+            assert self.ops[r] <= bound, f"row {r}: {self.ops[r]} operations"
 
 
 TestLedgerMachine = LedgerMachine.TestCase
@@ -500,8 +616,16 @@ def three_rows(impl):
         ("commit_verify", (1, [0], [3], [0]), "num_accepted 3"),
         ("commit_verify", (1, [0], [-1], [0]), "num_accepted -1"),
         ("commit_verify", (1, [0], [3], []), "extra_is_eos"),  # lengths before values
-        *[(name, (3,), "row 3") for name in (*ROW_QUERIES, "finished", "tags")],
-        *[(name, (-1,), "row -1") for name in (*ROW_QUERIES, "finished", "tags")],
+        ("hold", ([0],), "row 0 is not at a round boundary: it holds 2 speculative tokens"),
+        ("hold", ([1, 0],), "row 0 is not at a round boundary"),  # row 1 is not held either
+        ("hold", ([1, 1],), "duplicate"),
+        ("hold", ([7, 7],), "duplicate"),
+        ("hold", ([1, 3],), "row 3"),
+        ("hold", ([-1],), "row -1"),
+        ("reconfigure", ([2], [0] * 6), "row 0 is neither finished nor held"),
+        ("reconfigure", ([0], [0]), "row 0 is neither finished nor held"),  # the rows first
+        *[(name, (3,), "row 3") for name in (*ROW_QUERIES, "finished", "held", "tags")],
+        *[(name, (-1,), "row -1") for name in (*ROW_QUERIES, "finished", "held", "tags")],
         ("pending", (3, 0), "row 3"),
         ("pending", (0, 3), "level 3"),
         ("pending", (0, -1), "level -1"),
@@ -522,6 +646,83 @@ def snapshot_of(ledger) -> dict[str, np.ndarray]:
     return {name: getattr(ledger, name)() for name in BULK_VIEWS}
 
 
+def at_rest(impl):
+    """num_levels 3, T = [2, 2]: row 0 ran a round (committed 7, cached [4, 5, 6]) and is held, row 1
+    is held at its prompt (committed 3), row 2 is finished (max_new_tokens 0) and not held."""
+    ledger = impl(3, [2, 2], [3, 3, 3], [10, 10, 0])
+    ledger.commit_draft([0], [0])
+    ledger.commit_draft([0], [0])
+    ledger.commit_verify(1, [0], [2], [0])
+    ledger.commit_verify(2, [0], [3], [0])
+    assert ledger.frontiers().tolist() == [[7, 7, 7], [3, 3, 3], [3, 3, 3]]
+    ledger.hold([0, 1])
+    assert ledger.holds().tolist() == [1, 1, 0] and ledger.next_level() == -1
+    assert not ledger.all_finished() and ledger.finished(2)
+    return ledger
+
+
+@IMPLS
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (([0], [0] * 6), "block size"),
+        (([2, -1], [0] * 9), "block size"),
+        (([0], [0] * 5), "block size"),  # block sizes before the length of cached
+        (([2], [0] * 5), r"cached has 5 entries for 3 rows x 2 levels"),
+        (([2], [0] * 7), r"cached has 7 entries"),
+        (([], [0] * 6), r"cached has 6 entries for 3 rows x 1 levels"),
+        (([2], [9] * 5), r"cached has 5 entries"),  # the length before the values
+        (([2], [0, 0, 0, 0, -1, 0]), r"row 2, level 0: cached -1 outside \[0, 3\]"),
+        (([2], [7, 0, 0, 0, 0, 0]), r"row 0, level 0: cached 7 outside \[0, 6\] \(held"),
+        (([2], [0, 7, 0, 0, 0, 0]), r"row 0, level 1: cached 7 outside \[0, 6\]"),  # the target too
+        (([2], [6, 6, 3, 0, 0, 0]), r"row 1, level 0: cached 3 outside \[0, 2\]"),
+        (([2], [6, 6, 0, 0, 0, 4]), r"row 2, level 1: cached 4 outside \[0, 3\] \(finished"),
+        (([], [7, 0, 0]), r"row 0, level 0: cached 7 outside \[0, 6\]"),  # the target alone too
+        (([2], [0, 0, 9, 9, 9, 9]), r"row 1, level 0"),  # rows in order
+    ],
+)
+def test_reconfigure_rejects(impl, args, match) -> None:
+    ledger = at_rest(impl)
+    before = snapshot_of(ledger)
+    with pytest.raises(ValueError, match=match):
+        ledger.reconfigure(*args)
+    assert (ledger.num_levels, ledger.block_sizes) == (3, [2, 2])  # a rejected call changes nothing
+    assert ledger.cached_lens().tolist() == [[4, 5, 6], [0, 0, 0], [0, 0, 0]]
+    after = snapshot_of(ledger)
+    for name in BULK_VIEWS:
+        np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+
+
+@IMPLS
+def test_reconfigure_keeps_the_rows(impl) -> None:
+    """The bounds are inclusive: a held row's caches up to committed_len - 1, a finished row's up to
+    committed_len; committed tokens, EOS, budgets and finished rows are kept, holds released."""
+    ledger = at_rest(impl)
+    ledger.reconfigure(np.array([3], np.int32), (6, 6, 2, 2, 3, 3))
+    assert (ledger.num_levels, ledger.block_sizes) == (2, [3])
+    assert ledger.frontiers().tolist() == [[7, 7], [3, 3], [3, 3]]
+    assert ledger.cached_lens().tolist() == [[6, 6], [2, 2], [3, 3]]
+    assert ledger.holds().tolist() == [0, 0, 0] and ledger.wanted_levels().tolist() == [0, 0, -1]
+    assert ledger.output_lens().tolist() == [7, 3, 3] and ledger.finished(2)
+    assert [a.tolist() for a in ledger.spans(0, [0, 1])] == [[6, 2], [7, 3], [6, 2]]
+    ledger.hold([2])  # a finished row may be held; reconfigure needs no hold on it
+    with pytest.raises(ValueError, match="row 0 is neither finished nor held"):
+        ledger.reconfigure([], [0, 0, 0])
+
+
+@IMPLS
+def test_hold_is_idempotent_and_released_only_by_reconfigure(impl) -> None:
+    ledger = impl(2, [2], [3, 4], [5, 5])
+    ledger.hold([1])
+    ledger.hold(np.array([1, 0]))  # row 1 again
+    assert ledger.holds().tolist() == [1, 1] and ledger.held(0) and ledger.held(1)
+    assert ledger.wanted_levels().tolist() == [-1, -1] and ledger.next_level() == -1
+    assert ledger.rows_for(0).tolist() == [] and not ledger.all_finished()
+    ledger.hold([])
+    ledger.reconfigure([2], [0, 0, 0, 0])
+    assert ledger.holds().tolist() == [0, 0] and ledger.next_level() == 0
+
+
 @IMPLS
 @pytest.mark.parametrize(
     ("call", "errors"),
@@ -539,6 +740,14 @@ def snapshot_of(ledger) -> dict[str, np.ndarray]:
         (lambda led: led.seq_len(0.0), TypeError),
         (lambda led: led.rows_for(1.0), TypeError),
         (lambda led: led.rows_for("1"), TypeError),
+        (lambda led: led.hold([0.5]), TypeError),
+        (lambda led: led.hold(1), ValueError),
+        (lambda led: led.hold([[1]]), ValueError),
+        (lambda led: led.held(1.0), TypeError),
+        # Both sequences are converted before any check (the rows are not at rest here).
+        (lambda led: led.reconfigure([2.0], [0] * 6), TypeError),
+        (lambda led: led.reconfigure([2], [[0, 0]] * 3), ValueError),
+        (lambda led: led.reconfigure([2], np.zeros(6)), TypeError),
     ],
 )
 def test_bad_argument_types(impl, call, errors) -> None:
@@ -592,6 +801,10 @@ def test_same_interface() -> None:
         led.commit_draft(rows=rows, is_eos=[0, 1])
         led.commit_verify(level=1, rows=[0, 1], num_accepted=[0, 1], extra_is_eos=[0, 0])
         assert led.frontiers().tolist() == [[3, 3], [3, 3]]  # no bonus after row 1's EOS
+        led.hold(rows=[0, 1])
+        assert led.held(row=0) and led.holds().tolist() == [1, 1]
+        led.reconfigure(block_sizes=[], cached=[2, 2])
+        assert led.num_levels == 1 and led.frontiers().tolist() == [[3], [3]]
 
 
 @IMPLS
@@ -817,6 +1030,81 @@ def test_policies(impl) -> None:
     assert led.wanted_levels().tolist() == [1, 0] and led.next_level() == 1
 
 
+@IMPLS
+def test_hold_and_reconfigure(impl) -> None:
+    """Two rows: one waits at its round boundary while the other finishes its round; then the
+    hierarchy switches from 3 levels to 2, to the target alone, to 4, and the run ends."""
+    led = impl(3, [2, 2], [3, 3], [20, 20])
+    led.commit_draft([0, 1], [0, 0])
+    led.commit_draft([0, 1], [0, 0])
+    led.commit_verify(1, [0, 1], [2, 2], [0, 0])
+    assert led.frontiers().tolist() == [[6, 6, 3], [6, 6, 3]] and led.wanted_levels().tolist() == [2, 2]
+    with pytest.raises(ValueError, match="row 1 is not at a round boundary: it holds 3 speculative"):
+        led.hold([1])
+    led.commit_verify(2, [0], [3], [0])  # row 0 ends its round: all accepted, a bonus
+    assert led.frontiers()[0].tolist() == [7, 7, 7] and led.wanted_levels().tolist() == [0, 2]
+    led.hold([0])
+    assert led.held(0) and not led.held(1) and led.holds().tolist() == [1, 0]
+    assert led.wanted_levels().tolist() == [-1, 2] and led.next_level() == 2
+    assert led.rows_for(0).tolist() == [] and led.rows_for(2).tolist() == [1]
+    with pytest.raises(ValueError, match="row 0 is held: it wants no level, not level 0"):
+        led.spans(0, [0])
+    with pytest.raises(ValueError, match="row 1 is neither finished nor held"):
+        led.reconfigure([3], [0, 6, 0, 4])
+    kept, cascaded = led.commit_verify(2, [1], [1], [0])  # row 1 runs on: rejects position 4
+    assert (kept.tolist(), cascaded.tolist()) == ([1], [1])
+    assert led.frontiers()[1].tolist() == [5, 5, 5] and led.cached_lens()[1].tolist() == [4, 4, 4]
+    assert led.frontiers()[0].tolist() == [7, 7, 7] and led.held(0)  # untouched
+    led.hold([1])
+    assert led.next_level() == -1 and not led.all_finished()
+
+    # 2 levels: a new draft model (nothing cached) under the same target (its cache kept).
+    led.reconfigure([3], [0, 6, 0, 4])
+    assert (led.num_levels, led.block_sizes) == (2, [3])
+    assert led.frontiers().tolist() == [[7, 7], [5, 5]] and led.cached_lens().tolist() == [[0, 6], [0, 4]]
+    assert led.holds().tolist() == [0, 0] and led.wanted_levels().tolist() == [0, 0]
+    assert [a.tolist() for a in led.spans(0, [0, 1])] == [[0, 0], [7, 5], [6, 4]]
+    for _ in range(3):
+        led.commit_draft([0, 1], [0, 0])
+    assert led.wanted_levels().tolist() == [1, 1]
+    assert [a.tolist() for a in led.spans(1, [0, 1])] == [[6, 4], [10, 8], [6, 4]]
+    led.commit_verify(1, [0, 1], [3, 3], [0, 0])
+    assert led.frontiers().tolist() == [[11, 11], [9, 9]]
+    led.hold([0, 1])
+
+    # The target alone: level 0 is the target, its cache kept; every step commits a token.
+    led.reconfigure([], [10, 8])
+    assert led.num_levels == 1 and led.frontiers().tolist() == [[11], [9]]
+    assert [a.tolist() for a in led.spans(0, [0, 1])] == [[10, 8], [11, 9], [10, 8]]
+    led.commit_draft([0, 1], [0, 0])
+    led.commit_draft([0], [1])  # row 0 draws EOS: committed at once, the row is finished
+    assert led.finished(0) and led.output_len(0) == 13 and led.committed_len(1) == 10
+    led.hold([0, 1])  # a finished row may be held too
+
+    # 4 levels; the finished row may cache its whole committed length.
+    led.reconfigure([1, 2, 1], [0, 0, 0, 13, 0, 0, 0, 9])
+    assert led.num_levels == 4 and led.frontiers().tolist() == [[13] * 4, [10] * 4]
+    assert led.wanted_levels().tolist() == [-1, 0] and led.finished(0) and not led.held(0)
+    assert led.eos_positions().tolist() == [12, -1] and led.output_len(0) == 13
+    run_accepting_everything(led)
+    assert led.all_finished() and led.output_lens().tolist() == [13, 23]
+
+
+def run_accepting_everything(led, max_steps: int | None = None) -> None:
+    """Run ``led`` until no row wants a level (or ``max_steps`` steps): drafts without EOS, every
+    verification accepting its whole block."""
+    steps = 0
+    while (level := led.next_level()) >= 0 and (max_steps is None or steps < max_steps):
+        rows = led.rows_for(level)
+        _, ends, outs = led.spans(level, rows)
+        zeros = np.zeros(len(rows), np.int64)
+        if level == 0:
+            led.commit_draft(rows, zeros)
+        else:
+            led.commit_verify(level, rows, ends - outs - 1, zeros)
+        steps += 1
+
+
 def test_extension_handles_large_batches() -> None:
     """The engine's statistical tests run ~50,000 rows per step. The work is bounded, not timed:
     every step serves all the rows that want its level (the batch moves in lockstep, so the step
@@ -860,14 +1148,5 @@ def test_huge_budget_does_not_overflow(impl) -> None:
 def test_long_budget_is_exact() -> None:
     """A budget of thousands of tokens ends exactly there (the extension only: the model is slow)."""
     led = Ledger(2, [4], [3, 1], [3000, 2999])
-    for _ in range(2 * 3000):  # a draft or a verify per step: at most ~1.25 steps per token
-        if (level := led.next_level()) < 0:
-            break
-        rows = led.rows_for(level)
-        _, ends, outs = led.spans(level, rows)
-        zeros = np.zeros(len(rows), np.int64)
-        if level == 0:
-            led.commit_draft(rows, zeros)
-        else:
-            led.commit_verify(level, rows, ends - outs - 1, zeros)
+    run_accepting_everything(led, max_steps=2 * 3000)  # a draft or a verify per step: ~1.25 per token
     assert led.all_finished() and led.output_lens().tolist() == [3003, 3000]

@@ -39,6 +39,10 @@ CALLS = {
     "commit_draft": ([0, 1], [0, 0]),
     "commit_proposal": ([0, 1], [0, 0], [0, 0]),
     "commit_verify": (1, [0], [0], [0]),
+    "held": (0,),
+    "holds": (),
+    "hold": ([0],),
+    "reconfigure": ([2], [0, 0, 0, 0]),
 }
 PROPERTIES = ("num_levels", "num_rows", "block_sizes", "policy")
 

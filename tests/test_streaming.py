@@ -15,7 +15,7 @@ import threading
 
 import pytest
 import torch
-from hf_models import derived_drafts, tiny_model
+from hf_models import tiny_model
 from transformers import GenerationConfig, TextIteratorStreamer
 
 import hsd_fast
@@ -25,16 +25,6 @@ pytestmark = pytest.mark.hf
 
 PROMPT = [[5, 9, 11, 40, 3, 7, 12, 60, 33]]
 TIMEOUT = 60.0  # seconds a consumer waits for the next piece before the test fails (a hang guard)
-
-
-@pytest.fixture(scope="module")
-def target() -> torch.nn.Module:
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def drafts(target) -> list[torch.nn.Module]:
-    return derived_drafts(target, 2)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ import warnings
 
 import pytest
 import torch
-from hf_models import derived_drafts, tiny_model
 from transformers.generation.streamers import BaseStreamer
 
 import hsd_fast
@@ -18,16 +17,6 @@ from hsd_fast.wrapper import HSDModel
 pytestmark = pytest.mark.hf
 
 PROMPT = [5, 9, 11, 40, 3, 7, 12, 60, 33]
-
-
-@pytest.fixture(scope="module")
-def target() -> torch.nn.Module:
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def drafts(target) -> list[torch.nn.Module]:
-    return derived_drafts(target, 2)
 
 
 def _left_padded(prompts: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

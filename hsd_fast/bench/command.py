@@ -360,6 +360,10 @@ def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, no
         }
         seen[(chain, selection.T)] = config
         configs.append(config)
+    candidates = [LOOKUP, *scenario.drafts]
+    configs.append(
+        cfg.ours_adaptive(scenario.target, scenario.drafts, candidates, sampling, n, not args.eager)
+    )
     return configs
 
 

@@ -4,8 +4,9 @@ Hugging Face's own: ``generate`` as users call it (eager, dynamic cache), ``gene
 its static cache (on a CPU, HF compiles only when told to: ``cache_implementation="static"`` and a
 ``CompileConfig`` marked for all devices, the way transformers' own tests do it), assisted
 generation with a draft (its default schedule, and a fixed number of draft tokens), and prompt
-lookup. Ours: the engine with no draft (``drafts=[]``: what compiling alone gives), and hierarchies
-(one draft or several, each with its block sizes T; ``"lookup"`` in a chain is the lookup level).
+lookup. Ours: the engine with no draft (``drafts=[]``: what compiling alone gives), hierarchies
+(one draft or several, each with its block sizes T; ``"lookup"`` in a chain is the lookup level), and
+the adaptive engine, which chooses among the drafts round by round.
 """
 
 from __future__ import annotations
@@ -124,3 +125,26 @@ def ours(
     if tree is not None and name is None:
         label = f"ours, {' > '.join([*chain, 'target'])}, tree {tree} T={list(T[1:])}"
     return Config(label, "ours", run, chain=tuple(chain), T=tuple(T))
+
+
+def ours_adaptive(
+    target: torch.nn.Module,
+    drafts: dict[str, torch.nn.Module],
+    candidates: Sequence[str],
+    sampling: dict,
+    max_new_tokens: int,
+    compile: bool = True,
+) -> Config:
+    """Our engine choosing its hierarchy round by round over ``candidates`` (smallest first) with
+    the built-in policy (``adapt=True``)."""
+    kwargs = _hf_kwargs(sampling, max_new_tokens) | {"compile": compile, "output_hsd_stats": True, "seed": 0}
+    models = [as_lookup(d) or drafts[d] for d in candidates]
+
+    def run(ids, mask):
+        out = target.generate(
+            ids, attention_mask=mask, custom_generate=hsd_generate, drafts=models, adapt=True, **kwargs
+        )
+        return out.sequences, out.hsd_stats
+
+    label = f"ours, adaptive over {', '.join(candidates)} (built-in policy)"
+    return Config(label, "ours", run)  # no fixed chain: the name says what it chooses among

@@ -1,0 +1,218 @@
+"""Hierarchies that change between rounds (docs/design.md, "Switching hierarchies").
+
+Terms. The *candidates* are the levels a run may put under the target, smallest first (a lookup
+level only first). A ``Choice`` is a hierarchy over them: which candidates run (a sub-chain, none at
+all included), their block sizes and a token tree the first draft model drafts. A *round* ends when
+every unfinished row's speculative tokens have all been verified by the target: rows that finish
+their round first are held by the ledger until the others have. At each round's end the run shows
+the policy an ``Observation`` and decodes the next round with the ``Choice`` it returns.
+
+Exactness under any policy rests on two rules the engine keeps, whatever the policy does:
+
+- the policy looks only at round ends, when no row holds a speculative token (nothing it saw is
+  still to be verified), and
+- every look starts a new *epoch*: the levels below the target key their randomness with the
+  epoch's seeds (``SamplingMetadata.start_epoch``), so no uniform a lower level will still use can
+  have influenced what the policy saw. The target keys with the row seed as always: of its uniforms,
+  those at positions not yet committed have influenced nothing.
+
+This module holds the bookkeeping of a switch (``Switcher``: which candidate's cache holds how much
+of each row, the ledger reconfigured in one operation) and the built-in policy; the types are in
+``switching_types.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from hsd_fast._C import Ledger
+from hsd_fast.round_log import RoundLog
+from hsd_fast.sampling_metadata import SamplingMetadata
+from hsd_fast.switching_types import Adaptive, Choice, HierarchyUsed, Observation
+
+
+class Switcher:
+    """An adaptive run's switching state: which prefix of every row each candidate's cache holds (a
+    level that leaves keeps its cache for a later return: it is valid on the committed prefix, which
+    never changes), the epoch, the rounds, and the hierarchies used. ``candidates`` levels may sit
+    under the target (index ``candidates``); ``lookup_first``: candidate 0 is a lookup level."""
+
+    def __init__(
+        self,
+        candidates: int,
+        adapt: Adaptive,
+        lookup_first: bool,
+        prompt_lens: np.ndarray,  # [B]
+        budget_end: np.ndarray,  # [B] where each row's length budget ends
+        tokens: torch.Tensor,  # [B, S] the run's token buffer
+    ) -> None:
+        self.candidates, self.adapt, self.lookup_first, self.tokens = candidates, adapt, lookup_first, tokens
+        self.budget_end = budget_end
+        self.policy = adapt.policy if adapt.policy is not None else ExploreThenCommit()
+        self.cached = np.zeros((candidates + 1, len(prompt_lens)), dtype=np.int64)  # [candidates + 1, B]
+        self.epoch = self.round = 0
+        self.used: list[HierarchyUsed] = []
+        self.committed = prompt_lens.copy()  # [B] at the last round's end
+        self.marks: list[int] = []  # the round log's verifications so far, per level
+        self.last_look = time.perf_counter()
+
+    def first(self) -> Choice:
+        """The hierarchy of the first round: ``adapt.start``, or the policy's choice before anything
+        was decoded."""
+        start = self.adapt.start
+        if start is None:
+            start = self.policy(self._observation(None, np.zeros_like(self.committed, dtype=bool), ()))
+        return self.check(start)
+
+    def begin(self, choice: Choice, sampling: SamplingMetadata) -> None:
+        """The run starts with ``choice`` in epoch 1 (epoch 0, the target's own seeds, is for runs
+        that never switch: here a lower level's keys must never meet the target's)."""
+        self.sampling, self.epoch = sampling, 1
+        sampling.start_epoch(self.epoch)
+        self.used.append(HierarchyUsed(0, choice))
+        self.last_look = time.perf_counter()
+
+    def round_end(self, ledger: Ledger, choice: Choice, log: RoundLog) -> Choice:
+        """Every unfinished row has ended its round (held): show the policy what happened, start a new
+        epoch, and reconfigure the ledger for the hierarchy it chose (the same one included: the
+        holds are released). Returns that hierarchy."""
+        now = time.perf_counter()
+        committed = ledger.frontiers()[:, -1]  # [B]
+        # at a round's end a row holds an EOS only if it is committed: then it is finished
+        finished = (ledger.eos_positions() >= 0) | (committed >= self.budget_end)
+        self.keep_caches(choice, ledger.cached_lens())
+        current = self.used[-1]
+        current.rounds += 1
+        current.committed += int((committed - self.committed).sum())
+        current.seconds += now - self.last_look
+        verified, accepted = log.verifications_since(self.marks)
+        self.round += 1
+        seen = self._observation(choice, finished, zip(verified, accepted, strict=True), committed, now)
+        chosen = self.check(self.policy(seen))
+        self.epoch += 1  # the policy has looked: nothing a lower level draws from here on was seen
+        self.sampling.start_epoch(self.epoch)
+        cached = self.caches_for(chosen, committed)  # [levels, B]
+        ledger.reconfigure(chosen.block_sizes, cached.T.reshape(-1).tolist())
+        if chosen != choice:
+            joining = [i for i, c in enumerate(self.levels_of(chosen)) if c not in self.levels_of(choice)]
+            catch_up = int((committed[None, :] - cached[joining]).sum())
+            self.used.append(HierarchyUsed(self.round, chosen, catch_up_tokens=catch_up))
+            self.used[-1].switch_seconds = time.perf_counter() - now  # finished by the caller
+        self.committed, self.last_look = committed, now
+        self.marks = log.marks() if chosen == choice else []
+        return chosen
+
+    def _observation(self, choice, finished, verifications=(), committed=None, now=None) -> Observation:
+        committed = self.committed if committed is None else committed
+        pairs = list(verifications)
+        return Observation(
+            round=self.round,
+            epoch=self.epoch,
+            choice=choice,
+            num_candidates=self.candidates,
+            lookup_first=self.lookup_first,
+            trees=self.adapt.trees,
+            committed=committed.copy(),
+            finished=finished,
+            tokens=self.tokens,
+            round_tokens=int((committed - self.committed).sum()),
+            round_seconds=0.0 if now is None else now - self.last_look,
+            verified=tuple(v for v, _ in pairs),
+            accepted=tuple(a for _, a in pairs),
+        )
+
+    def check(self, choice: object) -> Choice:
+        """``choice`` if the run can decode it, else a TypeError / ValueError that names the policy."""
+        if not isinstance(choice, Choice):
+            raise TypeError(f"an adaptive policy must return a hsd_fast.Choice, got {type(choice).__name__}")
+        drafts, n, max_T = choice.drafts, self.candidates, self.adapt.max_T
+        if any(not 0 <= d < n for d in drafts) or list(drafts) != sorted(set(drafts)):
+            raise ValueError(
+                f"policy chose drafts {list(drafts)}: candidate indices in [0, {n}), ascending, each once"
+            )
+        if len(choice.T) != len(drafts) or any(not 1 <= t <= max_T for t in choice.T):
+            raise ValueError(
+                f"policy chose T={list(choice.T)} for drafts {list(drafts)}: one block size per draft, each "
+                f"in [1, {max_T}] (max_T)"
+            )
+        if choice.tree is not None:
+            if choice.tree not in self.adapt.trees:
+                raise ValueError("policy chose a token tree the run was not given (adapt trees=)")
+            if not drafts or (self.lookup_first and drafts[0] == 0):
+                raise ValueError("policy chose a token tree: it is drafted by a draft model at level 0")
+        return choice
+
+    def levels_of(self, choice: Choice) -> list[int]:
+        """The candidate index of each level of ``choice``, the target's last."""
+        return [*choice.drafts, self.candidates]
+
+    def keep_caches(self, choice: Choice, cached_lens: np.ndarray) -> None:
+        """At a round's end: what each level of ``choice`` holds now (the ledger's ``cached_lens``,
+        ``[B, levels]``) becomes its candidate's."""
+        self.cached[self.levels_of(choice)] = np.asarray(cached_lens).T
+
+    def caches_for(self, choice: Choice, committed: np.ndarray) -> np.ndarray:
+        """The cached lengths ``[levels, B]`` the ledger starts ``choice`` with: each candidate's own
+        cache, at most the committed prefix but its last token (which every level feeds next, for
+        the logits after it; a lookup level has no cache)."""
+        levels = self.levels_of(choice)
+        last = np.maximum(committed - 1, 0)[None, :]  # [1, B]
+        cached = np.minimum(self.cached[levels], last)  # [levels, B]
+        if self.lookup_first and choice.drafts and choice.drafts[0] == 0:
+            cached[0] = last[0]
+        return cached
+
+
+def no_draft() -> Choice:
+    """The target alone."""
+    return Choice()
+
+
+class ExploreThenCommit:
+    """The built-in policy: try each hierarchy of ``choices`` for ``explore_rounds`` rounds, decode
+    with the one that committed the most tokens per second, and try them all again every
+    ``period`` rounds (text changes as a request goes on). The measure includes what switching
+    cost. Until a latency model steers it, this is a plain bandit over a few hierarchies.
+
+    ``choices``: by default no draft, each candidate alone (a model candidate also with each tree
+    offered) and all candidates together, with block size ``T``."""
+
+    def __init__(
+        self, choices: Sequence[Choice] | None = None, T: int = 4, explore_rounds: int = 3, period: int = 64
+    ) -> None:
+        if explore_rounds < 1 or period < 1:
+            raise ValueError("explore_rounds and period must be >= 1")
+        self.choices = list(choices) if choices is not None else None
+        self.T, self.explore_rounds, self.period = T, explore_rounds, period
+        self.tokens: dict[Choice, float] = {}
+        self.seconds: dict[Choice, float] = {}
+        self.best: Choice | None = None
+
+    def default_choices(self, seen: Observation) -> list[Choice]:
+        n = seen.num_candidates
+        singles = [Choice((i,), (self.T,)) for i in range(n)]
+        models = range(1 if seen.lookup_first else 0, n)
+        trees = [Choice((i,), (t.depth,), t) for i in models for t in seen.trees]
+        everything = [Choice(tuple(range(n)), (self.T,) * n)] if n > 1 else []
+        return [no_draft(), *singles, *trees, *everything]
+
+    def __call__(self, seen: Observation) -> Choice:
+        if self.choices is None:
+            self.choices = self.default_choices(seen)
+        if seen.choice is not None and seen.round_seconds > 0:
+            self.tokens[seen.choice] = self.tokens.get(seen.choice, 0.0) + seen.round_tokens
+            self.seconds[seen.choice] = self.seconds.get(seen.choice, 0.0) + seen.round_seconds
+        cycle = seen.round % self.period
+        exploring = len(self.choices) * self.explore_rounds
+        if cycle < exploring:
+            if cycle == 0:  # a new exploration: forget the old measurements
+                self.tokens, self.seconds = {}, {}
+            return self.choices[cycle // self.explore_rounds]
+        if cycle == exploring or self.best is None:
+            rates = {c: self.tokens.get(c, 0.0) / s for c in self.choices if (s := self.seconds.get(c))}
+            self.best = max(rates, key=rates.get) if rates else self.choices[0]
+        return self.best

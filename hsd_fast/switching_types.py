@@ -1,0 +1,87 @@
+"""The types of hierarchies that change between rounds (docs/design.md, "Switching hierarchies"):
+a ``Choice`` over the candidates, what a policy sees (``Observation``) and returns, how a run is told
+to adapt (``Adaptive``), and what it reports of each hierarchy it used (``HierarchyUsed``). The
+machinery is ``switching.py``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hsd_fast.tree import Tree
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A hierarchy over the candidates: ``drafts`` indexes the candidates that run under the target
+    (ascending; empty: no draft), ``T`` one block size per draft, ``tree`` a token tree the first
+    draft (a model) drafts, its depth standing for ``T[0]``."""
+
+    drafts: tuple[int, ...] = ()
+    T: tuple[int, ...] = ()
+    tree: Tree | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "drafts", tuple(int(d) for d in self.drafts))
+        object.__setattr__(self, "T", tuple(int(t) for t in self.T))
+
+    @property
+    def block_sizes(self) -> list[int]:
+        """The ledger's block sizes: ``T``, a tree's depth standing for the first."""
+        return list(self.T) if self.tree is None else [self.tree.depth, *self.T[1:]]
+
+
+@dataclass(frozen=True)
+class Adaptive:
+    """How an adaptive run chooses: ``policy``, the hierarchy to start with (None: the policy's
+    first choice), the largest block size a choice may have (the ring of draft distributions is
+    sized for it) and the token trees a choice may draft."""
+
+    policy: Policy | None  # None: the built-in ``ExploreThenCommit``, fresh for every run
+    start: Choice | None = None
+    max_T: int = 8
+    trees: tuple[Tree, ...] = ()
+
+
+Policy = Callable[["Observation"], Choice]
+"""A function from what the run has seen to the hierarchy of the next round."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the run shows its policy at a round's end. Everything here was decided by randomness
+    the run will not use again (docs/design.md, "Switching hierarchies")."""
+
+    round: int  # rounds decoded so far (0: nothing yet, the policy picks the first hierarchy)
+    epoch: int  # the epoch whose keys the levels below the target used in those rounds
+    choice: Choice | None  # the hierarchy of the round that just ended (None before the first)
+    num_candidates: int
+    lookup_first: bool  # candidate 0 is a lookup level (no model: it drafts no tree)
+    trees: tuple[Tree, ...]  # the token trees a choice may draft
+    committed: np.ndarray  # [B] committed tokens per row, prompt included
+    finished: np.ndarray  # [B] bool
+    tokens: (
+        torch.Tensor
+    )  # [B, S] the run's token buffer, a view to read: row r's first committed[r] are its own
+    round_tokens: int  # tokens the last round committed, all rows
+    round_seconds: float  # its wall-clock time, the switch before it included
+    verified: tuple[np.ndarray, ...] = ()  # per level >= 1 of ``choice``: drafts of each verification
+    accepted: tuple[np.ndarray, ...] = ()  # per level >= 1: accepted drafts of each verification
+
+
+@dataclass
+class HierarchyUsed:
+    """One stretch of an adaptive run under one hierarchy: from which round, which, and what
+    switching to it cost (the host's reconfiguration, and the committed tokens the joining levels'
+    caches lacked: they feed them with their first step)."""
+
+    from_round: int
+    choice: Choice
+    switch_seconds: float = 0.0
+    catch_up_tokens: int = 0
+    rounds: int = 0
+    committed: int = 0  # tokens committed under it
+    seconds: float = 0.0  # wall-clock seconds decoded under it
