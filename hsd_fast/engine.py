@@ -251,7 +251,7 @@ def run_hsd(
             round_start = time.perf_counter()
             while (level := ledger.next_level()) >= 0:
                 rows = ledger.rows_for(level)
-                inside = _step(chain, level, rows, ledger, state, lookup, budget_end, log, broken)
+                inside, size = _step(chain, level, rows, ledger, state, lookup, budget_end, log, broken)
                 if level == chain.top:
                     if on_commit is not None:
                         lens = ledger.output_lens()
@@ -261,7 +261,7 @@ def run_hsd(
                     if switcher is not None:  # these rows' round ends: they wait for the others'
                         ledger.hold(rows)
                 round_end = time.perf_counter()
-                log.timed(level, round_end - round_start, inside)
+                log.timed(level, round_end - round_start, inside, size)
                 round_start = round_end
             if switcher is None or ledger.all_finished():
                 break
@@ -306,10 +306,11 @@ def _step(
     budget_end: np.ndarray,  # [B]
     log: RoundLog,
     broken_levels: set[int],
-) -> float:
+) -> tuple[float, int]:
     """One step of ``level`` for ``rows``: the lookup level's proposals, a draft step (a chain, or a
     token tree), or a verification, committed to the ledger. Returns the seconds spent inside the
-    step function."""
+    step function and the step's size as the latency model counts it: the tokens a draft step drew
+    (a tree: its depth; a lookup call: 0), the widest span a verification fed."""
     starts, ends, outs = ledger.spans(level, rows)
     runners, block_sizes, tree = chain.runners, chain.block_sizes, chain.choice.tree
     if level == 0 and chain.has_lookup:
@@ -320,7 +321,7 @@ def _step(
         state.write_proposals(rows, ends, proposals, counts)
         ledger.commit_proposal(rows, counts, last_is_eos)
         log.proposed(counts)
-        return time.perf_counter() - started
+        return time.perf_counter() - started, 0
     step = chain.steps[level]
     assert step is not None
     if level == 0 and tree is not None:
@@ -330,6 +331,7 @@ def _step(
         _check_logits(runners, level, rows, broken, broken_levels)
         ledger.commit_proposal(rows, proposed, np.zeros_like(proposed))
         log.drafted_tree(starts, ends, tree)
+        size = tree.depth
     elif level == 0:
         wanted = drafts_wanted(ledger, rows, budget_end, block_sizes)
         (drawn, last_is_eos, broken), inside = step(
@@ -342,6 +344,7 @@ def _step(
         if stopped.any():  # drafting stopped before broken logits: the block closes there
             ledger.commit_proposal(rows[stopped], drawn[stopped], last_is_eos[stopped])
         log.drafted(starts, ends, drawn)
+        size = int(drawn.max())
     else:
         result, inside = step(state, rows, starts, ends, outs)
         accepted, is_eos, broken = result[:3]  # [R] each
@@ -353,7 +356,8 @@ def _step(
         log.verified(level, starts, ends, outs, accepted, kept, cascaded)
         if lookup is not None:  # the emitted token replaced whatever stood at its position
             lookup.invalidate(rows, outs + 1 + accepted)
-    return inside
+        size = int((ends - starts).max())
+    return inside, size
 
 
 def _check_runners(runners: Sequence[Runner | LookupDraft]) -> None:

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from hsd_fast.batch_latency import select_for_batch
 from hsd_fast.engine import MAX_BLOCK_SIZE
 from hsd_fast.hf_generate import generate
-from hsd_fast.hierarchy_types import Hierarchy, NoDraftWarning, Selection, TreeDraft
+from hsd_fast.hierarchy_types import Hierarchy, NoDraftWarning, Profile, Selection, TreeDraft
 from hsd_fast.latency import Acceptance, Cost, LookupCost
 from hsd_fast.lookup import LookupDraft, as_lookup
 from hsd_fast.processors import generation_sampling
@@ -130,6 +130,7 @@ def select_hierarchy(
     selection = select_for_batch(costs, alpha, batch, max_T=max_T, max_new_tokens=max_new_tokens)
     selection, no_draft_reason = prefer_no_draft(selection, MODEL_ERROR if min_gain is None else min_gain)
     pick = Hierarchy.bind(selection, everything, batch)
+    pick = replace(pick, profile=Profile(tuple(everything), tuple(costs), tuple(tuple(row) for row in alpha)))
     if no_draft_reason is not None:
         warnings.warn(f"select_hierarchy: {no_draft_reason}", NoDraftWarning, stacklevel=2)
         pick = replace(pick, no_draft_reason=no_draft_reason)

@@ -49,6 +49,17 @@ class TreeDraft:
 
 
 @dataclass(frozen=True)
+class Profile:
+    """What ``select_hierarchy`` chose from: its candidates in the selection's index order (a lookup
+    level as its ``LookupDraft``, token trees as ``TreeDraft``s, the target last), their step costs
+    (``latency.Cost``) and their acceptance matrix. An adaptive run's controller starts from it."""
+
+    candidates: tuple
+    costs: tuple
+    alpha: tuple[tuple, ...]
+
+
+@dataclass(frozen=True)
 class Hierarchy:
     """Draft models (smallest first) and their block sizes T, with what the selector predicted;
     ``tree``: the token tree the first draft drafts (``T[0]`` is then its depth).
@@ -67,6 +78,7 @@ class Hierarchy:
     tree: Tree | None = None
     batch: int = 1  # rows it was chosen for: its latencies are per token of each row
     no_draft_reason: str | None = None  # why no draft was chosen over a better-predicted chain
+    profile: Profile | None = field(default=None, compare=False, repr=False)  # what it was chosen from
 
     @property
     def predicted_tokens_per_second(self) -> float:

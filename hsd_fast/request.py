@@ -31,6 +31,7 @@ from transformers.generation.stopping_criteria import (
 )
 
 from hsd_fast.compat import check_devices, check_model, hierarchy_vocab_size
+from hsd_fast.controller import LatencyController
 from hsd_fast.engine import MAX_BLOCK_SIZE, check_block_sizes
 from hsd_fast.generation_options import check_generation_options
 from hsd_fast.hierarchy_types import Hierarchy
@@ -158,6 +159,8 @@ def _adaptive_levels(drafts, T, tree, hierarchy, adapt, trees) -> Levels:
             raise ValueError(f"adapt: a tree {t.depth} deep is deeper than max_T={spec.max_T}")
     if hierarchy is not None:
         spec = replace(spec, start=_start_of(hierarchy, candidates, spec))
+        if adapt is True and hierarchy.profile is not None:  # the latency model steers, from its profile
+            spec = replace(spec, policy=LatencyController.kept_for(hierarchy, candidates, max_T=spec.max_T))
     return Levels(lookup, tuple(models), (), None, hierarchy, spec)
 
 

@@ -3,8 +3,6 @@ end: a round's own host work stays a few list appends."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
 from hsd_fast.stats import HSDStats
@@ -18,7 +16,9 @@ class RoundLog:
         self.num_levels = num_levels
         self.spans: list[list[np.ndarray]] = [[] for _ in range(num_levels)]  # fed tokens per row
         self.verifies: list[list[tuple]] = [[] for _ in range(num_levels)]
-        self.times: list[list[tuple[float, float]]] = [[] for _ in range(num_levels)]
+        self.times: list[list[tuple[float, float, int]]] = [
+            [] for _ in range(num_levels)
+        ]  # wall, inside, size
         self.lookups: list[int] = []  # tokens proposed per lookup round
         self.tree_nodes = 0  # token-tree nodes drafted
         self.ranks: list[np.ndarray] = []  # [depth, R] per tree verification: accepted nodes' ranks
@@ -46,22 +46,37 @@ class RoundLog:
         self.spans[level].append(ends - starts)
         self.verifies[level].append((ends - outs - 1, accepted, kept, cascaded))
 
-    def timed(self, level: int, wall: float, inside_step: float) -> None:
-        self.times[level].append((wall, inside_step))
+    def timed(self, level: int, wall: float, inside_step: float, size: int = 0) -> None:
+        """A step of ``level`` took ``wall`` seconds of the round, ``inside_step`` of them in its step
+        function; ``size``: what the latency model counts of it (``engine._step``)."""
+        self.times[level].append((wall, inside_step, size))
 
-    def marks(self) -> list[int]:
-        """How many verifications each level has logged so far."""
-        return [len(v) for v in self.verifies]
+    def marks(self) -> tuple[list[int], list[int]]:
+        """How many verifications and how many steps each level has logged so far."""
+        return [len(v) for v in self.verifies], [len(t) for t in self.times]
 
-    def verifications_since(self, marks: Sequence[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Per level >= 1: the drafts and the accepted drafts of every verification logged after
-        ``marks`` (``[]``: from the start), all rows concatenated (``[N]`` each)."""
-        drafts, accepted = [], []
-        for level in range(1, self.num_levels):
-            since = self.verifies[level][marks[level] if marks else 0 :]
-            drafts.append(np.concatenate([v[0] for v in since]) if since else np.zeros(0, dtype=np.int64))
-            accepted.append(np.concatenate([v[1] for v in since]) if since else np.zeros(0, dtype=np.int64))
-        return drafts, accepted
+    def since(self, marks: tuple[list[int], list[int]] | None) -> dict[str, tuple[np.ndarray, ...]]:
+        """What was logged after ``marks`` (None: from the start): per level >= 1 the drafts and the
+        accepted drafts of every verification (``verified``, ``accepted``: all rows concatenated,
+        ``[N]`` each), and per level the size and the seconds inside the step function of every
+        step (``step_sizes``, ``step_seconds``)."""
+        verifies, times = marks if marks is not None else ([0] * self.num_levels, [0] * self.num_levels)
+        empty = np.zeros(0, dtype=np.int64)
+        out: dict[str, list[np.ndarray]] = {
+            "verified": [],
+            "accepted": [],
+            "step_sizes": [],
+            "step_seconds": [],
+        }
+        for level in range(self.num_levels):
+            steps = self.times[level][times[level] :]
+            out["step_sizes"].append(np.array([s for _, _, s in steps], dtype=np.int64))
+            out["step_seconds"].append(np.array([inside for _, inside, _ in steps], dtype=np.float64))
+            if level >= 1:
+                done = self.verifies[level][verifies[level] :]
+                out["verified"].append(np.concatenate([v[0] for v in done]) if done else empty)
+                out["accepted"].append(np.concatenate([v[1] for v in done]) if done else empty)
+        return {k: tuple(v) for k, v in out.items()}
 
     def stats(self) -> HSDStats:
         stats = HSDStats(self.num_levels)
@@ -78,7 +93,7 @@ class RoundLog:
                 stats.record_verify(
                     level, *(np.concatenate(parts) for parts in zip(*self.verifies[level], strict=True))
                 )
-            for wall, inside in self.times[level]:
+            for wall, inside, _ in self.times[level]:
                 stats.record_time(level, wall, inside)
         if self.ranks:
             stats.record_ranks(np.concatenate([r.ravel() for r in self.ranks]))

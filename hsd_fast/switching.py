@@ -57,7 +57,7 @@ class Switcher:
         self.epoch = self.round = 0
         self.used: list[HierarchyUsed] = []
         self.committed = prompt_lens.copy()  # [B] at the last round's end
-        self.marks: list[int] = []  # the round log's verifications so far, per level
+        self.marks: tuple | None = None  # what the round log held at the last look (None: nothing)
         self.last_look = time.perf_counter()
 
     def first(self) -> Choice:
@@ -65,7 +65,7 @@ class Switcher:
         was decoded."""
         start = self.adapt.start
         if start is None:
-            start = self.policy(self._observation(None, np.zeros_like(self.committed, dtype=bool), ()))
+            start = self.policy(self._observation(None, np.zeros_like(self.committed, dtype=bool), {}))
         return self.check(start)
 
     def begin(self, choice: Choice, sampling: SamplingMetadata) -> None:
@@ -89,9 +89,8 @@ class Switcher:
         current.rounds += 1
         current.committed += int((committed - self.committed).sum())
         current.seconds += now - self.last_look
-        verified, accepted = log.verifications_since(self.marks)
         self.round += 1
-        seen = self._observation(choice, finished, zip(verified, accepted, strict=True), committed, now)
+        seen = self._observation(choice, finished, log.since(self.marks), committed, now)
         chosen = self.check(self.policy(seen))
         self.epoch += 1  # the policy has looked: nothing a lower level draws from here on was seen
         self.sampling.start_epoch(self.epoch)
@@ -103,12 +102,11 @@ class Switcher:
             self.used.append(HierarchyUsed(self.round, chosen, catch_up_tokens=catch_up))
             self.used[-1].switch_seconds = time.perf_counter() - now  # finished by the caller
         self.committed, self.last_look = committed, now
-        self.marks = log.marks() if chosen == choice else []
+        self.marks = log.marks() if chosen == choice else None
         return chosen
 
-    def _observation(self, choice, finished, verifications=(), committed=None, now=None) -> Observation:
+    def _observation(self, choice, finished, logged: dict, committed=None, now=None) -> Observation:
         committed = self.committed if committed is None else committed
-        pairs = list(verifications)
         return Observation(
             round=self.round,
             epoch=self.epoch,
@@ -121,8 +119,7 @@ class Switcher:
             tokens=self.tokens,
             round_tokens=int((committed - self.committed).sum()),
             round_seconds=0.0 if now is None else now - self.last_look,
-            verified=tuple(v for v, _ in pairs),
-            accepted=tuple(a for _, a in pairs),
+            **logged,
         )
 
     def check(self, choice: object) -> Choice:
@@ -130,9 +127,11 @@ class Switcher:
         if not isinstance(choice, Choice):
             raise TypeError(f"an adaptive policy must return a hsd_fast.Choice, got {type(choice).__name__}")
         drafts, n, max_T = choice.drafts, self.candidates, self.adapt.max_T
-        if any(not 0 <= d < n for d in drafts) or list(drafts) != sorted(set(drafts)):
+        if any(not 0 <= d < n for d in drafts) or len(set(drafts)) != len(drafts):
+            raise ValueError(f"policy chose drafts {list(drafts)}: candidate indices in [0, {n}), each once")
+        if self.lookup_first and 0 in drafts[1:]:
             raise ValueError(
-                f"policy chose drafts {list(drafts)}: candidate indices in [0, {n}), ascending, each once"
+                f"policy chose drafts {list(drafts)}: the lookup level (0) can only be the first"
             )
         if len(choice.T) != len(drafts) or any(not 1 <= t <= max_T for t in choice.T):
             raise ValueError(

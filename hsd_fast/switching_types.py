@@ -17,8 +17,9 @@ from hsd_fast.tree import Tree
 @dataclass(frozen=True)
 class Choice:
     """A hierarchy over the candidates: ``drafts`` indexes the candidates that run under the target
-    (ascending; empty: no draft), ``T`` one block size per draft, ``tree`` a token tree the first
-    draft (a model) drafts, its depth standing for ``T[0]``."""
+    (smallest first, each once, a lookup level only first; empty: no draft), ``T`` one block size
+    per draft, ``tree`` a token tree the first draft (a model) drafts, its depth standing for
+    ``T[0]``."""
 
     drafts: tuple[int, ...] = ()
     T: tuple[int, ...] = ()
@@ -70,6 +71,8 @@ class Observation:
     round_seconds: float  # its wall-clock time, the switch before it included
     verified: tuple[np.ndarray, ...] = ()  # per level >= 1 of ``choice``: drafts of each verification
     accepted: tuple[np.ndarray, ...] = ()  # per level >= 1: accepted drafts of each verification
+    step_sizes: tuple[np.ndarray, ...] = ()  # per level: each step's tokens drawn (level 0) or widest fed
+    step_seconds: tuple[np.ndarray, ...] = ()  # per level: each step's seconds inside its step function
 
 
 @dataclass

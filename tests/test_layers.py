@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
      ("layout", "stats", "report", "processors", "sampling_metadata", "lookup", "tree", "schedule",
       "positions", "hierarchy_types", "switching_types", "cli_args")),
     ("model", "the latency model: pure Python and the C++ ledger, never the engine",
-     ("latency", "tree_latency", "selector", "batch_latency")),
+     ("latency", "tree_latency", "selector", "batch_latency", "controller")),
     ("steps", "one level's step: run state, step math, compile policy, buffers, token trees",
      ("steps", "decode_state", "buffer_pool", "compile_policy", "level_step", "tree_plan", "tree_steps")),
     ("engine", "the HSD loop over the levels, driven by the ledger; switching hierarchies between rounds",

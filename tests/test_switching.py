@@ -257,8 +257,10 @@ def test_adaptive_arguments_are_checked() -> None:
         run(drafts=[drafts[0], drafts[0]], adapt=True)
     with pytest.raises(ValueError, match="max_T"):
         run(drafts=drafts, adapt=lambda seen: Choice((0,), (9,)))
-    with pytest.raises(ValueError, match="candidate indices"):
-        run(drafts=drafts, adapt=lambda seen: Choice((1, 0), (2, 2)))
+    with pytest.raises(ValueError, match="each once"):
+        run(drafts=drafts, adapt=lambda seen: Choice((0, 0), (2, 2)))
+    with pytest.raises(ValueError, match="only be the first"):
+        run(drafts=["lookup", *drafts], adapt=lambda seen: Choice((1, 0), (2, 2)))
     with pytest.raises(ValueError, match="not given"):
         run(drafts=drafts, adapt=lambda seen: Choice((0,), (2,), hsd_fast.Tree.chain(2)))
     with pytest.raises(TypeError, match="Choice"):

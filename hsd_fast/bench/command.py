@@ -32,6 +32,7 @@ from hsd_fast.bench.results import write
 from hsd_fast.bench.scenarios import SCENARIOS, Scenario
 from hsd_fast.bench.timing import CpuMeter
 from hsd_fast.cli_args import output_folder, positive_float, positive_int
+from hsd_fast.controller import LatencyController
 from hsd_fast.hf_generate import generate
 from hsd_fast.hierarchy import with_lookup_level
 from hsd_fast.hierarchy_types import Hierarchy, Selection
@@ -360,10 +361,21 @@ def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, no
         }
         seen[(chain, selection.T)] = config
         configs.append(config)
-    candidates = [LOOKUP, *scenario.drafts]
-    configs.append(
-        cfg.ours_adaptive(scenario.target, scenario.drafts, candidates, sampling, n, not args.eager)
+    # the adaptive engine, steered by the latency model from the smallest batch's profile (its
+    # names: the lookup level, the drafts, the target: the candidates in order)
+    costs, alpha, profiled = profiles[min(profiles)]
+    control = LatencyController(costs, alpha, max_T=GRID_MAX_T)
+    adaptive = cfg.ours_adaptive(
+        scenario.target,
+        scenario.drafts,
+        profiled[:-1],
+        sampling,
+        n,
+        not args.eager,
+        control,
+        "latency controller",
     )
+    configs.append(adaptive)
     return configs
 
 

@@ -134,17 +134,20 @@ def ours_adaptive(
     sampling: dict,
     max_new_tokens: int,
     compile: bool = True,
+    policy=True,
+    policy_name: str = "built-in policy",
 ) -> Config:
     """Our engine choosing its hierarchy round by round over ``candidates`` (smallest first) with
-    the built-in policy (``adapt=True``)."""
+    ``policy`` (``adapt=``: True for the built-in one, or a policy such as a ``LatencyController``,
+    which keeps what it learns from one call to the next)."""
     kwargs = _hf_kwargs(sampling, max_new_tokens) | {"compile": compile, "output_hsd_stats": True, "seed": 0}
     models = [as_lookup(d) or drafts[d] for d in candidates]
 
     def run(ids, mask):
         out = target.generate(
-            ids, attention_mask=mask, custom_generate=hsd_generate, drafts=models, adapt=True, **kwargs
+            ids, attention_mask=mask, custom_generate=hsd_generate, drafts=models, adapt=policy, **kwargs
         )
         return out.sequences, out.hsd_stats
 
-    label = f"ours, adaptive over {', '.join(candidates)} (built-in policy)"
+    label = f"ours, adaptive over {', '.join(candidates)} ({policy_name})"
     return Config(label, "ours", run)  # no fixed chain: the name says what it chooses among

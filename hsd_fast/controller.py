@@ -1,0 +1,300 @@
+"""The adaptive controller (docs/design.md, "The adaptive controller"): a policy for an adaptive run
+(``generate(..., adapt=...)``) that re-solves the latency model on estimates from the running request.
+
+Terms. The *candidates* are an adaptive run's levels under the target; index ``n`` (their count) is
+the target. A *pair* (i, j) is candidate i verified by j. The *prior* is a profile: step costs per
+candidate (``latency.Cost``, from ``select_hierarchy``'s profile cache) and the pairwise acceptance
+matrix, measured on calibration text in another process. The run corrects both as it decodes:
+
+- **Costs**: every step the run times (``Observation.step_seconds``) against what the prior predicts
+  for it (a draft step of k tokens, a verification over n fed tokens, a lookup call): the median
+  ratio over the recent steps of a candidate scales all its costs (``Scaled``). The machine, the
+  process and the batch change a cost's scale far more than its shape.
+- **Acceptance**: every verification of the active pairs (``Observation.verified / accepted``),
+  counted as Bernoulli trials up to the first rejection, per block position, on top of the prior
+  as ``PRIOR_TOKENS`` pseudo-trials; older rounds fade (``FADE`` per look), so the estimate follows
+  the text. Pairs that do not run keep what they had.
+
+Every ``every`` rounds it scores the current hierarchy and its neighbours (each block size one up or
+down, a candidate added or removed, the level-0 draft swapped) and the selector's last runner-ups
+with the exact latency model on the current estimates, and switches when the best is predicted
+faster by more than ``margin`` (hysteresis: an estimate's noise must not make it flap). The full
+selector runs at the start and every ``resolve_every`` rounds.
+
+Only what the switching machinery shows a policy is used: its exactness argument holds for any
+policy, this one included (docs/design.md, "Switching hierarchies").
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hsd_fast.hierarchy_types import Hierarchy
+from hsd_fast.latency import (
+    Acceptance,
+    Cost,
+    LookupCost,
+    decode_seconds,
+    draft_seconds,
+    expected_latency,
+)
+from hsd_fast.lookup import LookupDraft, as_lookup
+from hsd_fast.selector import select
+from hsd_fast.switching_types import Choice, Observation
+
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # hierarchy -> {candidates: controller}
+
+PRIOR_TOKENS = 32.0
+"""Pseudo-trials the prior acceptance rate counts as: a pair's own rate outweighs it after a few
+dozen verified drafts."""
+FADE = 0.9
+"""What a pair's counted trials keep at each look: about the last ten rounds dominate."""
+RECENT_STEPS = 48
+"""Steps per candidate whose measured / predicted ratio the cost scale is the median of."""
+
+
+@dataclass(frozen=True)
+class Scaled:
+    """A cost ``base`` times ``factor``: its calls, draft steps and decoding alike."""
+
+    base: Cost
+    factor: float
+
+    def __call__(self, n: int) -> float:
+        return self.factor * self.base(n)
+
+    def draft(self, k: int) -> float:
+        return self.factor * draft_seconds(self.base, k)
+
+    def decode(self) -> float:
+        return self.factor * decode_seconds(self.base)
+
+    @property
+    def crowded(self) -> None:  # the measured scale already holds the cache the chain ran with
+        return None
+
+    def __getattr__(self, name: str):  # a lookup level's block distribution, a tree's fed count
+        if name == "base":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+
+class LatencyController:
+    """The latency model's choice, re-solved on the running request's own estimates (module doc).
+
+    ``costs``: the prior step costs of the candidates and the target (the target last);
+    ``alpha``: the prior acceptance matrix over them; ``max_T``: the largest block size chosen;
+    ``every``: rounds between decisions; ``margin``: the predicted gain a switch needs."""
+
+    def __init__(
+        self,
+        costs: Sequence[Cost],
+        alpha: Sequence[Sequence[Acceptance]],
+        max_T: int = 8,
+        every: int = 4,
+        margin: float = 0.05,
+        resolve_every: int = 64,
+    ) -> None:
+        n = len(costs)
+        if n < 1 or len(alpha) != n or any(len(row) != n for row in alpha):
+            raise ValueError(f"need costs for the candidates and the target and an {n} x {n} alpha matrix")
+        self.prior_costs, self.prior_alpha = list(costs), [list(row) for row in alpha]
+        self.max_T, self.every, self.margin, self.resolve_every = max_T, every, margin, resolve_every
+        self.ratios: list[list[float]] = [[] for _ in costs]  # measured / predicted, per candidate
+        self.trials: dict[tuple[int, int], np.ndarray] = {}  # per pair, per block position: [2, P]
+        self.shortlist: list[Choice] = []
+        self.current: Choice | None = None
+        self.decisions: list[tuple[int, Choice, float]] = []  # (round, choice, predicted seconds/token)
+
+    @classmethod
+    def from_hierarchy(cls, hierarchy: Hierarchy, candidates: Sequence, **kwargs) -> LatencyController:
+        """A controller for an adaptive run over ``candidates`` (models, a ``LookupDraft`` first),
+        its prior the profile ``hierarchy`` was selected from (``select_hierarchy``); a ValueError
+        names a candidate that profile did not measure."""
+        profile = hierarchy.profile
+        if profile is None:
+            raise ValueError("the hierarchy carries no profile (select_hierarchy attaches one)")
+        index = []
+        for i, c in enumerate(as_lookup(c) or c for c in candidates):
+            found = [
+                j for j, p in enumerate(profile.candidates[:-1])
+                if (p is c) or (isinstance(c, LookupDraft) and isinstance(p, LookupDraft))
+            ]  # fmt: skip
+            if not found:
+                raise ValueError(
+                    f"candidate {i} ({type(c).__name__}) was not among the hierarchy's profiled ones"
+                )
+            index.append(found[0])
+        index.append(len(profile.candidates) - 1)  # the target
+        costs = [profile.costs[i] for i in index]
+        alpha = [[profile.alpha[i][j] for j in index] for i in index]
+        return cls(costs, alpha, **kwargs)
+
+    @classmethod
+    def kept_for(cls, hierarchy: Hierarchy, candidates: Sequence, **kwargs) -> LatencyController:
+        """``from_hierarchy``'s controller, one per hierarchy and candidates while the hierarchy
+        lives: what it learnt in one request serves the next (a 256-token request is too short to
+        learn much)."""
+        kept = _KEPT.setdefault(hierarchy, {})
+        key = (
+            tuple("lookup" if as_lookup(c) is not None else id(c) for c in candidates),
+            *kwargs.items(),
+        )
+        if key not in kept:
+            kept[key] = cls.from_hierarchy(hierarchy, candidates, **kwargs)
+        return kept[key]
+
+    # ------------------------------------------------------------------ estimates
+    @property
+    def target(self) -> int:
+        return len(self.prior_costs) - 1
+
+    def costs(self) -> list[Cost]:
+        """The prior costs, each scaled by the median measured / predicted ratio of its recent steps;
+        a candidate that has not run yet by the median over every step measured (what moved every
+        cost, the machine or the process, most likely moved its too)."""
+        every = [x for r in self.ratios for x in r[-RECENT_STEPS:]]
+        if not every:
+            return list(self.prior_costs)
+        overall = statistics.median(every)
+        return [
+            Scaled(c, statistics.median(r[-RECENT_STEPS:]) if r else overall)
+            for c, r in zip(self.prior_costs, self.ratios, strict=True)
+        ]
+
+    def alpha(self) -> list[list[Acceptance]]:
+        """The prior acceptance matrix, every pair that ran corrected by what it accepted."""
+        out = [list(row) for row in self.prior_alpha]
+        for (i, j), (passed, tried) in self.trials.items():
+            prior = self.prior_alpha[i][j]
+            rates = [_rate_at(prior, p) for p in range(len(passed))]
+            if isinstance(prior, tuple):  # per block position (a lookup level's)
+                out[i][j] = tuple(
+                    float((s + PRIOR_TOKENS * a) / (t + PRIOR_TOKENS))
+                    for s, t, a in zip(passed, tried, rates, strict=True)
+                )
+            else:
+                out[i][j] = _pooled(passed, tried, prior)
+        return out
+
+    def learn(self, seen: Observation) -> None:
+        """Fold the round ``seen`` reports into the estimates."""
+        if seen.choice is None:
+            return
+        levels = [*seen.choice.drafts, self.target]
+        costs_before = self.prior_costs
+        for level, (sizes, seconds) in enumerate(zip(seen.step_sizes, seen.step_seconds, strict=True)):
+            model = levels[level]
+            for size, s in zip(sizes.tolist(), seconds.tolist(), strict=True):
+                predicted = _predicted(costs_before[model], level, size)
+                if predicted > 0 and s > 0:
+                    self.ratios[model].append(s / predicted)
+            del self.ratios[model][:-RECENT_STEPS]
+        for trials in self.trials.values():
+            trials *= FADE
+        for level, (drafts, accepted) in enumerate(zip(seen.verified, seen.accepted, strict=True), start=1):
+            pair = (levels[level - 1], levels[level])
+            width = int(drafts.max(initial=0))
+            if width == 0:
+                continue
+            positions = np.arange(width)  # block position p: the (p + 1)-th draft
+            tried = (positions[None, :] < np.minimum(drafts, accepted + 1)[:, None]).sum(0)
+            passed = (positions[None, :] < accepted[:, None]).sum(0)
+            old = self.trials.get(pair, np.zeros((2, 0)))
+            grown = np.zeros((2, max(width, old.shape[1])))
+            grown[:, : old.shape[1]] += old
+            grown[0, :width] += passed
+            grown[1, :width] += tried
+            self.trials[pair] = grown
+
+    # ------------------------------------------------------------------ decisions
+    def predicted(self, choice: Choice, costs: Sequence[Cost], alpha) -> float:
+        """Seconds per committed token of ``choice`` under the estimates (the exact recursion)."""
+        levels = [*choice.drafts, self.target]
+        pairs = [alpha[a][b] for a, b in itertools.pairwise(levels)]
+        return expected_latency([costs[m] for m in levels], pairs, list(choice.block_sizes))
+
+    def __call__(self, seen: Observation) -> Choice:
+        self.learn(seen)
+        if self.current is not None and seen.round % self.every:
+            return self.current
+        costs, alpha = self.costs(), self.alpha()
+        if self.current is None or seen.round % self.resolve_every == 0:
+            self._resolve(costs, alpha)
+        options = {*self.shortlist, *self._neighbours(self.current or self.shortlist[0])}
+        scored = sorted(options, key=lambda c: self.predicted(c, costs, alpha))
+        best = scored[0]
+        if self.current is None:
+            self.current = best
+        elif best != self.current:
+            now = self.predicted(self.current, costs, alpha)
+            if self.predicted(best, costs, alpha) < (1 - self.margin) * now:
+                self.current = best
+        self.decisions.append((seen.round, self.current, self.predicted(self.current, costs, alpha)))
+        return self.current
+
+    def _resolve(self, costs: Sequence[Cost], alpha) -> None:
+        """The selector's pick and runner-ups on the current estimates become the shortlist."""
+        selection = select(costs, alpha, self.max_T)
+        self.shortlist = [Choice(tuple(s.chain[:-1]), tuple(s.T)) for s in (selection, *selection.runner_ups)]
+
+    def _neighbours(self, choice: Choice) -> list[Choice]:
+        """``choice`` with one block size one up or down, one candidate added or removed, or the
+        level-0 draft swapped for another; every candidate in cost order, a lookup level first."""
+        out = [choice]
+        drafts, T = list(choice.drafts), list(choice.T)
+        for i in range(len(T)):
+            for step in (-1, 1):
+                t = T[i] + step
+                if 1 <= t <= self.max_T:
+                    out.append(Choice(tuple(drafts), (*T[:i], t, *T[i + 1 :])))
+        order = self._cost_order()
+        for m in order:
+            if m in drafts:
+                i = drafts.index(m)
+                out.append(Choice(tuple(drafts[:i] + drafts[i + 1 :]), tuple(T[:i] + T[i + 1 :])))
+            else:
+                grown = sorted([*drafts, m], key=order.index)
+                i = grown.index(m)
+                out.append(Choice(tuple(grown), (*T[:i], min(4, self.max_T), *T[i:])))
+                if drafts:  # swap level 0
+                    swapped = sorted([m, *drafts[1:]], key=order.index)
+                    if swapped[0] == m:
+                        out.append(Choice(tuple(swapped), tuple(T)))
+        return [c for c in out if self._valid(c)]
+
+    def _cost_order(self) -> list[int]:
+        candidates = range(self.target)
+        return sorted(candidates, key=lambda m: (not _is_lookup(self.prior_costs[m]), self.prior_costs[m](1)))
+
+    def _valid(self, choice: Choice) -> bool:
+        lookups = [i for i, m in enumerate(choice.drafts) if _is_lookup(self.prior_costs[m])]
+        return lookups in ([], [0]) and len(set(choice.drafts)) == len(choice.drafts)
+
+
+def _is_lookup(cost: Cost) -> bool:
+    return isinstance(cost, LookupCost) or isinstance(getattr(cost, "base", None), LookupCost)
+
+
+def _rate_at(a: Acceptance, p: int) -> float:
+    if isinstance(a, tuple):
+        return a[min(p, len(a) - 1)]
+    return a
+
+
+def _pooled(passed: np.ndarray, tried: np.ndarray, prior: float) -> float:
+    return float((passed.sum() + PRIOR_TOKENS * prior) / (tried.sum() + PRIOR_TOKENS))
+
+
+def _predicted(cost: Cost, level: int, size: int) -> float:
+    """What ``cost`` predicts for a step of the run: a level-0 step drafting ``size`` tokens (a
+    lookup call: its host seconds), or a verification over ``size`` fed tokens."""
+    if level == 0:
+        return draft_seconds(cost, max(size, 1))
+    return cost(size)

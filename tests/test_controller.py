@@ -1,0 +1,150 @@
+"""The adaptive controller (docs/design.md, "The adaptive controller"): estimates that follow what
+the run measures, decisions of the latency model with hysteresis, and the output still the
+target's with it in charge."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hf_models import derived_drafts, tiny_model
+
+import hsd_fast
+from hsd_fast.controller import PRIOR_TOKENS, LatencyController
+from hsd_fast.engine import run_hsd
+from hsd_fast.latency import AffineCost, LookupCost
+from hsd_fast.switching_types import Adaptive, Choice, Observation
+from hsd_fast.testing.exactness import pooled_chi_square
+from hsd_fast.testing.tables import TableRunner, table_family
+
+# candidates: a lookup level, a small draft, a larger one; the target last
+COSTS = [
+    LookupCost(1e-4, (0.5, 0.2, 0.1, 0.1, 0.1)),
+    AffineCost(1e-3, 1e-4),
+    AffineCost(3e-3, 2e-4),
+    AffineCost(1e-2, 1e-3),
+]
+
+
+def alpha(small_to_target: float = 0.8) -> list[list]:
+    a = [[0.5] * 4 for _ in range(4)]
+    for i in range(1, 4):
+        a[0][i] = a[i][0] = (0.6, 0.8)
+    a[1][3] = a[3][1] = small_to_target
+    a[1][2] = a[2][1] = 0.85
+    a[2][3] = a[3][2] = 0.9
+    return a
+
+
+def seen(round_: int, choice: Choice | None, verified=(), accepted=(), sizes=(), seconds=()) -> Observation:
+    return Observation(
+        round=round_, epoch=round_, choice=choice, num_candidates=3, lookup_first=True, trees=(),
+        committed=np.array([100]), finished=np.array([False]), tokens=torch.zeros(1, 1, dtype=torch.int64),
+        round_tokens=4, round_seconds=0.01, verified=tuple(map(np.array, verified)),
+        accepted=tuple(map(np.array, accepted)), step_sizes=tuple(map(np.array, sizes)),
+        step_seconds=tuple(map(np.array, seconds)),
+    )  # fmt: skip
+
+
+def test_acceptance_follows_the_verifications_of_the_pair_that_ran() -> None:
+    control = LatencyController(COSTS, alpha(0.8))
+    small = Choice((1,), (4,))
+    for r in range(1, 21):  # the target rejects nearly every token of the small draft
+        control.learn(
+            seen(r, small, verified=[[4, 4, 4, 4]], accepted=[[0, 0, 1, 0]], sizes=[[], []], seconds=[[], []])
+        )
+    rate = control.alpha()[1][3]
+    assert rate < 0.5  # from 0.8: one success in five trials per round, twenty rounds, outweigh the prior
+    assert control.alpha()[2][3] == 0.9  # a pair that did not run keeps its prior
+    expected_trials = sum(5 * 0.9**k for k in range(20))
+    assert control.trials[(1, 3)][1].sum() == pytest.approx(expected_trials)
+    assert rate == pytest.approx(
+        (expected_trials / 5 + PRIOR_TOKENS * 0.8) / (expected_trials + PRIOR_TOKENS)
+    )
+
+
+def test_costs_scale_by_what_the_run_measured() -> None:
+    control = LatencyController(COSTS, alpha())
+    small = Choice((1,), (4,))
+    # the small draft's steps and the target's run twice as slow as the profile says
+    draft, verify = 2 * 4 * COSTS[1](1), 2 * COSTS[3](5)
+    control.learn(
+        seen(1, small, verified=[[4]], accepted=[[4]], sizes=[[4], [5]], seconds=[[draft], [verify]])
+    )
+    costs = control.costs()
+    assert costs[1](1) == pytest.approx(2 * COSTS[1](1)) and costs[3](7) == pytest.approx(2 * COSTS[3](7))
+    assert costs[2](3) == pytest.approx(2 * COSTS[2](3))  # not run: the overall scale
+
+
+def test_it_switches_when_the_estimates_say_so_and_not_for_a_small_gain() -> None:
+    control = LatencyController(COSTS, alpha(0.95), every=1)
+    first = control(seen(0, None))
+    assert 1 in first.drafts  # the small draft is accepted at 0.95 by the target: it is in the pick
+    # the text changes: the target now rejects nearly everything the small draft proposes
+    choice = first
+    for r in range(1, 12):
+        drafts = choice.drafts
+        verified = [[choice.T[i]] * 2 for i in range(len(drafts))]
+        accepted = [[0, 0] if drafts[i] == 1 else [choice.T[i], choice.T[i]] for i in range(len(drafts))]
+        choice = control(
+            seen(r, choice, verified, accepted, [[]] * (len(drafts) + 1), [[]] * (len(drafts) + 1))
+        )
+    assert 1 not in choice.drafts
+    # hysteresis: a decision within the margin keeps the current hierarchy
+    stay = LatencyController(COSTS, alpha(0.95), every=1, margin=10.0)
+    start = stay(seen(0, None))
+    assert all(stay(seen(r, start)) == start for r in range(1, 5))
+
+
+def test_neighbours_and_the_shortlist_are_valid_hierarchies() -> None:
+    control = LatencyController(COSTS, alpha())
+    control(seen(0, None))
+    for choice in [*control.shortlist, *control._neighbours(Choice((0, 1, 2), (4, 2, 2)))]:
+        assert len(set(choice.drafts)) == len(choice.drafts) == len(choice.T)
+        assert 0 not in choice.drafts[1:]  # a lookup level only first
+        assert all(1 <= t <= control.max_T for t in choice.T)
+
+
+# ------------------------------------------------------------------ the output, with the controller in charge
+
+VOCAB, ORDER = 3, 2
+FAMILY = table_family(VOCAB, ORDER, 3, spread=3.0, seed=1)
+PROMPT = torch.arange(ORDER) % VOCAB
+
+
+def test_sampled_with_the_controller_is_the_target_distribution() -> None:
+    steps, rows = 6, 30_000
+    costs = [AffineCost(1e-4, 1e-5), AffineCost(4e-4, 4e-5), AffineCost(1e-3, 1e-4)]
+    prior = [[0.5, 0.6, 0.5], [0.6, 0.5, 0.7], [0.5, 0.7, 0.5]]
+    control = LatencyController(costs, prior, max_T=3, every=1, margin=0.0)
+    result = run_hsd(
+        [TableRunner(m) for m in FAMILY], [PROMPT] * rows, max_new_tokens=steps, seeds=11,
+        adapt=Adaptive(control, max_T=3),
+    )  # fmt: skip
+    samples = [tuple(s[ORDER:].tolist()) for s in result.sequences]
+    exact = FAMILY[-1].continuation_probs(PROMPT.tolist(), steps)
+    assert pooled_chi_square(samples, exact).p_value > 1e-3
+    assert control.decisions and result.stats.hierarchies
+
+
+@pytest.mark.hf
+def test_greedy_with_the_controller_is_the_targets_own() -> None:
+    target = tiny_model("llama")
+    drafts = derived_drafts(target, 2)
+    costs = [
+        LookupCost(5e-5, (0.6, 0.2, 0.2)),
+        AffineCost(1e-3, 1e-4),
+        AffineCost(2e-3, 2e-4),
+        AffineCost(4e-3, 4e-4),
+    ]
+    control = LatencyController(costs, alpha(0.7), every=2)
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(3):
+        ids = torch.randint(3, target.config.vocab_size, (2, 8), generator=gen)
+        expected = target.generate(ids, do_sample=False, max_new_tokens=48)
+        out = target.generate(
+            ids, custom_generate=hsd_fast.generate, drafts=["lookup", *drafts], adapt=control,
+            do_sample=False, max_new_tokens=48, compile=False,
+        )  # fmt: skip
+        assert out.tolist() == expected.tolist()
+    assert len(control.decisions) > 10 and any(r for r in control.ratios)  # it measured and decided
