@@ -88,16 +88,20 @@ def main() -> None:
     }
     outputs: dict[str, list] = {}
     seconds_of: dict[str, list[float]] = {}
+    looks: dict[str, float] = {}  # an adaptive run's share of wall time spent looking (policy included)
 
     def run_of(name: str, **kwargs):
         def run() -> None:
-            outs, secs = [], []
+            outs, secs, looked = [], [], 0.0
             for i, (_, ids) in enumerate(work):
                 start = time.perf_counter()
-                out = target.generate(ids, custom_generate=hsd_fast.generate, seed=i, **common, **kwargs)
+                out = target.generate(
+                    ids, custom_generate=hsd_fast.generate, seed=i, output_hsd_stats=True, **common, **kwargs
+                )
                 secs.append(time.perf_counter() - start)
-                outs.append(out)
-            outputs[name], seconds_of[name] = outs, secs
+                outs.append(out.sequences)
+                looked += out.hsd_stats.look_seconds
+            outputs[name], seconds_of[name], looks[name] = outs, secs, looked / sum(secs)
 
         return run
 
@@ -140,6 +144,7 @@ def main() -> None:
             "x_static_pick": round(total[pick_label] / total[name], 3),
             "x_best_static": round(total[best_static] / total[name], 3),
             "x_no_draft": round(total["no draft"] / total[name], 3),
+            "look_share": round(looks[name], 4) if name.startswith("adaptive") else None,
         }
         for group in groups:
             index = [i for i, (s, _) in enumerate(work) if _group(s) == group]

@@ -274,6 +274,7 @@ def run_hsd(
                 switcher.used[-1].switch_seconds = time.perf_counter() - looked
             if lookup is not None:  # whatever stood past the committed tokens is gone
                 lookup.invalidate(np.arange(num_rows), ledger.frontiers()[:, -1])
+            switcher.look_seconds += time.perf_counter() - looked
         if state.deferred:  # inside inference mode, as the steps will run
             LevelStep.compile_deferred(state)
 
@@ -282,7 +283,7 @@ def run_hsd(
     else:
         lifted = [log.stats().lifted(switcher.levels_of(c), len(runners)) for c, log in logs]
         stats = functools.reduce(operator.add, lifted)
-        stats.hierarchies = switcher.used
+        stats.hierarchies, stats.look_seconds = switcher.used, switcher.look_seconds
     if compiled:
         LevelStep.compile_progress_done()
     elif compile == "auto":

@@ -43,6 +43,7 @@ class HSDStats:
     step_time: list[float] = field(default_factory=list)  # of which inside its step functions
     # adaptive runs (levels = the candidates, then the target): every hierarchy used, in order
     hierarchies: list[HierarchyUsed] = field(default_factory=list)
+    look_seconds: float = 0.0  # adaptive runs: host seconds of the looks between rounds (policy included)
 
     def __post_init__(self) -> None:
         n = self.num_levels
@@ -100,9 +101,10 @@ class HSDStats:
             raise ValueError(f"cannot add stats of {self.num_levels} and {other.num_levels} levels")
         total = HSDStats(self.num_levels)
         total.hierarchies = [*self.hierarchies, *other.hierarchies]
+        total.look_seconds = self.look_seconds + other.look_seconds
         for f in fields(self):
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if f.name in ("num_levels", "hierarchies"):
+            if f.name in ("num_levels", "hierarchies", "look_seconds"):
                 continue
             if mine and isinstance(mine[0], list):
                 setattr(total, f.name, [_summed(a, b) for a, b in zip(mine, theirs, strict=True)])

@@ -55,6 +55,7 @@ class Switcher:
         self.policy = adapt.policy if adapt.policy is not None else ExploreThenCommit()
         self.cached = np.zeros((candidates + 1, len(prompt_lens)), dtype=np.int64)  # [candidates + 1, B]
         self.epoch = self.round = 0
+        self.look_seconds = 0.0  # host time of the looks: the policy, the epoch, the reconfiguration
         self.used: list[HierarchyUsed] = []
         self.committed = prompt_lens.copy()  # [B] at the last round's end
         self.marks: tuple | None = None  # what the round log held at the last look (None: nothing)

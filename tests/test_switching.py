@@ -285,6 +285,7 @@ def test_stats_count_each_candidate_at_its_own_index_and_list_the_hierarchies() 
     assert sum(u.committed for u in used) <= sum(result.num_new_tokens)
     assert used[3].catch_up_tokens > 0  # candidate 0 sat out two hierarchies: it catches up
     assert stats.verified[1] > 0 and stats.verified[2] > 0 and stats.drafted[0] > 0
+    assert 0 < stats.look_seconds < sum(stats.wall_time) + stats.look_seconds  # the looks, timed apart
 
 
 def test_the_built_in_policy_explores_then_keeps_the_fastest() -> None:
