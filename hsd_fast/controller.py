@@ -39,13 +39,13 @@ from hsd_fast.hierarchy_types import Hierarchy
 from hsd_fast.latency import (
     Acceptance,
     Cost,
-    LookupCost,
     decode_seconds,
     draft_seconds,
     expected_latency,
+    rate_at,
 )
-from hsd_fast.lookup import LookupDraft, as_lookup
-from hsd_fast.selector import select
+from hsd_fast.lookup import level_identity
+from hsd_fast.selector import level_zero_only, select
 from hsd_fast.switching_types import Choice, Observation
 
 _KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # hierarchy -> {candidates: controller}
@@ -120,12 +120,10 @@ class LatencyController:
         profile = hierarchy.profile
         if profile is None:
             raise ValueError("the hierarchy carries no profile (select_hierarchy attaches one)")
+        profiled = [level_identity(p) for p in profile.candidates[:-1]]
         index = []
-        for i, c in enumerate(as_lookup(c) or c for c in candidates):
-            found = [
-                j for j, p in enumerate(profile.candidates[:-1])
-                if (p is c) or (isinstance(c, LookupDraft) and isinstance(p, LookupDraft))
-            ]  # fmt: skip
+        for i, c in enumerate(candidates):
+            found = [j for j, p in enumerate(profiled) if p == level_identity(c)]
             if not found:
                 raise ValueError(
                     f"candidate {i} ({type(c).__name__}) was not among the hierarchy's profiled ones"
@@ -143,7 +141,7 @@ class LatencyController:
         learn much)."""
         kept = _KEPT.setdefault(hierarchy, {})
         key = (
-            tuple("lookup" if as_lookup(c) is not None else id(c) for c in candidates),
+            tuple(level_identity(c) for c in candidates),
             *kwargs.items(),
         )
         if key not in kept:
@@ -173,7 +171,7 @@ class LatencyController:
         out = [list(row) for row in self.prior_alpha]
         for (i, j), (passed, tried) in self.trials.items():
             prior = self.prior_alpha[i][j]
-            rates = [_rate_at(prior, p) for p in range(len(passed))]
+            rates = [rate_at(prior, p + 1) for p in range(len(passed))]
             if isinstance(prior, tuple):  # per block position (a lookup level's)
                 out[i][j] = tuple(
                     float((s + PRIOR_TOKENS * a) / (t + PRIOR_TOKENS))
@@ -271,21 +269,13 @@ class LatencyController:
 
     def _cost_order(self) -> list[int]:
         candidates = range(self.target)
-        return sorted(candidates, key=lambda m: (not _is_lookup(self.prior_costs[m]), self.prior_costs[m](1)))
+        return sorted(
+            candidates, key=lambda m: (not level_zero_only(self.prior_costs[m]), self.prior_costs[m](1))
+        )
 
     def _valid(self, choice: Choice) -> bool:
-        lookups = [i for i, m in enumerate(choice.drafts) if _is_lookup(self.prior_costs[m])]
+        lookups = [i for i, m in enumerate(choice.drafts) if level_zero_only(self.prior_costs[m])]
         return lookups in ([], [0]) and len(set(choice.drafts)) == len(choice.drafts)
-
-
-def _is_lookup(cost: Cost) -> bool:
-    return isinstance(cost, LookupCost) or isinstance(getattr(cost, "base", None), LookupCost)
-
-
-def _rate_at(a: Acceptance, p: int) -> float:
-    if isinstance(a, tuple):
-        return a[min(p, len(a) - 1)]
-    return a
 
 
 def _pooled(passed: np.ndarray, tried: np.ndarray, prior: float) -> float:

@@ -211,8 +211,7 @@ def run_hsd(
 
     switcher = None
     if adapt is not None:  # the policy's first choice, or the given one, checked
-        lookup_first = isinstance(runners[0], LookupDraft)
-        switcher = Switcher(len(candidates), adapt, lookup_first, prompt_lens, budget_end, state.tokens)
+        switcher = Switcher(len(candidates), adapt, lookup is not None, prompt_lens, budget_end, state.tokens)
         start = switcher.first()
     assert start is not None
 
@@ -272,8 +271,6 @@ def run_hsd(
                 chain = chain_of(choice)
                 logs.append((choice, RoundLog(len(chain.runners))))
                 switcher.used[-1].switch_seconds = time.perf_counter() - looked
-            if lookup is not None:  # whatever stood past the committed tokens is gone
-                lookup.invalidate(np.arange(num_rows), ledger.frontiers()[:, -1])
             switcher.look_seconds += time.perf_counter() - looked
         if state.deferred:  # inside inference mode, as the steps will run
             LevelStep.compile_deferred(state)

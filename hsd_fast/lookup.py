@@ -57,6 +57,12 @@ LOOKUP = "lookup"
 """The name of the lookup level (with default settings) wherever levels are listed."""
 
 
+def level_identity(level: object) -> object:
+    """What names a level across a request's lists: the lookup level by kind (``"lookup"`` or any
+    ``LookupDraft``), a model by the object."""
+    return LOOKUP if as_lookup(level) is not None else id(level)
+
+
 def as_lookup(level: object) -> LookupDraft | None:
     """The lookup level ``level`` stands for (``LOOKUP`` or a ``LookupDraft``), or None."""
     if isinstance(level, LookupDraft):

@@ -35,7 +35,7 @@ from hsd_fast.controller import LatencyController
 from hsd_fast.engine import MAX_BLOCK_SIZE, check_block_sizes
 from hsd_fast.generation_options import check_generation_options
 from hsd_fast.hierarchy_types import Hierarchy
-from hsd_fast.lookup import LookupDraft, as_lookup
+from hsd_fast.lookup import LookupDraft, as_lookup, level_identity
 from hsd_fast.positions import check_positions, max_positions
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.switching_types import Adaptive, Choice, Policy
@@ -139,7 +139,7 @@ def _adaptive_levels(drafts, T, tree, hierarchy, adapt, trees) -> Levels:
         spec = adapt
     elif adapt is True:
         spec = Adaptive(None)  # the built-in policy, fresh for every run
-    elif callable(adapt) and not isinstance(adapt, bool):
+    elif callable(adapt):
         spec = Adaptive(adapt)
     else:
         raise TypeError(f"adapt must be True, False, a policy (a callable) or an Adaptive, got {adapt!r}")
@@ -166,8 +166,8 @@ def _adaptive_levels(drafts, T, tree, hierarchy, adapt, trees) -> Levels:
 
 def _start_of(hierarchy: Hierarchy, candidates: list, spec: Adaptive) -> Choice:
     """``hierarchy`` as a ``Choice`` over ``candidates`` (the first round's hierarchy)."""
-    index = {id(c) if not isinstance(c, LookupDraft) else "lookup": i for i, c in enumerate(candidates)}
-    keys = [id(d) if as_lookup(d) is None else "lookup" for d in hierarchy.drafts]
+    index = {level_identity(c): i for i, c in enumerate(candidates)}
+    keys = [level_identity(d) for d in hierarchy.drafts]
     missing = [i for i, k in enumerate(keys) if k not in index]
     if missing:
         raise ValueError(

@@ -98,7 +98,7 @@ def fixed_block_candidates(
     for pos, m in enumerate(drafts):
         for t in _block_sizes_of(costs[m], max_T):
             options = [(draft_seconds(costs[m], t), ((m, t),))]
-            for below in drafts[:pos] if not _is_lookup(costs[m]) else ():
+            for below in drafts[:pos] if not level_zero_only(costs[m]) else ():
                 for t_below in _block_sizes_of(costs[below], max_T):
                     for value, chain in best[(below, t_below)]:
                         verify, gain = _verify_and_gain(costs, alpha, chain, m)
@@ -128,7 +128,7 @@ def _block_sizes_of(cost: Cost, max_T: int) -> range:
     return range(1, 2) if hasattr(cost, "fed") else range(1, max_T + 1)
 
 
-def _is_lookup(cost: Cost) -> bool:
+def level_zero_only(cost: Cost) -> bool:
     """A level-0-only candidate: a lookup level, or a model drafting a token tree (a cost with its
     own ``block``)."""
     return hasattr(cost, "block")
@@ -148,7 +148,7 @@ def _drafts_in_cost_order(costs: Sequence[Cost]) -> list[int]:
     verifier), a lookup level before every model (it can only be level 0)."""
     target = len(costs) - 1
     cheaper = (m for m in range(target) if costs[m](1) < costs[target](1))
-    return sorted(cheaper, key=lambda m: (not _is_lookup(costs[m]), costs[m](1)))
+    return sorted(cheaper, key=lambda m: (not level_zero_only(costs[m]), costs[m](1)))
 
 
 def _refine_T(costs, alpha, chain, target: int, max_T: int) -> tuple[tuple[int, int], ...]:

@@ -100,8 +100,9 @@ class Switcher:
         if chosen != choice:
             joining = [i for i, c in enumerate(self.levels_of(chosen)) if c not in self.levels_of(choice)]
             catch_up = int((committed[None, :] - cached[joining]).sum())
-            self.used.append(HierarchyUsed(self.round, chosen, catch_up_tokens=catch_up))
-            self.used[-1].switch_seconds = time.perf_counter() - now  # finished by the caller
+            self.used.append(
+                HierarchyUsed(self.round, chosen, catch_up_tokens=catch_up)
+            )  # timed by the engine
         self.committed, self.last_look = committed, now
         self.marks = log.marks() if chosen == choice else None
         return chosen
