@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Adaptive",
     "Choice",
+    "EarlyExit",
     "ExploreThenCommit",
     "HSDGenerateOutput",
     "HSDModel",
@@ -52,6 +53,8 @@ def __getattr__(name: str):
         from hsd_fast import wrapper as module
     elif name == "select_hierarchy":
         from hsd_fast import hierarchy as module
+    elif name == "EarlyExit":
+        from hsd_fast import early_exit as module
     elif name == "Hierarchy":
         from hsd_fast import hierarchy_types as module
     else:

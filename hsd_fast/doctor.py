@@ -108,6 +108,21 @@ def hierarchy_line(models: list[torch.nn.Module]) -> tuple[str, bool]:
     return f"hierarchy    one vocabulary ({vocab} tokens) and one device: can run together", True
 
 
+def early_exit_line(target: torch.nn.Module) -> str:
+    """Whether the target's own first layers can be a draft level (``hsd_fast.EarlyExit``), and how
+    they run."""
+    from hsd_fast.early_exit import decoder_layers_path, num_layers
+
+    try:
+        path, layers = decoder_layers_path(target), num_layers(target)
+    except ValueError as err:
+        return f"early exit   refused: {err}"
+    return (
+        f"early exit   EarlyExit(target, k) for k in 1..{layers - 1} (layers at {path}): its own K/V cache, "
+        "so the target recomputes layers < k when it verifies (no K/V reuse yet)"
+    )
+
+
 def family_lines() -> list[str]:
     """The refused families of the installed transformers, one line each with the reason."""
     import transformers
@@ -146,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
         model = load_model(name, dtype, args.device)
         lines, admitted = model_lines(role, name, model)
         print("\n".join(lines))
+        if role == "target" and admitted:
+            print(early_exit_line(model))
         ok, models = ok and admitted, [*models, model]
     if args.target and args.drafts:
         line, fits = hierarchy_line(models)

@@ -36,6 +36,7 @@ from hsd_fast.sampling_metadata import SamplingMetadata
 from hsd_fast.schedule import draft_count, drafts_wanted
 from hsd_fast.stats import HSDStats
 from hsd_fast.steps import Runner
+from hsd_fast.stopping import StopChecker
 from hsd_fast.switching import Switcher
 from hsd_fast.switching_types import Adaptive, Choice
 from hsd_fast.tree import Tree
@@ -131,6 +132,7 @@ def run_hsd(
     compile: bool | str = "auto",
     tree: Tree | None = None,
     adapt: Adaptive | None = None,
+    stop: StopChecker | None = None,
 ) -> HSDResult:
     """Generate with the hierarchy ``runners`` (level 0 drafts, the last is the target). The first
     may be a ``LookupDraft``: a model-free level 0 that proposes from each row's own context.
@@ -151,6 +153,9 @@ def run_hsd(
     ``adapt``: the hierarchy may change between rounds. ``runners`` are then the candidates (smallest
     first) and the target, ``adapt.policy`` chooses every round's hierarchy over them, and
     ``block_sizes`` and ``tree`` are not given (docs/design.md, "Switching hierarchies").
+    ``stop``: stopping criteria beyond EOS and the length budget, replayed on every row's committed
+    tokens after each of the target's commits; a row they stop is finished there, as at an EOS
+    (docs/design.md, "EOS, the length budget and flushing").
     """
     _check_runners(runners)
     candidates, target = list(runners[:-1]), runners[-1]
@@ -252,8 +257,10 @@ def run_hsd(
                 rows = ledger.rows_for(level)
                 inside, size = _step(chain, level, rows, ledger, state, lookup, budget_end, log, broken)
                 if level == chain.top:
+                    if stop is not None:
+                        _stop_rows(stop, state.tokens, ledger, rows)
                     if on_commit is not None:
-                        lens = ledger.output_lens()
+                        lens = _output_lens(ledger, stop)
                         for r in np.flatnonzero(lens > emitted):
                             on_commit(int(r), state.tokens[r, emitted[r] : lens[r]])
                         emitted = np.maximum(emitted, lens)
@@ -262,7 +269,7 @@ def run_hsd(
                 round_end = time.perf_counter()
                 log.timed(level, round_end - round_start, inside, size)
                 round_start = round_end
-            if switcher is None or ledger.all_finished():
+            if switcher is None or ledger.all_finished() or (stop is not None and stop.stopped.all()):
                 break
             # every unfinished row has ended its round: the policy looks, the ledger takes its choice
             looked = time.perf_counter()
@@ -271,6 +278,8 @@ def run_hsd(
                 chain = chain_of(choice)
                 logs.append((choice, RoundLog(len(chain.runners))))
                 switcher.used[-1].switch_seconds = time.perf_counter() - looked
+            if stop is not None:  # reconfiguring released every hold: the stopped rows stay out
+                _stop_rows(stop, state.tokens, ledger, np.flatnonzero(stop.stopped))
             switcher.look_seconds += time.perf_counter() - looked
         if state.deferred:  # inside inference mode, as the steps will run
             LevelStep.compile_deferred(state)
@@ -285,7 +294,7 @@ def run_hsd(
         LevelStep.compile_progress_done()
     elif compile == "auto":
         _count_eager(runners, widest if adapt is None else ADAPTIVE, sum(stats.wall_time))
-    lens = ledger.output_lens()
+    lens = _output_lens(ledger, stop)
     sequences = [state.tokens[r, : lens[r]].clone() for r in range(num_rows)]
     return HSDResult(sequences, (lens - prompt_lens).tolist(), stats)
 
@@ -356,6 +365,24 @@ def _step(
             lookup.invalidate(rows, outs + 1 + accepted)
         size = int((ends - starts).max())
     return inside, size
+
+
+def _stop_rows(stop: StopChecker, tokens: torch.Tensor, ledger: Ledger, rows: np.ndarray) -> None:
+    """Replay what the target committed through the stopping criteria, and hold those of ``rows``
+    (at their round boundary: nothing speculative) that the criteria stopped and the ledger has not
+    finished: they want nothing more, and their output ends at ``stop.limits``. A stopped row that
+    is mid-block now is held after its next commit of the target."""
+    stop.advance(tokens, np.asarray(ledger.output_lens()))
+    held = [int(r) for r in rows if stop.stopped[r] and not ledger.finished(int(r))]
+    if held:
+        ledger.hold(held)
+
+
+def _output_lens(ledger: Ledger, stop: StopChecker | None) -> np.ndarray:
+    """Each row's output length (prompt included): the ledger's, cut where stopping criteria stopped
+    the row or, while a run goes on, at the last step they have checked."""
+    lens = np.asarray(ledger.output_lens())
+    return lens if stop is None else np.minimum(lens, stop.limits)
 
 
 def _check_runners(runners: Sequence[Runner | LookupDraft]) -> None:

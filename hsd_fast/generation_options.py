@@ -7,7 +7,8 @@ decoding is silently ignored (``tests/test_generation_options.py`` walks the ins
 - ``SERVED``: hsd_fast serves it (the note says how).
 - ``PROCESSOR``: HF turns it into a logits processor or a stopping criterion before it calls
   ``custom_generate``; the request serves the position-independent processors at every level and
-  refuses any other processor or criterion by its class name (``hsd_fast.processors``).
+  every stopping criterion but an assistant's confidence stop (``hsd_fast.stopping``), and refuses
+  any other processor or criterion by its class name (``hsd_fast.processors``).
 - ``REFUSED``: a value other than an inactive one raises a ValueError naming the field, its value and
   the reason or what to use instead (``check_generation_options``, called by ``hsd_fast.request``).
 - ``NO_EFFECT``: it cannot change the tokens hsd_fast decodes (the note says why).
@@ -69,9 +70,17 @@ OPTIONS: dict[str, Option] = {
     "min_length": _processor("MinLengthLogitsProcessor"),
     "min_new_tokens": _processor("MinNewTokensLengthLogitsProcessor"),
     "early_stopping": Option(NO_EFFECT, _BEAM),
-    "max_time": Option(PROCESSOR, "HF builds MaxTimeCriteria; refused by the stopping-criteria check"),
+    "max_time": _processor(
+        "MaxTimeCriteria",
+        served=True,
+        how="checked as the target commits tokens (round granularity): the output is a prefix of the run's",
+    ),
     "stop_strings": Option(
-        PROCESSOR, "HF refuses it before a callable custom_generate (it drops tokenizer=)"
+        SERVED,
+        "HF's StopStringCriteria, checked on every committed token; HF drops tokenizer= and refuses "
+        "stop_strings before a callable custom_generate, so pass them as hsd_fast's keywords: "
+        "target.generate(custom_generate=hsd_fast.generate, stop_strings=[...], stop_tokenizer=tok), "
+        "or hsd_fast.wrap(target, drafts).generate(stop_strings=[...], tokenizer=tok)",
     ),
     "eos_token_id": Option(SERVED, "a row stops at any of these ids"),
     "pad_token_id": Option(SERVED, "fills a row that stopped before the longest (EOS when unset)"),
@@ -166,7 +175,7 @@ OPTIONS: dict[str, Option] = {
         REFUSED, "prompt lookup: use drafts=[hsd_fast.LookupDraft(max_ngram={value}), ...]"
     ),
     "assistant_early_exit": Option(
-        REFUSED, "an early-exit level is not yet supported: give a smaller draft model in drafts="
+        SERVED, "the early-exit level EarlyExit(target, k): alone, or just under the target with drafts="
     ),
     "assistant_lookbehind": Option(
         REFUSED,

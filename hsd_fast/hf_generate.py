@@ -30,6 +30,7 @@ from hsd_fast.hf_runner import HFRunner, level_runners, models_held
 from hsd_fast.hierarchy_types import Hierarchy
 from hsd_fast.request import Levels, Request, build_request, resolve_levels
 from hsd_fast.stats import HSDStats
+from hsd_fast.stopping import StopChecker
 from hsd_fast.switching_types import Adaptive, Policy
 from hsd_fast.tree import Tree
 
@@ -58,6 +59,8 @@ def generate(
     adapt: bool | Policy | Adaptive = False,
     trees: Sequence[Tree] = (),
     hsd_levels: Levels | None = None,
+    stop_strings: str | Sequence[str] | None = None,
+    stop_tokenizer=None,
     **model_kwargs,
 ) -> torch.Tensor | GenerateDecoderOnlyOutput:
     """Hierarchical speculative decoding with ``drafts`` (smallest first) under ``model``.
@@ -92,6 +95,12 @@ def generate(
     calls this function leaves the streamer as HF's own ``generate`` would (no ``end()``); the
     wrapper ends it then too. ``hsd_levels``: the wrapper's levels, resolved when it was made (in
     place of ``drafts``/``T``/``tree``/``hierarchy``).
+
+    Stopping: every criterion HF prepared is applied as its unassisted ``generate`` applies it
+    (``max_time``, a user's ``stopping_criteria=``), checked on every committed token in order.
+    ``stop_strings`` with ``stop_tokenizer``: hsd_fast's own keywords, since HF drops ``tokenizer=``
+    before it calls this function (``hsd_fast.wrap(...).generate`` takes ``stop_strings=`` with
+    ``tokenizer=``; a direct call takes either spelling).
     """
     streamer = EndOnce.of(hsd_streamer)
     prompt_streamed = False
@@ -102,10 +111,12 @@ def generate(
             levels = resolve_levels(drafts, T, tree, hierarchy, adapt, trees)
         else:
             levels = hsd_levels
+        if stop_tokenizer is None:  # a direct call may name it as HF does
+            stop_tokenizer = model_kwargs.pop("tokenizer", None)
         request = build_request(
             model, input_ids, levels, generation_config=generation_config, logits_processor=logits_processor,
             stopping_criteria=stopping_criteria, seed=seed, compile=compile, streamer=streamer,
-            model_kwargs=model_kwargs,
+            model_kwargs=model_kwargs, stop_strings=stop_strings, stop_tokenizer=stop_tokenizer,
         )  # fmt: skip
         return _hf_output(request, _run(request, prompt_streamed), output_hsd_stats)
     finally:
@@ -129,6 +140,12 @@ def _run_held(request: Request, model_runners: list[HFRunner], prompt_streamed: 
         streamer.put(request.input_ids.cpu())
     bottom = [] if levels.lookup is None else [levels.lookup]  # a lookup level runs no model
     runners = [*bottom, *model_runners]
+    stop = None  # only the length budget and EOS: the ledger applies them, no checker
+    if request.stopping is not None:
+        stop = StopChecker(
+            request.stopping, request.input_ids, [p.numel() for p in request.prompts], request.pad_id,
+            request.max_new_tokens, request.pads_finished,
+        )  # fmt: skip
     return run_hsd(
         runners,
         list(request.prompts),
@@ -143,6 +160,7 @@ def _run_held(request: Request, model_runners: list[HFRunner], prompt_streamed: 
         tree=levels.tree,
         adapt=levels.adapt,
         on_commit=None if streamer is None else lambda _row, toks: streamer.put(toks.cpu()),
+        stop=stop,
     )
 
 

@@ -28,6 +28,7 @@ from hsd_fast import attention
 from hsd_fast.architectures import layer_types, module_source, window
 from hsd_fast.buffer_pool import graph_buffer
 from hsd_fast.compat import embeddable_ids, fit_logits
+from hsd_fast.early_exit import exit_of
 from hsd_fast.layout import FedBlock, capacity_bucket
 from hsd_fast.positions import check_positions, max_positions
 from hsd_fast.triton_kernels.ops import triton_installed
@@ -175,6 +176,10 @@ class HFRunner:
         if path == "dense":
             return False  # the default: no need to read the modeling source for a refusal
         refusal = attention.refusal(self.model, self.windows)
+        if exit_of(self.model) is not None:
+            # Its attention modules are the target's and read the target's config: switching the
+            # view's config would not reach them (docs/design.md, "Early-exit levels").
+            refusal = "an early-exit level shares the target's attention modules; it runs the dense path"
         if path == "fused" and refusal is not None:
             raise ValueError(f"{type(self.model).__name__} cannot take the fused attention kernel: {refusal}")
         if path == "auto":

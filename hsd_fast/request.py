@@ -10,8 +10,8 @@ what is wrong, before anything is allocated. Two steps:
 - ``build_request``: the prompt, the models, the generation config (sampling, stopping, limits),
   the seed and the streamer, checked in this order: levels, input_ids, models and devices, options
   HSD cannot honour (``generation_options.OPTIONS``: every ``GenerationConfig`` field served, refused
-  or without effect), the stopping criteria, the prompt's padding and ids, the positions, the logits
-  processors, the streamer's batch.
+  or without effect), the stopping criteria (stop strings included), the prompt's padding and ids,
+  the positions, the logits processors, the streamer's batch.
 """
 
 from __future__ import annotations
@@ -25,13 +25,17 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import (
+    ConfidenceCriteria,
     EosTokenCriteria,
     MaxLengthCriteria,
+    MaxTimeCriteria,
     StoppingCriteriaList,
+    StopStringCriteria,
 )
 
 from hsd_fast.compat import check_devices, check_model, hierarchy_vocab_size
 from hsd_fast.controller import LatencyController
+from hsd_fast.early_exit import EarlyExit, check_exit_order
 from hsd_fast.engine import MAX_BLOCK_SIZE, check_block_sizes
 from hsd_fast.generation_options import check_generation_options
 from hsd_fast.hierarchy_types import Hierarchy
@@ -44,7 +48,9 @@ from hsd_fast.tree import Tree
 DEFAULT_T = 4
 """The block size of every level whose ``T`` is not given."""
 
-SUPPORTED_STOPPING = (MaxLengthCriteria, EosTokenCriteria)
+REFUSED_STOPPING = (ConfidenceCriteria,)
+"""Stopping criteria hsd_fast refuses: an assistant's confidence stop reads the scores, which HF's
+loop and hsd_fast pass as None unless ``output_scores``. Every other criterion is served."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,10 @@ class Request:
     compile: bool | str
     streamer: Any | None  # put the committed tokens; None: no streaming
     return_dict: bool  # HF's return_dict_in_generate
+    # HF's stopping criteria, called as its loop calls them (stopping.StopChecker); None when they are
+    # only the length budget and EOS, which the ledger applies itself
+    stopping: StoppingCriteriaList | None = None
+    pads_finished: bool = True  # a stopped row's later tokens are pad_id (HF: with an EOS criterion)
 
 
 def resolve_levels(
@@ -116,6 +126,27 @@ def resolve_levels(
     T = check_block_sizes([DEFAULT_T] * num_drafts if T is None else T, num_drafts, "T")
     check_tree(tree, lookup, models)
     return Levels(lookup, tuple(models), tuple(T), tree, hierarchy)
+
+
+def with_assistant_early_exit(levels: Levels, target: torch.nn.Module, config) -> Levels:
+    """HF's ``assistant_early_exit=k`` (its self-speculation) as hsd_fast's level: without drafts,
+    the hierarchy ``[EarlyExit(target, k)]``; with drafts (or adaptive candidates), the exit added
+    just under the target, with the default block size (docs/design.md, "Early-exit levels")."""
+    k = getattr(config, "assistant_early_exit", None)
+    if k is None:
+        return levels
+    exit_level = EarlyExit(target, k)  # a ValueError names a bad k
+    if any(m is exit_level for m in levels.models):
+        return levels
+    if levels.hierarchy is not None and levels.adapt is None:
+        raise ValueError(
+            "assistant_early_exit with hierarchy=: give hsd_fast.EarlyExit(target, k) to select_hierarchy's "
+            "candidates instead"
+        )
+    models = (*levels.models, exit_level)
+    check_exit_order(models)
+    T = levels.T if levels.adapt is not None else (*levels.T, DEFAULT_T)
+    return replace(levels, models=models, T=T)
 
 
 def _check_hierarchy(hierarchy: object) -> None:
@@ -217,11 +248,16 @@ def build_request(
     compile: bool | str = "auto",
     streamer=None,
     model_kwargs: dict | None = None,
+    stop_strings: str | Sequence[str] | None = None,
+    stop_tokenizer=None,
 ) -> Request:
     """The request ``model.generate(input_ids, ...)`` makes of HSD with ``levels`` under ``model``,
     checked; ``generation_config``, ``logits_processor``, ``stopping_criteria`` as HF prepared them
     (on a direct call, a config filled and the processors and criteria built as HF would).
-    A ``HierarchyBatchWarning`` when ``levels`` came from a hierarchy selected for another batch."""
+    A ``HierarchyBatchWarning`` when ``levels`` came from a hierarchy selected for another batch.
+    ``stop_strings``: hsd_fast's own keyword (HF drops ``tokenizer=`` before a ``custom_generate``
+    callable, docs/design.md, "Stop strings and the tokenizer"), served with HF's
+    ``StopStringCriteria`` over ``stop_tokenizer``."""
     model_kwargs = model_kwargs or {}
     check_input_ids(input_ids, model_kwargs)
     # HF's generate passes the processors and criteria it prepared with the config it filled: used as
@@ -232,12 +268,17 @@ def build_request(
     config = filled_config(model, generation_config, input_ids.shape[1]) if direct else generation_config
     if levels.hierarchy is not None:
         levels.hierarchy.warn_unless_selected_for(input_ids.shape[0])
+    levels = with_assistant_early_exit(levels, model, config)
     drafts = levels.models
     _check_models_and_options(model, drafts, input_ids, config)
+    if direct and config.stop_strings is not None and stop_tokenizer is None:
+        _no_tokenizer()
     logits_processor, stopping_criteria = _hf_prepared(
-        model, input_ids, config, logits_processor, stopping_criteria, model_kwargs
+        model, input_ids, config, logits_processor, stopping_criteria, model_kwargs, stop_tokenizer
     )
-    _check_stopping_criteria(stopping_criteria)
+    stopping_criteria = _with_stop_strings(stopping_criteria, stop_strings, stop_tokenizer)
+    eos_ids = _eos_ids(config)
+    stopping = _extra_stopping(stopping_criteria, config, eos_ids)
     vocab = hierarchy_vocab_size(model, drafts)
     if levels.tree is not None and levels.tree.most_children > vocab:
         raise ValueError(
@@ -258,7 +299,6 @@ def build_request(
     transform = LogitsTransform(
         list(logits_processor), input_ids=input_ids, attention_mask=model_kwargs.get("attention_mask")
     )
-    eos_ids = _eos_ids(config)
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item())  # host value by design: keys the hash
     if streamer is not None and input_ids.shape[0] > 1:
@@ -278,6 +318,8 @@ def build_request(
         compile=compile,
         streamer=streamer,
         return_dict=bool(config.return_dict_in_generate),
+        stopping=stopping,
+        pads_finished=stopping is not None and any(hasattr(c, "eos_token_id") for c in stopping),
     )
 
 
@@ -348,6 +390,7 @@ def check_drafts(drafts) -> tuple[LookupDraft | None, list[torch.nn.Module]]:
                 f"drafts[{i}] must be a model (torch.nn.Module), 'lookup' or a LookupDraft, got "
                 f"{type(d).__name__}"
             )
+    check_exit_order(drafts)
     return lookup, drafts[1:] if lookup is not None else drafts
 
 
@@ -382,10 +425,14 @@ def _check_models_and_options(model, drafts, input_ids, config) -> None:
     check_generation_options(config)  # every field served, refused or without effect: one table
 
 
-def _hf_prepared(model, input_ids, config, logits_processor, stopping_criteria, model_kwargs) -> tuple:
+def _hf_prepared(
+    model, input_ids, config, logits_processor, stopping_criteria, model_kwargs, tokenizer=None
+) -> tuple:
     """The logits processors and stopping criteria as given, or, on a direct call (where HF prepared
-    none), those HF's ``generate`` would build from ``config``: no field is ignored either way."""
-    if logits_processor is None or stopping_criteria is None:
+    none), those HF's ``generate`` would build from ``config`` (stop strings with ``tokenizer``): no
+    field is ignored either way."""
+    direct = logits_processor is None or stopping_criteria is None
+    if direct:
         config = copy.copy(config)  # HF sets the special-token tensors the processors use on it
         has_mask = model_kwargs.get("attention_mask") is not None
         model._prepare_special_tokens(config, has_mask, device=input_ids.device)
@@ -394,22 +441,66 @@ def _hf_prepared(model, input_ids, config, logits_processor, stopping_criteria, 
             generation_config=config, input_ids_seq_length=input_ids.shape[1], encoder_input_ids=input_ids,
             logits_processor=LogitsProcessorList(), device=input_ids.device, model_kwargs=model_kwargs,
         )  # fmt: skip
-    if stopping_criteria is None:
+    if direct:  # a caller's own criteria merged into HF's, as HF's generate merges them
         stopping_criteria = model._get_stopping_criteria(
-            generation_config=config, stopping_criteria=StoppingCriteriaList()
+            generation_config=config,
+            stopping_criteria=StoppingCriteriaList(stopping_criteria or []),
+            tokenizer=tokenizer,
         )
     return logits_processor, stopping_criteria
 
 
-def _check_stopping_criteria(stopping_criteria) -> None:
-    unsupported = [
-        type(c).__name__ for c in (stopping_criteria or []) if not isinstance(c, SUPPORTED_STOPPING)
-    ]
-    if unsupported:
-        raise ValueError(
-            f"hsd_fast cannot apply the stopping criteria {unsupported}; supported: "
-            f"{', '.join(c.__name__ for c in SUPPORTED_STOPPING)} (max_length / max_new_tokens, EOS)"
-        )
+def _no_tokenizer():
+    raise ValueError(
+        "stop_strings need the model's tokenizer: pass stop_tokenizer=tokenizer (on "
+        "target.generate(custom_generate=hsd_fast.generate, stop_strings=[...], stop_tokenizer=tok), whose "
+        "tokenizer= HF drops), or use hsd_fast.wrap(target, drafts).generate(..., stop_strings=[...], "
+        "tokenizer=tok)"
+    )
+
+
+def _with_stop_strings(criteria, stop_strings, tokenizer) -> StoppingCriteriaList:
+    """``criteria`` with HF's ``StopStringCriteria(tokenizer, stop_strings)`` where HF's
+    ``_get_stopping_criteria`` puts it (after the length and time limits); as given without
+    ``stop_strings``."""
+    criteria = StoppingCriteriaList(criteria or [])
+    if stop_strings is None:
+        return criteria
+    if tokenizer is None:
+        _no_tokenizer()
+    limits = (MaxLengthCriteria, MaxTimeCriteria)
+    at = next((i for i, c in enumerate(criteria) if not isinstance(c, limits)), len(criteria))
+    criteria.insert(at, StopStringCriteria(tokenizer, stop_strings))
+    return criteria
+
+
+def _extra_stopping(criteria, config, eos_ids: list[int]) -> StoppingCriteriaList | None:
+    """The criteria to replay on the committed tokens (``stopping.StopChecker``), or None where they
+    are only the length budget and EOS the ledger applies itself (no checker, no cost). Refused: an
+    assistant's confidence stop (it needs scores), and a length or EOS criterion that disagrees with
+    the config the ledger runs by (a user's ``MaxLengthCriteria`` or ``EosTokenCriteria``)."""
+    extra = False
+    for c in criteria:
+        name = type(c).__name__
+        if isinstance(c, REFUSED_STOPPING):
+            raise ValueError(
+                f"hsd_fast cannot apply the stopping criterion {name}: it reads the scores of an "
+                "assistant model, which a drop-in generate does not pass (HF passes None too)"
+            )
+        if isinstance(c, MaxLengthCriteria) and c.max_length != config.max_length:
+            raise ValueError(
+                f"hsd_fast cannot apply {name}(max_length={c.max_length}) with max_length="
+                f"{config.max_length}: set the length with max_new_tokens= or max_length="
+            )
+        if isinstance(c, EosTokenCriteria):
+            ids = sorted({int(e) for e in torch.as_tensor(c.eos_token_id).reshape(-1).tolist()})
+            if ids != sorted(set(eos_ids)):
+                raise ValueError(
+                    f"hsd_fast cannot apply {name} with ids {ids} while eos_token_id is {eos_ids or None}: "
+                    "set the ids with eos_token_id="
+                )
+        extra = extra or not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))
+    return StoppingCriteriaList(criteria) if extra else None
 
 
 def _prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, vocab: int) -> list[torch.Tensor]:

@@ -7,10 +7,15 @@ and the engine feeds it the prompt, then each committed token in order, then ``e
 contract. ``end()`` comes whatever happens, an error raised by HF's own checks included. The levels
 (drafts, block sizes, tree, or a hierarchy) and ``compile`` are resolved and checked once, when the
 wrapper is made (``hsd_fast.request.resolve_levels``), and handed to ``hsd_fast.generate`` as they are;
-every other check of a call is the request's (``hsd_fast.request``), as for a direct call."""
+every other check of a call is the request's (``hsd_fast.request``), as for a direct call.
+
+HF also drops ``tokenizer=`` before a ``custom_generate`` callable and refuses ``stop_strings`` without
+it (docs/design.md, "Stop strings and the tokenizer"): the wrapper hands both to ``hsd_fast.generate``
+under its own keywords, ``stop_strings`` and ``stop_tokenizer``, before HF sees them."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -89,6 +94,15 @@ class HSDModel:
         # HF's own errors for a list or a 1-D tensor are an AttributeError and an IndexError: say what
         # is wrong before handing over
         check_input_ids(inputs if inputs is not None else kwargs.get("input_ids"), kwargs)
+        if "stop_tokenizer" in kwargs and kwargs.get("tokenizer") is not None:
+            raise ValueError("HSDModel.generate: pass the tokenizer once, as tokenizer=")
+        if kwargs.get("tokenizer") is not None:  # HF would drop it: hsd_fast's own keyword
+            kwargs["stop_tokenizer"] = kwargs.pop("tokenizer")
+        config = kwargs.get("generation_config")
+        if kwargs.get("stop_strings") is None and getattr(config, "stop_strings", None) is not None:
+            config = copy.deepcopy(config)  # HF would refuse them: moved to hsd_fast's keyword
+            kwargs["stop_strings"], config.stop_strings = config.stop_strings, None
+            kwargs["generation_config"] = config
         streamer = EndOnce.of(kwargs.pop("streamer", None))
         try:
             return self.target.generate(

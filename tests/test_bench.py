@@ -209,3 +209,17 @@ def test_warm_up_lasts_until_nothing_compiles_and_a_pass_that_compiles_is_redone
     assert len(calls) == 6  # 3 warm-up calls, pass 1 twice (its first try compiled), pass 2
     assert timings.recompiled == 1 and timings.redone == 0
     assert len(timings.seconds[0]) == 2
+
+
+def test_grid_kinds_name_the_early_exit_hierarchies() -> None:
+    """The `exits` scenario's report compares the best hierarchy with an exit level and without."""
+    from types import SimpleNamespace
+
+    from hsd_fast.bench.command import GRID_KINDS, _grid_kinds
+
+    names = ["lookup", "xxs", "exit2", "target"]
+    kinds = _grid_kinds(SimpleNamespace(exits={"exit2": 2}), names)
+    assert kinds["best with an early exit"]((0, 2, 3)) and not kinds["best without an early exit"]((0, 2, 3))
+    assert kinds["best without an early exit"]((0, 1, 3)) and not kinds["best with an early exit"]((1, 3))
+    assert kinds["best single early exit"]((2, 3)) and not kinds["best single early exit"]((1, 3))
+    assert _grid_kinds(SimpleNamespace(exits={}), names) is GRID_KINDS

@@ -46,6 +46,8 @@ def test_doctor_on_admitted_models(checkpoints, capsys) -> None:
     assert f"target {checkpoints['mistral']} (MistralForCausalLM, mistral) admitted" in said
     assert f"vocab {VOCAB}, float32, cpu" in said
     assert f"hierarchy one vocabulary ({VOCAB} tokens) and one device" in said
+    layers = tiny_model("mistral").config.num_hidden_layers
+    assert f"early exit EarlyExit(target, k) for k in 1..{layers - 1} (layers at model.layers)" in said
     assert "registers" not in out  # --no-families
 
 

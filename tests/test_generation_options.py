@@ -88,7 +88,6 @@ REFUSED_VALUES = {
     "assistant_confidence_threshold": 0.2,
     "prompt_lookup_num_tokens": 3,
     "max_matching_ngram_size": 3,
-    "assistant_early_exit": 2,
     "assistant_lookbehind": 3,
     "target_lookbehind": 3,
     "assistant_ensemble_weight": 0.5,
@@ -128,16 +127,12 @@ def test_refusals_say_what_to_use_instead(target, draft) -> None:
         _hsd(target, draft, num_assistant_tokens=5)
     with pytest.raises(ValueError, match=r"drafts=\['lookup'"):
         _hsd(target, draft, prompt_lookup_num_tokens=3)
-    with pytest.raises(ValueError, match="not yet supported"):
-        _hsd(target, draft, assistant_early_exit=2)
 
 
 # A value at which HF builds the processor or criterion each field names
 PROCESSOR_VALUES = {
     "min_length": 6,
     "min_new_tokens": 2,
-    "max_time": 5.0,
-    "stop_strings": ["t5"],  # HF's own refusal on a callable custom_generate
     "top_h": 0.5,
     "encoder_repetition_penalty": 1.2,
     "no_repeat_ngram_size": 2,
@@ -161,8 +156,8 @@ def test_every_processor_field_is_tested() -> None:
 
 @pytest.mark.parametrize("field", sorted(PROCESSOR_VALUES))
 def test_a_processor_field_hsd_cannot_apply_is_refused(target, draft, field) -> None:
-    """Refused by the processor or criteria check, naming the class the table's note names (HF's
-    own refusal for stop_strings); on a direct call, where HF prepared nothing, too."""
+    """Refused by the processor or criteria check, naming the class the table's note names; on a
+    direct call, where HF prepared nothing, too."""
     value = PROCESSOR_VALUES[field]
     if field == "watermarking_config":
         value = WatermarkingConfig()
@@ -239,6 +234,25 @@ def test_served_sampling_fields_sample(target, draft, sampling) -> None:
     assert new.shape[1] <= 6 and ((new >= 0) & (new < 96)).all()
     if "suppress_tokens" in sampling:
         assert not torch.isin(new, torch.tensor(sampling["suppress_tokens"])).any()
+
+
+def test_stopping_fields_are_served(target, draft) -> None:
+    """max_time and stop_strings (hsd_fast's keyword, with stop_tokenizer=): HF's tokens
+    (tests/test_stopping.py covers them in depth). A stop_strings HF sees in the config meets HF's
+    own refusal before custom_generate runs: it drops tokenizer=."""
+    from hsd_fast import zoo
+
+    tokenizer = zoo.load_tokenizer()
+    hf = target.generate(IDS, do_sample=False, max_new_tokens=6, max_time=30.0)
+    assert _hsd(target, draft, do_sample=False, max_new_tokens=6, max_time=30.0).tolist() == hf.tolist()
+    text = tokenizer.decode(hf[0, 5:7])
+    hf = target.generate(IDS, do_sample=False, max_new_tokens=6, stop_strings=[text], tokenizer=tokenizer)
+    out = _hsd(
+        target, draft, do_sample=False, max_new_tokens=6, stop_strings=[text], stop_tokenizer=tokenizer
+    )
+    assert out.tolist() == hf.tolist()
+    with pytest.raises(ValueError, match="tokenizer"):
+        _hsd(target, draft, generation_config=GenerationConfig(stop_strings=[text]), tokenizer=tokenizer)
 
 
 def test_num_return_sequences_samples_each_copy(target, draft) -> None:

@@ -89,8 +89,13 @@ def test_unsupported_logits_processor(target, draft) -> None:
 
 
 def test_unsupported_stopping_criterion(target, draft) -> None:
-    with pytest.raises(ValueError, match="MaxTimeCriteria"):
-        _run(target, drafts=[draft], T=[2], max_time=5.0)
+    """Every stopping criterion is served (tests/test_stopping.py) but an assistant's confidence stop,
+    which reads scores."""
+    from transformers import StoppingCriteriaList
+    from transformers.generation.stopping_criteria import ConfidenceCriteria
+
+    with pytest.raises(ValueError, match="ConfidenceCriteria"):
+        _run(target, drafts=[draft], T=[2], stopping_criteria=StoppingCriteriaList([ConfidenceCriteria(0.5)]))
 
 
 @pytest.mark.parametrize("flag", ["output_scores", "output_logits"])
@@ -125,28 +130,13 @@ def test_history_or_length_dependent_options_are_refused(target, draft, option, 
         _run(target, drafts=[draft], T=[2], do_sample=True, **option)
 
 
-def test_stop_strings_refused(target, draft) -> None:
-    """``stop_strings`` never runs: HF refuses it on the custom_generate path (it drops the tokenizer
-    before building the criterion), and a criterion built by hand is refused by name, like any other
-    unsupported one."""
-    from transformers import StoppingCriteriaList, StopStringCriteria
-
-    with pytest.raises(ValueError):  # HF's own refusal: its wording is not ours to test
+def test_stop_strings_need_a_tokenizer(target, draft) -> None:
+    """HF drops ``tokenizer=`` before ``custom_generate``: ``stop_strings`` without hsd_fast's
+    ``stop_tokenizer=`` is refused, naming it (served with it: tests/test_stopping.py)."""
+    with pytest.raises(ValueError, match="stop_tokenizer="):
         _run(target, drafts=[draft], T=[2], stop_strings=["t5"])
-    criterion = StopStringCriteria(zoo.load_tokenizer(), ["t5"])  # any tokenizer: refused before use
-    with pytest.raises(ValueError, match="StopStringCriteria"):
-        _run(target, drafts=[draft], T=[2], stopping_criteria=StoppingCriteriaList([criterion]))
-
-
-def test_custom_stopping_criteria_refused(target, draft) -> None:
-    from transformers import StoppingCriteria, StoppingCriteriaList
-
-    class Never(StoppingCriteria):
-        def __call__(self, input_ids, scores, **kwargs):
-            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
-
-    with pytest.raises(ValueError, match="Never"):
-        _run(target, drafts=[draft], T=[2], stopping_criteria=StoppingCriteriaList([Never()]))
+    with pytest.raises(ValueError, match="stop_tokenizer="):
+        _run(target, drafts=[draft], T=[2], stop_strings=["t5"], tokenizer=zoo.load_tokenizer())
 
 
 @pytest.mark.parametrize("flag", ["output_attentions", "output_hidden_states"])

@@ -2,6 +2,7 @@
 greedy output; the corpus split, the token file and the trainer behave; the build finds its sources,
 regenerates the calibration windows, and the package ships exactly what loading reads."""
 
+import copy
 import dataclasses
 import fnmatch
 import glob
@@ -22,7 +23,16 @@ import hsd_fast
 from hsd_fast import zoo
 from hsd_fast.cli import main
 from hsd_fast.zoo import card, corpus
-from hsd_fast.zoo.build import calibration_record, read_manifest, tokenize_with, write_calibration
+from hsd_fast.zoo.build import (
+    CPU_STEPS,
+    EXIT_WEIGHTS,
+    LEARNING_RATES,
+    _training_record,
+    calibration_record,
+    read_manifest,
+    tokenize_with,
+    write_calibration,
+)
 from hsd_fast.zoo.calibration import read_calibration
 from hsd_fast.zoo.corpus import (
     Document,
@@ -35,7 +45,15 @@ from hsd_fast.zoo.corpus import (
     validation_ids,
 )
 from hsd_fast.zoo.models import SIZES, load_int8, new_model, save_int8
-from hsd_fast.zoo.train import TrainConfig, train
+from hsd_fast.zoo.train import (
+    TrainConfig,
+    exit_logits,
+    exit_loss,
+    exit_losses,
+    linear_exit_weights,
+    lm_loss,
+    train,
+)
 
 pytestmark = pytest.mark.hf
 
@@ -170,6 +188,58 @@ def test_trainer_loss_falls(tokenizer, tmp_path: Path) -> None:
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0
     assert records[-1]["tokens"] == 40 * 4 * 64 and set(records[-1]["val"]) == {"python-code", "prose"}
     assert len((tmp_path / "log.jsonl").read_text().splitlines()) == len(records)
+
+
+def test_exit_loss_weighs_every_layers_exit() -> None:
+    model = new_model(SIZES["xs"], vocab_size=300, seed=1)  # 4 layers
+    batch = torch.randint(0, 300, (2, 17), generator=torch.Generator().manual_seed(0))
+    weights = linear_exit_weights(4, final=0.4)
+    assert weights[-1] == 0.4 and weights == tuple(sorted(weights)) and abs(sum(weights) - 1) < 1e-9
+    loss = exit_loss(model, batch, weights)
+    assert torch.isfinite(loss) and loss.requires_grad
+    with torch.no_grad():
+        # only the last layer weighted: the plain LM loss
+        assert torch.allclose(exit_loss(model, batch, (0, 0, 0, 1.0)), lm_loss(model, batch), atol=1e-6)
+        # exit k: the model cut after k layers, with the same final norm and head
+        cut = copy.deepcopy(model)
+        cut.model.layers = cut.model.layers[:2]
+        cut.config.num_hidden_layers = 2
+        assert torch.allclose(exit_logits(model, batch, [2])[0], cut(batch).logits, atol=1e-5)
+        losses = exit_losses(model, batch, [1, 2, 3, 4])
+        assert torch.allclose(loss, sum(w * x for w, x in zip(weights, losses, strict=True)), atol=1e-6)
+
+
+def test_trainer_with_exit_weights_logs_every_exit(tokenizer) -> None:
+    weights = linear_exit_weights(2, final=0.5)
+    config = TrainConfig("xxs", steps=3, batch_size=2, seq_len=32, warmup=1, exit_weights=weights)
+    _, records = train(_slice(tokenizer, 2), config, len(tokenizer), progress=False)
+    assert records[0]["config"]["exit_weights"] == weights
+    assert all(len(v) == 2 for v in records[-1]["val_exits"].values())
+    assert records[-1]["val_exits"].keys() == records[-1]["val"].keys()
+
+
+def test_se_is_s_trained_for_early_exits() -> None:
+    """`se` loads by name but stays out of the family (`names()`: the default target is still `s`);
+    its record is what `zoo build` would train again, and the exit loss bought better exits."""
+    se = zoo.load("se")
+    assert "se" not in zoo.names() and zoo.names(variants=True)[-1] == "se"
+    fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+    assert [getattr(se.config, f) for f in fields] == [getattr(zoo.load("s").config, f) for f in fields]
+    models = read_manifest(REPO_ZOO)["models"]
+    record, s = models["se"], models["s"]
+    assert record["grown_from"] == record["variant_of"] == "s" and record["params"] == s["params"]
+    config = TrainConfig("se", CPU_STEPS["se"], lr=LEARNING_RATES["se"], exit_weights=EXIT_WEIGHTS["se"])
+    assert record["training"] == json.loads(json.dumps(_training_record(config, "cpu")))
+    assert record["steps"] == CPU_STEPS["se"]
+    # the sizes trained before the option existed keep their records
+    for name in ("xxs", "xs", "sm", "s"):
+        before = TrainConfig(name, CPU_STEPS[name], lr=LEARNING_RATES[name])
+        assert models[name]["training"] == json.loads(json.dumps(_training_record(before, "cpu"))), name
+    # its own loss no more than ~0.03 nats worse than s's (mean over the sources)
+    assert sum(record["val_loss"][k] - s["val_loss"][k] for k in s["val_loss"]) / len(s["val_loss"]) < 0.03
+    exits = read_manifest(REPO_ZOO)["exits"]
+    assert exits["se"]["drafts"][-5:] == exits["s"]["drafts"] == [f"exit {k}" for k in range(1, 6)]
+    assert exits["se"]["greedy"][-5] > exits["s"]["greedy"][0]  # exit 1
 
 
 def test_new_model_draws_from_its_own_generator() -> None:

@@ -129,14 +129,15 @@ def run(args: argparse.Namespace) -> int:
         measured = _grid(scenario, costs, alpha, names, sampling, args, tuning_prompts)
         extra_sections = _selector_check(pick, measured, names)
         hierarchies["grid's best"] = (min(measured, key=measured.get), None)
-        for label, kind in GRID_KINDS.items():
+        for label, kind in _grid_kinds(scenario, names).items():
             of_kind = {s: t for s, t in measured.items() if kind(s.chain)}
             if of_kind:
                 hierarchies[label] = (min(of_kind, key=of_kind.get), None)
         notes.append(
             "Grid: chains of one or two drafts (the lookup level only at the bottom) with "
             f"T <= {GRID_MAX_T}, ranked by the latency model; the {GRID_MEASURED} best predicted, and "
-            f"the best predicted of each kind ({', '.join(GRID_KINDS)}), measured once each at batch 1 on "
+            f"the best predicted of each kind ({', '.join(_grid_kinds(scenario, names))}), measured once "
+            "each at batch 1 on "
             "the first prompt set; 'grid's best' is the fastest of those, and so on."
         )
     for batch in args.batch:  # after the others: a batch's pick that is one of them runs as that one
@@ -220,6 +221,18 @@ def _label(sampling: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- choosing hierarchies
+def _grid_kinds(scenario: Scenario, names: list[str]) -> dict:
+    """GRID_KINDS, and where the scenario has early-exit levels, the best with and without one."""
+    if not scenario.exits:
+        return GRID_KINDS
+    exits = {i for i, name in enumerate(names) if name in scenario.exits}
+    return GRID_KINDS | {
+        "best single early exit": lambda chain: len(chain) == 2 and chain[0] in exits,
+        "best with an early exit": lambda chain: bool(exits & set(chain)),
+        "best without an early exit": lambda chain: not exits & set(chain),
+    }
+
+
 def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> tuple[list, list[list], list[str]]:
     """Compiled step costs at ``batch`` rows and acceptance of the lookup level and every model
     (drafts, then the target), cached: candidate 0 is the lookup level."""
@@ -285,7 +298,7 @@ def _grid(scenario, costs, alpha, names, sampling, args, prompts) -> dict[Select
     """Measured decode seconds per token (batch 1, prefill excluded) of the grid's best predicted
     hierarchies: every chain of one or two drafts with T up to GRID_MAX_T (candidate 0, the lookup
     level, only at the bottom), ranked by the latency model: its GRID_MEASURED best and the best
-    predicted of each of GRID_KINDS."""
+    predicted of each of the kinds (``_grid_kinds``)."""
     target = len(costs) - 1
     candidates = []
     for size in (1, 2):
@@ -294,7 +307,8 @@ def _grid(scenario, costs, alpha, names, sampling, args, prompts) -> dict[Select
                 candidates.append((chain_latency(costs, alpha, (*chain, target), T), (*chain, target), T))
     candidates.sort()
     shortlist = candidates[:GRID_MEASURED]
-    shortlist += [next(c for c in candidates if kind(c[1])) for kind in GRID_KINDS.values()]
+    kinds = _grid_kinds(scenario, names).values()
+    shortlist += [next(c for c in candidates if kind(c[1])) for kind in kinds]
     measured = {}
     for predicted, chain, T in tqdm(dict.fromkeys(shortlist), desc="grid (measured)"):
         hierarchy = Hierarchy(
@@ -336,10 +350,14 @@ def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, no
     if not args.eager:
         configs.append(cfg.hf_compiled(scenario.target, sampling, n))
     for draft_name, draft in scenario.drafts.items():
+        if draft_name in scenario.exits:
+            continue  # HF's own early exit below stands for these
         configs.append(cfg.hf_assisted(scenario.target, draft_name, draft, sampling, n))
         if not args.quick:
             configs.append(_best_fixed_assisted(scenario, draft_name, draft, sampling, n, prompts, notes))
     configs.append(cfg.hf_lookup(scenario.target, sampling, n))
+    if scenario.exits:
+        configs.append(_best_hf_early_exit(scenario, sampling, n, prompts, notes))
     alone = cfg.ours(scenario.target, scenario.drafts, [], [], sampling, n, not args.eager, "ours, no draft")
     alone.predicted = {batch: decode_seconds(costs[-1]) for batch, (costs, _, _) in profiles.items()}
     configs.append(alone)
@@ -379,21 +397,34 @@ def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, no
     return configs
 
 
-def _best_fixed_assisted(scenario, draft_name, draft, sampling, n, prompts, notes) -> cfg.Config:
+def _best_hf_early_exit(scenario, sampling, n, prompts, notes) -> cfg.Config:
+    """HF's ``assistant_early_exit`` at the exit of the scenario's that a tuning pass measures fastest."""
+    configs = {k: cfg.hf_early_exit(scenario.target, k, sampling, n) for k in scenario.exits.values()}
+    best = _fastest(configs, prompts)
+    notes.append(f"HF early exit: layer {best} measured fastest of {list(configs)}.")
+    return configs[best]
+
+
+def _fastest(configs: dict, prompts) -> object:
+    """The key of the configuration a tuning pass (batch 1, after one warm-up) measures fastest."""
     timed = {}
-    for k in ASSISTED_FIXED:
-        config = cfg.hf_assisted(scenario.target, draft_name, draft, sampling, n, num_tokens=k)
-        work = measuring.batches(prompts, 1)
+    work = measuring.batches(prompts, 1)
+    for key, config in configs.items():
         measuring.run_all(config, work)
         start = time.perf_counter()
         measuring.run_all(config, work)
-        timed[k] = time.perf_counter() - start
-    best = min(timed, key=timed.get)
+        timed[key] = time.perf_counter() - start
+    return min(timed, key=timed.get)
+
+
+def _best_fixed_assisted(scenario, draft_name, draft, sampling, n, prompts, notes) -> cfg.Config:
+    configs = {k: cfg.hf_assisted(scenario.target, draft_name, draft, sampling, n, k) for k in ASSISTED_FIXED}
+    best = _fastest(configs, prompts)
     notes.append(
         f"HF assisted with {draft_name}: fixed {best} draft tokens measured fastest of "
         f"{list(ASSISTED_FIXED)}."
     )
-    return cfg.hf_assisted(scenario.target, draft_name, draft, sampling, n, num_tokens=best)
+    return configs[best]
 
 
 def _measured_decode(rows, configs, scenario, sampling, args, prompts) -> None:

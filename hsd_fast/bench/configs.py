@@ -88,6 +88,16 @@ def hf_assisted(
     )
 
 
+def hf_early_exit(target: torch.nn.Module, k: int, sampling: dict, max_new_tokens: int) -> Config:
+    """HF's own self-speculation (``assistant_early_exit=k``): the target's first ``k`` layers draft."""
+    kwargs = _hf_kwargs(sampling, max_new_tokens) | {"assistant_early_exit": k}
+
+    def run(ids, mask):
+        return target.generate(ids, attention_mask=mask, **kwargs), None
+
+    return Config(f"HF assisted, early exit at layer {k}", "hf assisted", run, batches=BATCH_ONE)
+
+
 def hf_lookup(target: torch.nn.Module, sampling: dict, max_new_tokens: int, num_tokens: int = 10) -> Config:
     kwargs = _hf_kwargs(sampling, max_new_tokens) | {"prompt_lookup_num_tokens": num_tokens}
 

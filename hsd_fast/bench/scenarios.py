@@ -6,13 +6,15 @@
 - ``twin``: the same models with the costs of a larger family (``zoo.cost_twin``: the same logits,
   so the same tokens and acceptance, but the forward costs of the named shapes): the target costs
   about 100x ``xxs``, a middle draft 5-20x, as in real families where a hierarchy pays.
+- ``exits``: a zoo target trained for early exits, with ``xxs``, ``xs`` and the target's own first
+  layers as drafts (``hsd_fast.EarlyExit``), and HF's ``assistant_early_exit`` beside them.
 - ``tiny``: a random tiny family built from a config, for smoke tests (no zoo needed).
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,6 +29,7 @@ class Scenario:
     drafts: dict[str, torch.nn.Module]  # smallest first
     prompt_sets: dict[str, list[torch.Tensor]]  # name -> prompts (1-D token ids)
     calibration: torch.Tensor  # [N, L] token ids for acceptance profiles (teacher-forced)
+    exits: dict[str, int] = field(default_factory=dict)  # draft name -> k, for the early-exit levels
 
 
 def zoo_scenario(dtype: torch.dtype = torch.float32) -> Scenario:
@@ -54,6 +57,31 @@ def _zoo_prompts(windows: dict[str, torch.Tensor]) -> dict[str, list[torch.Tenso
         "prose": list(windows["bible"][:, :PROMPT_TOKENS]),
         "repetitive": [w[:passage].repeat(3) for w in windows["python-docs"]],
     }
+
+
+EXITS = (1, 2, 3)  # the early-exit levels of the `exits` scenario (its target has 6 layers)
+
+
+def exits_scenario() -> Scenario:
+    """The zoo's drafts and early exits of a target trained for them (``se``, where the zoo has it;
+    ``s`` otherwise): ``xxs``, ``xs``, then ``exit1``.. (``hsd_fast.EarlyExit(target, k)``), which
+    cost more than ``xs`` and less than the target (docs/design.md, "Early-exit levels")."""
+    from hsd_fast import zoo
+    from hsd_fast.early_exit import EarlyExit
+
+    scenario = zoo_scenario()
+    name = "se" if "se" in zoo.names(variants=True) else "s"
+    target = zoo.load(name) if name != "s" else scenario.target
+    scenario.name = "exits"
+    scenario.target = target
+    scenario.drafts = {n: scenario.drafts[n] for n in ("xxs", "xs")}
+    scenario.exits = {f"exit{k}": k for k in EXITS}
+    scenario.drafts |= {n: EarlyExit(target, k) for n, k in scenario.exits.items()}
+    scenario.description = (
+        f"target {name} ({target.num_parameters() / 1e6:.1f} M, 6 layers); drafts xxs, xs and its early "
+        f"exits after layers {', '.join(map(str, EXITS))}"
+    )
+    return scenario
 
 
 TWIN_SHAPES = {  # name -> (hidden, layers, MLP width): the cost of larger models, the zoo's function
@@ -122,4 +150,4 @@ def _first_layers(model: torch.nn.Module, keep: int) -> torch.nn.Module:
     return draft
 
 
-SCENARIOS = {"zoo": zoo_scenario, "twin": twin_scenario, "tiny": tiny_scenario}
+SCENARIOS = {"zoo": zoo_scenario, "twin": twin_scenario, "tiny": tiny_scenario, "exits": exits_scenario}

@@ -3,6 +3,7 @@
 >>> from hsd_fast import zoo
 >>> zoo.names()                       # smallest first
 >>> target = zoo.load("s"); drafts = [zoo.load("xxs"), zoo.load("xs")]
+>>> se = zoo.load("se")               # s trained on for early exits: hsd_fast.EarlyExit(se, k)
 >>> tokenizer = zoo.load_tokenizer()
 
 ``hsd-fast zoo info`` lists what is there, ``hsd-fast zoo accept`` measures the acceptance matrix,
@@ -48,12 +49,16 @@ def manifest() -> dict:
     return content
 
 
-def names() -> list[str]:
-    """The zoo's models, smallest first."""
+def names(variants: bool = False) -> list[str]:
+    """The zoo's family of sizes, smallest first (the last one: the target by default wherever the
+    zoo is used). With ``variants``, also the models trained on from a size in its own shape for
+    another purpose, each after its size: ``se``, ``s`` trained for early exits
+    (``hsd_fast.EarlyExit``)."""
     models = manifest().get("models")
     if not isinstance(models, dict):
         raise ValueError(f"{zoo_dir() / 'manifest.json'} lists no models (no 'models' object)")
-    return sorted(models, key=lambda name: models[name]["params"])
+    chosen = [name for name in models if variants or "variant_of" not in models[name]]
+    return sorted(chosen, key=lambda name: models[name]["params"])
 
 
 def load(name: str, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> LlamaForCausalLM:
@@ -62,7 +67,7 @@ def load(name: str, dtype: torch.dtype | None = None, device: str | torch.device
 
     from hsd_fast.zoo.models import load_int8
 
-    available = names()
+    available = names(variants=True)
     if name not in available:
         raise ValueError(f"no zoo model {name!r}; the zoo holds {available}")
     model = load_int8(zoo_dir() / name, dtype or torch.float32, device)

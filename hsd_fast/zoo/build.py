@@ -16,8 +16,8 @@ import platform
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import transformers
@@ -35,12 +35,15 @@ from hsd_fast.zoo.corpus import (
     tokenize,
     validation_ids,
 )
-from hsd_fast.zoo.models import load_int8, num_params, save_int8
+from hsd_fast.zoo.models import SIZES, load_int8, num_params, save_int8
 from hsd_fast.zoo.tokenizer import load_tokenizer
 from hsd_fast.zoo.tokenizer_training import train_tokenizer
 from hsd_fast.zoo.train import (
     TrainConfig,
+    config_record,
+    exit_logits,
     held_out_windows,
+    linear_exit_weights,
     precision,
     train,
     validation_loss,
@@ -53,9 +56,18 @@ from hsd_fast.zoo.twin import cost_twin
 # each size after the first starts from the previous one, expanded by `cost_twin` (same function, larger
 # shape), and trains on: every size has seen its parent's tokens plus its own.
 GROWN_FROM = {"xs": "xxs", "sm": "xs", "s": "sm", "m": "s", "l": "m"}
-# Steps of 16 x 256 tokens per size, sized for the 2-core CPU machine (~8 minutes for xxs from scratch).
-CPU_STEPS = {"xxs": 1000, "xs": 250, "sm": 250, "s": 250, "m": 250, "l": 250}
-LEARNING_RATES = {"xxs": 3e-3, "xs": 1.5e-3, "sm": 1.5e-3, "s": 1.5e-3, "m": 1e-3, "l": 1e-3}
+# Variants: a size trained on in its own shape (its weights as the start, no cost_twin) for another
+# purpose. se: s trained for early exits, with a LayerSkip-style loss (every layer's output through the
+# final norm and head; the last layer keeps 0.4 of the weight, the others share the rest in proportion
+# to depth), so that its first k layers make good drafts (hsd_fast.EarlyExit).
+VARIANTS = {"se": "s"}
+GROWN_FROM |= VARIANTS
+EXIT_WEIGHTS = {"se": linear_exit_weights(SIZES["s"].num_layers, final=0.4)}
+# Steps of 16 x 256 tokens per size, sized for the 2-core CPU machine (~8 minutes for xxs from scratch;
+# an se step computes the head six times: ~2x an s step).
+CPU_STEPS = {"xxs": 1000, "xs": 250, "sm": 250, "s": 250, "m": 250, "l": 250, "se": 160}
+LEARNING_RATES = {"xxs": 3e-3, "xs": 1.5e-3, "sm": 1.5e-3, "s": 1.5e-3, "m": 1e-3, "l": 1e-3, "se": 1e-3}
+DEFAULT_SIZES = ("xxs", "xs", "sm", "s", "se")
 
 
 def read_manifest(zoo_dir: Path) -> dict:
@@ -137,8 +149,19 @@ def build_model(
     manifest = read_manifest(zoo_dir)
     vocab_size = manifest["tokenizer"]["vocab_size"]
     parent = GROWN_FROM.get(size) if GROWN_FROM.get(size) in manifest["models"] else None
-    config = TrainConfig(size, steps=steps or CPU_STEPS[size], lr=LEARNING_RATES[size], grown_from=parent)
-    init = cost_twin(load_int8(zoo_dir / parent), shape=size) if parent else None
+    if size in VARIANTS and parent is None:
+        raise ValueError(f"{size} is trained on from {VARIANTS[size]}: build {VARIANTS[size]} first")
+    config = TrainConfig(
+        size,
+        steps=steps or CPU_STEPS[size],
+        lr=LEARNING_RATES[size],
+        grown_from=parent,
+        exit_weights=EXIT_WEIGHTS.get(size),
+    )
+    init = None
+    if parent:
+        init = load_int8(zoo_dir / parent)
+        init = init if size in VARIANTS else cost_twin(init, shape=size)
     out = zoo_dir / size
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -164,6 +187,8 @@ def build_model(
         "tokens_seen": config.steps * config.tokens_per_step
         + (manifest["models"][parent]["tokens_seen"] if parent else 0),
         "val_loss": records[-1]["val"],
+        **({"variant_of": VARIANTS[size]} if size in VARIANTS else {}),
+        **({"val_loss_exits": records[-1]["val_exits"]} if "val_exits" in records[-1] else {}),
         **int8_fidelity(model, load_int8(out), windows),
         "train_seconds": round(seconds, 1),
         "device": device_name(device),
@@ -180,14 +205,14 @@ def build_model(
 def _training_record(config: TrainConfig, device: str) -> dict:
     """What the card states of a model's training: its ``TrainConfig`` (size, steps and parent are
     recorded beside it) and the precision it was computed in."""
-    record = {k: v for k, v in asdict(config).items() if k not in ("size", "steps", "grown_from")}
+    record = {k: v for k, v in config_record(config).items() if k not in ("size", "steps", "grown_from")}
     return record | {"precision": precision(device)}
 
 
 def build(
     zoo_dir: Path,
     work_dir: Path,
-    sizes: Sequence[str] = ("xxs", "xs", "sm", "s"),
+    sizes: Sequence[str] = DEFAULT_SIZES,
     steps: int | None = None,
     device: str = "cpu",
     retrain_tokenizer: bool = False,
@@ -266,3 +291,37 @@ def measure_acceptance(zoo_dir: Path, names: Sequence[str], progress: bool = Tru
 
 def _rounded(matrix: list[list[float]]) -> list[list[float]]:
     return [[round(x, 4) for x in row] for row in matrix]
+
+
+def measure_exits(zoo_dir: Path, name: str, drafts: Sequence[str] = (), progress: bool = True) -> dict:
+    """The early exits of zoo model ``name`` (its first k layers, then its final norm and head, for
+    k = 1..L-1), and the zoo models ``drafts``, as drafts of the full ``name``: greedy agreement and
+    sum-min(p, q) at temperature 1 on the committed calibration windows (pooled), measured as
+    ``measure_acceptance`` measures the zoo (``hsd_fast.profile.acceptance``, teacher-forced)."""
+    from hsd_fast.profile import acceptance
+
+    target = load_int8(zoo_dir / name)
+    exits = range(1, target.config.num_hidden_layers)
+    candidates = [*(load_int8(zoo_dir / d) for d in drafts), *(_Exit(target, k) for k in exits)]
+    pooled = torch.cat(list(read_calibration(zoo_dir).values()))
+    labels = [*drafts, *(f"exit {k}" for k in exits)]
+    result = {"target": name, "drafts": labels, "tokens": int(pooled.numel())}
+    for key, greedy in (("greedy", True), ("sum_min_t1", False)):
+        alpha = acceptance([*candidates, target], pooled, greedy=greedy, progress=progress)
+        result[key] = [round(row[-1], 4) for row in alpha[:-1]]  # each candidate against the target
+    return result
+
+
+class _Exit(torch.nn.Module):
+    """``model``'s exit after its first ``k`` layers, as a model ``acceptance`` can score: the logits
+    of ``lm_head(norm(hidden_states[k]))`` (computed by the whole model: measuring, not drafting)."""
+
+    def __init__(self, model: torch.nn.Module, k: int) -> None:
+        super().__init__()
+        self.model, self.k, self.config = model, k, model.config
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        return self.model.get_input_embeddings()
+
+    def forward(self, input_ids: torch.Tensor) -> SimpleNamespace:
+        return SimpleNamespace(logits=exit_logits(self.model, input_ids, [self.k])[0])

@@ -13,6 +13,15 @@ def matrix_table(names: list[str], matrix: list[list[float]]) -> list[str]:
     return markdown_table(["draft \\ verifier", *names], rows)
 
 
+def exit_table(measured: dict) -> list[str]:
+    """``measure_exits``'s result: each draft's greedy agreement and sum-min with the full target."""
+    rows = zip(measured["drafts"], measured["greedy"], measured["sum_min_t1"], strict=True)
+    return markdown_table(
+        [f"draft of {measured['target']}", "greedy", "sum-min t=1"],
+        [[name, f"{g:.3f}", f"{m:.3f}"] for name, g, m in rows],
+    )
+
+
 def render(manifest: dict) -> str:
     corpus, models = manifest["corpus"], manifest["models"]
     names = sorted(models, key=lambda n: models[n]["params"])
@@ -69,6 +78,7 @@ def render(manifest: dict) -> str:
             *markdown_table(["pair", *accept["sum_min_t1_per_source"]], _adjacent_rows(accept)),
             "",
         ]
+    out += _exit_lines(manifest)
     source_rows = [
         [s, info["documents"], f"{info['chars'] / 1e6:.1f} M", *_train_val(info)]
         for s, info in corpus["sources"].items()
@@ -105,6 +115,7 @@ def render(manifest: dict) -> str:
         "'Tokens seen' counts the parent's tokens too. Grown models start as exact copies of their "
         "parents, so neighbours agree more than independently trained models of these sizes would.",
         "",
+        *_variant_lines(models),
         f"AdamW (betas {shared('betas', lambda b: '/'.join(map(str, b)))}, weight decay "
         f"{shared('weight_decay')} on matrices, gradient clip {shared('grad_clip')}), batches of "
         f"{shared('batch_size')} random windows of {shared('seq_len')} tokens drawn uniformly over all "
@@ -122,11 +133,95 @@ def render(manifest: dict) -> str:
         "```bash",
         "hsd-fast zoo --zoo-dir zoo build --sizes "
         + " ".join(names)
-        + " && hsd-fast zoo --zoo-dir zoo accept --write",
+        + " && hsd-fast zoo --zoo-dir zoo accept --write"
+        + (" --exits" if manifest.get("exits") else ""),
         "```",
         "",
     ]
     return "\n".join(out)
+
+
+def _exit_lines(manifest: dict) -> list[str]:
+    """A section per model trained for early exits: its exits and the zoo's sizes as its drafts,
+    beside the same exits of the model it was trained on from."""
+    models, measured = manifest["models"], manifest.get("exits", {})
+    out = []
+    for name, record in models.items():
+        if name not in measured or "exit_weights" not in record["training"]:
+            continue
+        mine, parent = measured[name], record["grown_from"]
+        theirs = measured.get(parent, {"drafts": []})
+        exit_losses = record.get("val_loss_exits", {})
+        rows = []
+        for i, draft in enumerate(mine["drafts"]):
+            if draft in models:
+                loss = sum(models[draft]["val_loss"].values()) / len(models[draft]["val_loss"])
+            elif exit_losses:
+                depth = int(draft.split()[-1])
+                loss = sum(v[depth - 1] for v in exit_losses.values()) / len(exit_losses)
+            else:
+                loss = None
+            j = theirs["drafts"].index(draft) if draft in theirs["drafts"] else None
+            rows.append([
+                draft, f"{mine['greedy'][i]:.3f}", f"{mine['sum_min_t1'][i]:.3f}",
+                "-" if j is None else f"{theirs['greedy'][j]:.3f}",
+                "-" if j is None else f"{theirs['sum_min_t1'][j]:.3f}",
+                "-" if loss is None else f"{loss:.3f}",
+            ])  # fmt: skip
+        ancestors, up = [], models[parent]["grown_from"]
+        while up:
+            ancestors, up = [up, *ancestors], models[up]["grown_from"]
+        grown = (
+            f" `{parent}` was grown from "
+            + _and([f"`{a}` ({models[a]['shape']['num_layers']} layers)" for a in ancestors])
+            + " by appending layers that started out writing nothing (`cost_twin`), so some of its "
+            "exits were once those models' outputs."
+            if ancestors
+            else ""
+        )
+        header = [f"draft of {name}", "greedy", "sum-min t=1", f"{parent}'s: greedy"]
+        header += [f"{parent}'s: sum-min t=1", "val loss"]
+        layers = record["shape"]["num_layers"]
+        weights = "/".join(f"{w:g}" for w in record["training"]["exit_weights"])
+        out += [
+            f"## Early exits of {name}",
+            "",
+            f"`{name}` is `{parent}` trained on for {record['steps']} steps with an early-exit loss "
+            "(LayerSkip-style): the cross-entropy of every layer's output passed through the model's own "
+            f"final norm and head, weighted {weights} for layers 1..{layers}. Exit k is the first k "
+            f"layers, the final norm and the head (`hsd_fast.EarlyExit({name}, k)`), drafting for the "
+            f"full `{name}`; the zoo's sizes are listed as drafts of `{name}` to compare. Measured by "
+            f"`hsd-fast zoo accept --exits --write` (`hsd_fast.zoo.build.measure_exits`: "
+            f"`hsd_fast.profile.acceptance`, {mine['tokens']} teacher-forced calibration tokens, every "
+            f"source pooled); the `{parent}` columns: the same exits of `{parent}` (never trained for "
+            f"them) against the full `{parent}`. Validation loss: the mean over the sources of the "
+            "exit's (or the model's) loss on the validation windows." + grown,
+            "",
+            *markdown_table(header, rows),
+            "",
+        ]
+    return out
+
+
+def _variant_lines(models: dict) -> list[str]:
+    """What each variant (a size trained on in its own shape for another purpose) is."""
+    lines = []
+    for name, card in models.items():
+        if "variant_of" not in card:
+            continue
+        size = card["variant_of"]
+        change = sum(card["val_loss"][s] - models[size]["val_loss"][s] for s in card["val_loss"])
+        purpose = (
+            "the early-exit loss ('Early exits of " + name + "')"
+            if "exit_weights" in card["training"]
+            else "the LM loss"
+        )
+        lines.append(
+            f"`{name}` is a variant of `{size}`: the same shape, `{size}`'s weights as the start (no "
+            f"`cost_twin`), trained on with {purpose}; its own validation loss differs from `{size}`'s by "
+            f"{change / len(card['val_loss']):+.3f} nats (mean over the sources)."
+        )
+    return [" ".join(lines), ""] if lines else []
 
 
 SOURCE_TEXTS = {  # what each corpus source is, for the card's prose; {debian}: its package, if any

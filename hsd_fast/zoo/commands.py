@@ -22,7 +22,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--hash", action="store_true", help="read the text and compare its sha256 with the recorded corpus's"
     )
     build = actions.add_parser("build", help="corpus -> tokenizer -> train -> int8 files (long)")
-    build.add_argument("--sizes", nargs="+", default=["xxs", "xs", "sm", "s"])
+    build.add_argument("--sizes", nargs="+", default=["xxs", "xs", "sm", "s", "se"])
     build.add_argument("--steps", type=int, help="training steps per size (default: per-size CPU budget)")
     build.add_argument("--device", default="cpu", help="cpu or cuda")
     build.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "hsd_fast" / "zoo")
@@ -32,6 +32,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     accept = actions.add_parser("accept", help="pairwise acceptance matrix on held-out text")
     accept.add_argument("--write", action="store_true", help="store it in manifest.json and README.md")
+    accept.add_argument(
+        "--exits",
+        action="store_true",
+        help="also the early exits of the models trained for them, and the zoo's sizes, as their drafts",
+    )
     return zoo
 
 
@@ -83,15 +88,37 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
                 if parser is None:
                     raise SystemExit(f"hsd-fast zoo: error: {message}")
                 parser.error(message)
-    result = measure_acceptance(zoo_dir, names)
+    family = [n for n in names if "variant_of" not in manifest["models"][n]]
+    result = measure_acceptance(zoo_dir, family)
     for key in ("greedy", "sum_min_t1"):
         print(f"\n{key}:")
-        print("\n".join(card.matrix_table(names, result[key])))
+        print("\n".join(card.matrix_table(family, result[key])))
+    exits = _measure_exits(zoo_dir, manifest["models"], family) if args.exits else {}
+    for name, measured in exits.items():
+        print(f"\nas drafts of {name}:")
+        print("\n".join(card.exit_table(measured)))
     if args.write:
         manifest["acceptance"] = result
+        if exits:
+            manifest["exits"] = exits
         (zoo_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
         _write_card(zoo_dir)
     return 0
+
+
+def _measure_exits(zoo_dir: Path, models: dict, family: list[str]) -> dict[str, dict]:
+    """For each model trained with an early-exit loss: its exits and the ``family`` as drafts of it;
+    and, to compare, the exits of the model it was trained on from."""
+    from hsd_fast.zoo.build import measure_exits
+
+    exits = {}
+    for name, record in models.items():
+        if "exit_weights" in record["training"]:
+            exits[name] = measure_exits(zoo_dir, name, family)
+            parent = record["grown_from"]
+            if parent and parent not in exits:
+                exits[parent] = measure_exits(zoo_dir, parent)
+    return exits
 
 
 def _read_manifest(zoo_dir: Path) -> dict:

@@ -3,7 +3,8 @@
 CPU or CUDA (bf16 autocast and ``torch.compile`` on CUDA). Windows are drawn uniformly over the
 concatenated training streams, so every source is seen in proportion to its size. The log
 (JSON lines) records tokens seen, learning rate and loss, and every ``eval_every`` steps the
-validation loss per source on fixed held-out windows.
+validation loss per source on fixed held-out windows. With ``exit_weights`` the loss is LayerSkip's
+early-exit loss (``exit_loss``) and the validation also records the loss at every exit.
 """
 
 from __future__ import annotations
@@ -40,10 +41,31 @@ class TrainConfig:
     eval_windows: int = 16  # held-out windows of seq_len tokens per source
     seed: int = 0
     grown_from: str | None = None  # the zoo model this one starts from (cost_twin), if any
+    # Early-exit loss (LayerSkip-style): a weight per layer 1..L (summing to 1) for the cross-entropy of
+    # that layer's output through the model's own final norm and head; None: the plain LM loss.
+    exit_weights: tuple[float, ...] | None = None
 
     @property
     def tokens_per_step(self) -> int:
         return self.batch_size * self.seq_len
+
+
+def config_record(config: TrainConfig) -> dict:
+    """``config`` as the log and the manifest record it: every field, but ``exit_weights`` only where
+    set (so models trained before the option existed keep their records)."""
+    record = asdict(config)
+    if record["exit_weights"] is None:
+        del record["exit_weights"]
+    return record
+
+
+def linear_exit_weights(num_layers: int, final: float) -> tuple[float, ...]:
+    """Exit weights growing with depth: the last layer gets ``final``, layers l = 1..L-1 share the
+    rest in proportion to l."""
+    if not 0 < final <= 1:
+        raise ValueError(f"the last layer's weight must be in (0, 1], got {final}")
+    early = sum(range(1, num_layers))
+    return (*(round((1 - final) * depth / early, 6) for depth in range(1, num_layers)), final)
 
 
 def precision(device: str) -> str:
@@ -86,11 +108,53 @@ def lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
 
 
+def exit_logits(model: torch.nn.Module, ids: torch.Tensor, layers: list[int]) -> torch.Tensor:
+    """[len(layers), B, T, V] the logits of ``ids`` [B, T] at the exit after each of ``layers``
+    (1..L): that layer's output through the final norm and the head (at L: the model's own logits).
+    HF's hidden states are the embeddings, then each layer's output, the last one after the norm."""
+    hidden = model.model(input_ids=ids, output_hidden_states=True).hidden_states
+    last = len(hidden) - 1
+    normed = torch.stack([hidden[k] if k == last else model.model.norm(hidden[k]) for k in layers])
+    return model.lm_head(normed)
+
+
+def exit_losses(model: torch.nn.Module, batch: torch.Tensor, layers: list[int]) -> torch.Tensor:
+    """[len(layers)] mean next-token cross-entropy of ``batch`` [B, T + 1] at the exit after each of
+    ``layers`` (``exit_logits``)."""
+    logits = exit_logits(model, batch[:, :-1], layers).float()  # [K, B, T, V]
+    targets = batch[:, 1:].flatten().repeat(len(layers))
+    losses = F.cross_entropy(logits.flatten(0, 2), targets, reduction="none")
+    return losses.view(len(layers), -1).mean(-1)
+
+
+def exit_loss(model: torch.nn.Module, batch: torch.Tensor, weights: tuple[float, ...]) -> torch.Tensor:
+    """The early-exit training loss: sum over layers l of ``weights[l - 1]`` times the cross-entropy
+    at exit l (layers with weight 0 are not computed)."""
+    if len(weights) != model.config.num_hidden_layers:
+        raise ValueError(f"{len(weights)} exit weights for {model.config.num_hidden_layers} layers")
+    layers = [depth for depth, w in enumerate(weights, start=1) if w]
+    losses = exit_losses(model, batch, layers)
+    return sum(weights[depth - 1] * loss for depth, loss in zip(layers, losses, strict=True))
+
+
 @torch.no_grad()
 def validation_loss(model: torch.nn.Module, windows: dict[str, torch.Tensor], device) -> dict[str, float]:
     was_training = model.training
     model.eval()
     losses = {name: float(lm_loss(model, w.to(device))) for name, w in windows.items()}
+    model.train(was_training)
+    return losses
+
+
+@torch.no_grad()
+def validation_exit_losses(
+    model: torch.nn.Module, windows: dict[str, torch.Tensor], device
+) -> dict[str, list[float]]:
+    """Per source, the validation loss at every exit 1..L (the last: the model's own)."""
+    was_training = model.training
+    model.eval()
+    layers = list(range(1, model.config.num_hidden_layers + 1))
+    losses = {name: exit_losses(model, w.to(device), layers).tolist() for name, w in windows.items()}
     model.train(was_training)
     return losses
 
@@ -132,7 +196,7 @@ def train(
             log.write(json.dumps(record) + "\n")
             log.flush()
 
-    emit({"config": asdict(config), "vocab_size": vocab_size, "device": device})
+    emit({"config": config_record(config), "vocab_size": vocab_size, "device": device})
     start, smoothed = clock(), None
     bar = tqdm(range(config.steps), desc=f"train {config.size}", disable=not progress)
     for step in bar:
@@ -141,7 +205,10 @@ def train(
         starts = rng.integers(0, len(stream) - config.seq_len - 1, config.batch_size)
         batch = torch.from_numpy(np.stack([stream[s : s + config.seq_len + 1] for s in starts])).to(device)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_cuda):
-            loss = lm_loss(step_model, batch)
+            if config.exit_weights is None:
+                loss = lm_loss(step_model, batch)
+            else:
+                loss = exit_loss(step_model, batch, config.exit_weights)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -153,6 +220,9 @@ def train(
         last = step + 1 == config.steps
         if (step + 1) % config.eval_every == 0 or last:
             record["val"] = {k: round(v, 4) for k, v in validation_loss(model, windows, device).items()}
+            if config.exit_weights is not None:
+                exits = validation_exit_losses(model, windows, device)
+                record["val_exits"] = {k: [round(x, 4) for x in v] for k, v in exits.items()}
             record["seconds"] = round(clock() - start, 1)
         emit(record)
     if log is not None:

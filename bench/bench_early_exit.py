@@ -1,0 +1,196 @@
+"""Early-exit levels (``hsd_fast.EarlyExit``) against the zoo's separate drafts and HF's own
+``assistant_early_exit``, on a target trained for exits (zoo ``se``; ``--target s`` for the
+untrained one).
+
+Ours (one process, interleaved passes after warm-up, ``bench.timing.interleaved``): no draft, each
+single level (lookup, xxs, xs, exit 1-3), and chains of two or three; each chain's block sizes are the
+latency model's best for it (T <= 6) on the profile ``select_hierarchy`` measured for the candidates,
+whose own pick over all of them runs too. ``--twin``: the target's cost twin of the same depth (hidden
+768, MLP 2048: ``zoo.cost_twin``, the same logits), where a layer costs what it does in a real model
+and the head a smaller share, so an exit costs about k/6 of the target. HF: ``generate`` and
+``assistant_early_exit=k`` for each k, which is HF's self-speculation (the same algorithm as our
+single exit level: the comparison the issue asks is of speed-ups, ours over our no draft, HF's over
+its ``generate``). Greedy outputs are checked equal to the target's own.
+
+    python bench/bench_early_exit.py --cache /tmp/ee.json              # greedy, eager steps
+    python bench/bench_early_exit.py --cache /tmp/ee.json --sampled --stem early_exit_cpu_sampled
+    python bench/bench_early_exit.py --cache /tmp/ee_twin.json --twin --stem early_exit_twin_cpu
+
+Writes bench/results/<stem>.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import warnings
+from pathlib import Path
+
+import torch
+from kernel_bench import run_meta, write_results
+
+import hsd_fast
+from hsd_fast import zoo
+from hsd_fast.batch_latency import chain_latency
+from hsd_fast.bench.text_sets import prompt_set
+from hsd_fast.bench.timing import CpuMeter, interleaved
+from hsd_fast.lookup import level_identity
+from hsd_fast.profile import ProfileCache
+from hsd_fast.zoo.calibration import read_calibration
+
+EXITS = (1, 2, 3)
+CHAINS = [  # names, smallest first; the target above
+    (), ("lookup",), ("xxs",), ("xs",), ("exit1",), ("exit2",), ("exit3",),
+    ("lookup", "xxs"), ("xxs", "xs"), ("lookup", "exit2"), ("xxs", "exit2"), ("xxs", "exit3"),
+    ("exit1", "exit3"), ("lookup", "xxs", "exit2"),
+]  # fmt: skip
+TWIN_NOTE = ", its cost twin: hidden 768, MLP 2048, 6 layers"
+VARIED = ("licenses", "man-pages")  # text the zoo never saw (bench.text_sets)
+
+
+def prompts(tokenizer, prompt_len: int) -> list[tuple[str, torch.Tensor]]:
+    """Two held-out zoo prompts (code, prose) and one of each varied set found on this machine."""
+    windows = read_calibration(zoo.zoo_dir())
+    out = [("code", windows["python-code"][:1, :prompt_len]), ("prose", windows["bible"][:1, :prompt_len])]
+    encode = lambda text: tokenizer(text)["input_ids"]  # noqa: E731
+    for name in VARIED:
+        try:
+            out.append((name, prompt_set(name, encode, prompt_len=prompt_len).prompts[:1]))
+        except (FileNotFoundError, ValueError):
+            continue
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target", default="se", help="zoo target (default se, trained for exits)")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--passes", type=int, default=2)
+    parser.add_argument("--sampled", action="store_true", help="temperature 0.8 (default: greedy)")
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument(
+        "--twin", action="store_true", help="the target's cost twin: hidden 768, MLP 2048, same 6 layers"
+    )
+    parser.add_argument("--stem", default="early_exit_cpu")
+    parser.add_argument("--cache", type=Path, required=True, help="profile cache (a new file: fresh costs)")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    torch.set_grad_enabled(False)
+    target = zoo.load(args.target)
+    if args.twin:  # the same function at the cost of a wider model of the same depth
+        target = zoo.cost_twin(target, hidden_size=768, num_layers=6, intermediate_size=2048)
+    levels = {"lookup": "lookup", "xxs": zoo.load("xxs"), "xs": zoo.load("xs")}
+    levels |= {f"exit{k}": hsd_fast.EarlyExit(target, k) for k in EXITS}
+    sampling = {"do_sample": True, "temperature": 0.8} if args.sampled else {"do_sample": False}
+    calibration = torch.cat([w[:, :128] for w in read_calibration(zoo.zoo_dir()).values()])
+    # a cache of this run's own: the step costs are timed now, on this machine, quiet
+    cache = ProfileCache(args.cache, fallbacks=[zoo.zoo_dir() / "profile_cpu.json"])
+    pick = hsd_fast.select_hierarchy(
+        target, list(levels.values()), calibration, cache=cache, compile=args.compile,
+        max_new_tokens=args.max_new_tokens, max_T=6, progress=True, min_gain=0, **sampling,
+    )  # fmt: skip
+    profile = pick.profile
+    index = {level_identity(c): i for i, c in enumerate(profile.candidates)}
+    position = {name: index[level_identity(level)] for name, level in levels.items()}
+    top = len(profile.costs) - 1
+
+    def best_T(chain: tuple[str, ...]) -> tuple[int, ...]:
+        ids = (*(position[n] for n in chain), top)
+        options = itertools.product(range(1, 7), repeat=len(chain))
+        return min(options, key=lambda T: chain_latency(profile.costs, profile.alpha, ids, T))
+
+    work = prompts(zoo.load_tokenizer(), args.prompt_len)
+    common = {**sampling, "max_new_tokens": args.max_new_tokens, "eos_token_id": None, "pad_token_id": 0}
+    outputs: dict[str, list] = {}
+
+    def run_of(name: str, hf: bool = False, **kwargs):
+        def run() -> None:
+            outs = []
+            for i, (_, ids) in enumerate(work):
+                if hf:
+                    outs.append(target.generate(ids, **common, **kwargs))
+                else:
+                    out = target.generate(
+                        ids,
+                        custom_generate=hsd_fast.generate,
+                        seed=i,
+                        compile=args.compile,
+                        **common,
+                        **kwargs,
+                    )
+                    outs.append(out)
+            outputs[name] = outs
+
+        return run
+
+    runs = {"HF generate": run_of("HF generate", hf=True)}
+    for k in EXITS:
+        runs[f"HF assistant_early_exit={k}"] = run_of(
+            f"HF assistant_early_exit={k}", hf=True, assistant_early_exit=k
+        )
+    for chain in CHAINS:
+        T = best_T(chain) if chain else ()
+        name = " > ".join([*chain, args.target]) + (f" T={list(T)}" if chain else " (ours, no draft)")
+        runs[name] = run_of(name, drafts=[levels[n] for n in chain], T=list(T))
+    pick_names = [
+        next(n for n, lv in levels.items() if level_identity(lv) == level_identity(d)) for d in pick.drafts
+    ]
+    pick_name = "selector's pick: " + " > ".join([*pick_names, args.target]) + f" T={list(pick.T)}"
+    runs[pick_name] = run_of(pick_name, hierarchy=pick)
+
+    timings = interleaved(list(runs.values()), args.passes, CpuMeter())
+    seconds = {name: statistics.median(t) for name, t in zip(runs, timings.seconds, strict=True)}
+    ours_alone = next(n for n in runs if n.endswith("(ours, no draft)"))
+    reference = outputs["HF generate"]
+    rows = []
+    for name in runs:
+        hf = name.startswith("HF")
+        base = seconds["HF generate" if hf else ours_alone]
+        row = {
+            "config": name,
+            "tok_s": round(len(work) * args.max_new_tokens / seconds[name], 1),
+            "x own no-draft": round(base / seconds[name], 3),
+            "x HF generate": round(seconds["HF generate"] / seconds[name], 3),
+        }
+        if not args.sampled:
+            row["same_output"] = all(torch.equal(a, b) for a, b in zip(outputs[name], reference, strict=True))
+        rows.append(row)
+    exit_names = {f"exit{k}" for k in EXITS}
+
+    def has_exit(name: str) -> bool:
+        return any(part.split(" ")[0] in exit_names for part in name.split(" > "))
+
+    ours = [n for n in runs if not n.startswith("HF") and n != ours_alone]
+    with_exit = min((n for n in ours if has_exit(n)), key=seconds.get)
+    without = min((n for n in ours if not has_exit(n)), key=seconds.get)
+    single_exit = min((n for n in ours if n.count(" > ") == 1 and has_exit(n)), key=seconds.get)
+    hf_exit = min((n for n in runs if "early_exit" in n), key=seconds.get)
+    notes = [
+        f"Target {args.target} (zoo{TWIN_NOTE if args.twin else ''}), batch 1, "
+        f"{'compiled' if args.compile else 'eager'} steps; prompts: "
+        + ", ".join(s for s, _ in work)
+        + f"; {args.max_new_tokens} new tokens each. Medians of {args.passes} interleaved passes after "
+        "warm-up "
+        f"({timings.redone} redone for foreign CPU load).",
+        f"Best with an early exit: {with_exit}; best without: {without}; ratio "
+        f"{seconds[without] / seconds[with_exit]:.3f}x.",
+        f"Best single exit level: {single_exit}, {seconds[ours_alone] / seconds[single_exit]:.3f}x our "
+        "no-draft; "
+        f"HF's best early exit: {hf_exit}, {seconds['HF generate'] / seconds[hf_exit]:.3f}x HF generate.",
+        "Exit levels keep their own K/V cache (the target recomputes layers < k when it verifies).",
+    ]
+    meta = run_meta(
+        "cpu", batch=1, dtype="float32", sampling=sampling, compiled=args.compile,
+        threads=torch.get_num_threads(), target=args.target + (" (cost twin)" if args.twin else ""),
+        max_new_tokens=args.max_new_tokens,
+        passes=args.passes, redone=timings.redone,
+    )  # fmt: skip
+    write_results(
+        args.stem, f"Early-exit levels, target {args.target}", notes, ["config", "tok_s"], rows, meta
+    )
+
+
+if __name__ == "__main__":
+    main()
