@@ -19,7 +19,7 @@ import torch
 
 import hsd_fast.profile.cache as cache_module
 from hsd_fast.processors import LogitsTransform
-from hsd_fast.profile.cache import ProfileCache, ProfileCacheWarning
+from hsd_fast.profile.cache import MAX_REUSED_NOISE, ProfileCache, ProfileCacheWarning
 from hsd_fast.profile.costs import CostProfile
 
 COST = CostProfile((1, 2), (0.01, 0.02), (1,), (0.005,))
@@ -144,6 +144,21 @@ def test_a_cost_entry_without_its_noise_is_measured_again(tmp_path, fake_measure
     cache.save()
     _measure(ProfileCache(path))
     assert fake_measurements == {"costs": 4, "alpha": 1}
+
+
+def test_a_noisy_cost_entry_is_measured_again(tmp_path, fake_measurements) -> None:
+    """A cost timed on a busy machine (noise above ``MAX_REUSED_NOISE``) is not reused by a later
+    run; one just under the bound is."""
+    path = tmp_path / "profiles.json"
+    cache = ProfileCache(path)
+    _measure(cache)
+    keys = [key for key in cache.entries if key.startswith("cost ")]
+    cache.entries[keys[0]] = {**cache.entries[keys[0]], "noise": MAX_REUSED_NOISE * 1.5}
+    for key in keys[1:]:
+        cache.entries[key] = {**cache.entries[key], "noise": MAX_REUSED_NOISE}
+    cache.save()
+    _measure(ProfileCache(path))
+    assert fake_measurements == {"costs": len(keys) + 1, "alpha": 1}
 
 
 def test_save_writes_only_what_changed(tmp_path, monkeypatch, fake_measurements) -> None:

@@ -78,6 +78,11 @@ class ProfileCacheWarning(UserWarning):
 
 
 COST_FIELDS = ("spans", "seconds", "drafts", "draft_seconds")
+MAX_REUSED_NOISE = 0.4
+"""A cached cost noisier than this (``CostProfile.noise``, the largest relative standard error of its
+medians) was timed on a busy machine: it is timed again when looked up, not reused. Quiet runs of the
+zoo's steps measure 0.02-0.18 on the 2-core CPU; runs beside other jobs 0.6-0.7 (docs/design.md,
+"Measuring costs on a busy machine")."""
 
 
 def _is_number(value: object) -> bool:
@@ -218,7 +223,11 @@ class ProfileCache:
         )
         clock = kwargs.get("clock", time.perf_counter)
         entry = self.entries.get(key)
-        usable = _usable_cost(entry) and (not crowd_bytes or _usable_cost(entry.get("crowded")))
+        usable = (
+            _usable_cost(entry)
+            and entry["noise"] <= MAX_REUSED_NOISE
+            and (not crowd_bytes or _usable_cost(entry.get("crowded")))
+        )
         if not (usable and self._same_speed(entry, p.device, clock)):
             profile = forward_costs(
                 model,
