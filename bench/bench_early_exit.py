@@ -15,6 +15,7 @@ its ``generate``). Greedy outputs are checked equal to the target's own.
     python bench/bench_early_exit.py --cache /tmp/ee.json              # greedy, eager steps
     python bench/bench_early_exit.py --cache /tmp/ee.json --sampled --stem early_exit_cpu_sampled
     python bench/bench_early_exit.py --cache /tmp/ee_twin.json --twin --stem early_exit_twin_cpu
+    python bench/bench_early_exit.py --cache /tmp/c.json --twin --compile --few --stem early_exit_twin_compiled_cpu
 
 Writes bench/results/<stem>.{json,md}.
 """
@@ -46,6 +47,7 @@ CHAINS = [  # names, smallest first; the target above
     ("exit1", "exit3"), ("lookup", "xxs", "exit2"),
 ]  # fmt: skip
 TWIN_NOTE = ", its cost twin: hidden 768, MLP 2048, 6 layers"
+FEW = [(), ("lookup",), ("xxs",), ("exit2",), ("exit3",), ("xxs", "exit2"), ("lookup", "exit2")]
 VARIED = ("licenses", "man-pages")  # text the zoo never saw (bench.text_sets)
 
 
@@ -72,6 +74,9 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true")
     parser.add_argument(
         "--twin", action="store_true", help="the target's cost twin: hidden 768, MLP 2048, same 6 layers"
+    )
+    parser.add_argument(
+        "--few", action="store_true", help=f"only the chains {FEW} (compiled runs: less to compile)"
     )
     parser.add_argument("--stem", default="early_exit_cpu")
     parser.add_argument("--cache", type=Path, required=True, help="profile cache (a new file: fresh costs)")
@@ -130,7 +135,7 @@ def main() -> None:
         runs[f"HF assistant_early_exit={k}"] = run_of(
             f"HF assistant_early_exit={k}", hf=True, assistant_early_exit=k
         )
-    for chain in CHAINS:
+    for chain in FEW if args.few else CHAINS:
         T = best_T(chain) if chain else ()
         name = " > ".join([*chain, args.target]) + (f" T={list(T)}" if chain else " (ours, no draft)")
         runs[name] = run_of(name, drafts=[levels[n] for n in chain], T=list(T))
