@@ -15,7 +15,8 @@ its ``generate``). Greedy outputs are checked equal to the target's own.
     python bench/bench_early_exit.py --cache /tmp/ee.json              # greedy, eager steps
     python bench/bench_early_exit.py --cache /tmp/ee.json --sampled --stem early_exit_cpu_sampled
     python bench/bench_early_exit.py --cache /tmp/ee_twin.json --twin --stem early_exit_twin_cpu
-    python bench/bench_early_exit.py --cache /tmp/c.json --twin --compile --few --stem early_exit_twin_compiled_cpu
+    python bench/bench_early_exit.py --cache /tmp/c.json --twin --compile --few \
+        --stem early_exit_twin_compiled_cpu
 
 Writes bench/results/<stem>.{json,md}.
 """
