@@ -102,17 +102,16 @@ def _exit_view(target: torch.nn.Module, k: int) -> torch.nn.Module:
     config saying ``k`` layers. Modules below the path are the target's objects."""
     path = decoder_layers_path(target).split(".")
     config = _exit_config(target.config, k)
-    view = _shallow_copy(target)
-    parent = view
+    copies = [_shallow_copy(target)]  # the view, then each module on the path to the layer list
     for name in path[:-1]:
-        child = _shallow_copy(parent._modules[name])
-        parent._modules[name] = child
-        parent = child
+        copies.append(_shallow_copy(copies[-1]._modules[name]))
+        copies[-2]._modules[name] = copies[-1]
+    parent = copies[-1]
     parent._modules[path[-1]] = torch.nn.ModuleList(list(parent._modules[path[-1]])[:k])
-    for module in _path_modules(view, path):
+    for module in copies:
         if getattr(module, "config", None) is target.config:
             module.config = config  # the layer loop and the cache read the layer count here
-    return view
+    return copies[0]
 
 
 def _exit_config(config, k: int):
@@ -131,10 +130,3 @@ def _shallow_copy(module: torch.nn.Module) -> torch.nn.Module:
     for registry in ("_modules", "_parameters", "_buffers"):
         clone.__dict__[registry] = dict(module.__dict__[registry])
     return clone
-
-
-def _path_modules(view: torch.nn.Module, path: list[str]) -> list[torch.nn.Module]:
-    modules = [view]
-    for name in path[:-1]:
-        modules.append(modules[-1]._modules[name])
-    return modules
