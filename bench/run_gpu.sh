@@ -12,6 +12,10 @@
 #                                             # twin (hidden 2048, 8 layers, MLP 8192: ~0.5 B parameters,
 #                                             # fp32); no draft, xs > s, lookup > xs > s
 #   bash bench/run_gpu.sh zoo-train xxs xs    # train zoo sizes on CUDA from the carried token file
+#   bash bench/run_gpu.sh build family        # the family at real shapes (bench/bench_family.py: an
+#                                             # 8B-shaped bf16 target, a 1B-shaped draft, HF's baselines),
+#                                             # rows written as measured; stops starting rows at FAMILY_BUDGET
+#                                             # seconds (default 470) and is cut at FAMILY_LIMIT (545)
 #
 # zoo-train needs the corpus tokens built on the CPU machine, carried as an ignored path:
 #   cp ~/.cache/hsd_fast/zoo/tokens-*.npz .zoo_tokens.npz   (then run with carry=[".zoo_tokens.npz"])
@@ -19,7 +23,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
-stage=${1:?stage: build | test | test-graphs | test-attention | bench-rejection | bench-sampling | bench-tree-attention | attention-e2e | attention-e2e-compiled | e2e-twin | zoo-train SIZES...}
+stage=${1:?stage: build | family | test | test-graphs | test-attention | bench-rejection | bench-sampling | bench-tree-attention | attention-e2e | attention-e2e-compiled | e2e-twin | zoo-train SIZES...}
 shift
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/run_gpu.log"; }
 
@@ -63,6 +67,12 @@ for s in "$stage" "$@"; do
         --twin 2048 8 8192 --only "no draft, dense" ", xs > s, T=3, dense" "lookup > xs > s, T=[1, 3], dense" \
         2>&1 | tee "$OUT/attention_e2e_twin_compiled.txt" | tail -20
       cp bench/results/attention_e2e_twin_compiled_cuda.json bench/results/attention_e2e_twin_compiled_cuda.md "$OUT"/ ;;
+    family)
+      log "the family at real shapes, bf16"
+      export PYTHONUNBUFFERED=1
+      timeout "${FAMILY_LIMIT:-545}" python3 bench/bench_family.py --out "$OUT" --budget "${FAMILY_BUDGET:-470}" \
+        2>&1 | tee "$OUT/family.log" | tr '\r' '\n' | grep -v "compiling steps" | tail -40 || true
+      log "family done" ;;
     zoo-train)
       log "zoo training: $*"
       mkdir -p "$OUT/zoo"

@@ -70,10 +70,65 @@ def test_twin_refuses_what_it_cannot_preserve(source) -> None:
         cost_twin(source, hidden_size=32)
     with pytest.raises(ValueError, match="multiple of the source's GQA group"):
         cost_twin(source, num_heads=5)
-    with pytest.raises(ValueError, match="unknown zoo shape"):
+    with pytest.raises(ValueError, match="unknown shape"):
         cost_twin(source, shape="huge")
     with pytest.raises(TypeError, match="LlamaForCausalLM"):
         cost_twin(tiny_model("gpt2"))
+
+
+@pytest.mark.parametrize(
+    "heads",
+    [
+        {"head_dim": 32, "num_heads": 8, "num_kv_heads": 4},  # larger heads (RoPE remapped), GQA regrouped
+        {"head_dim": 64, "num_heads": 16, "num_kv_heads": 2},  # the source's 2 KV heads, groups of 8
+        {"head_dim": 16, "num_heads": 12, "num_kv_heads": 3},  # same head dim, one KV head added
+    ],
+    ids=["dim2x", "dim4x-group8", "kv-added"],
+)
+def test_twin_with_larger_heads_and_other_groups_keeps_the_logits(source, heads) -> None:
+    """A twin of a family's shape: the source's heads placed inside larger ones, regrouped for GQA."""
+    twin = cost_twin(source, hidden_size=128, num_layers=4, intermediate_size=256, **heads)
+    assert (twin.config.head_dim, twin.config.num_key_value_heads) == (
+        heads["head_dim"],
+        heads["num_kv_heads"],
+    )
+    ids = torch.randint(3, 96, (2, 50), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(twin(ids).logits, source(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_planted_rope_misplacement_changes_the_logits(source, monkeypatch) -> None:
+    """The logit check above can fail: coordinates placed without the rotary stride rotate at the
+    wrong frequencies."""
+    from hsd_fast.zoo import twin as twin_module
+
+    monkeypatch.setattr(twin_module, "rotary_positions", lambda d, D: torch.arange(d))  # no stride
+    twin = cost_twin(source, hidden_size=128, head_dim=32, num_heads=8, num_kv_heads=4)
+    ids = torch.randint(3, 96, (2, 50), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert (twin(ids).logits - source(ids).logits).abs().max() > 1e-3
+
+
+def test_family_shapes_and_their_refusals(source) -> None:
+    from hsd_fast.zoo.twin import FAMILY_SHAPES
+
+    assert FAMILY_SHAPES["llama-3-8b"].num_kv_heads == 8 and FAMILY_SHAPES["llama-3-8b"].head_dim == 128
+    with pytest.raises(ValueError, match="multiple of the source"):
+        cost_twin(source, head_dim=24)
+    with pytest.raises(ValueError, match="at least the source's 2 query heads"):
+        cost_twin(source, num_heads=8, num_kv_heads=8)
+    with pytest.raises(ValueError, match="can only grow"):
+        cost_twin(source, num_kv_heads=1, num_heads=4)
+
+
+def test_twin_built_in_another_dtype_keeps_rope_in_fp32(source) -> None:
+    twin = cost_twin(source, hidden_size=128, head_dim=32, num_heads=8, num_kv_heads=4, dtype=torch.bfloat16)
+    assert twin.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert twin.model.rotary_emb.inv_freq.dtype == torch.float32
+    ids = torch.randint(3, 96, (1, 30), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        got, expected = twin(ids).logits.float(), source(ids).logits
+    assert (got - expected).abs().max() < 0.1 * expected.abs().max()  # bf16 rounding, not another function
 
 
 def test_twin_draws_from_its_own_generator(source) -> None:

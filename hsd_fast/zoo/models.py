@@ -58,15 +58,19 @@ def llama_config(shape: Shape, vocab_size: int, eos_id: int = 0) -> LlamaConfig:
     )
 
 
-def empty_model(config: LlamaConfig) -> LlamaForCausalLM:
-    """A ``LlamaForCausalLM`` on the CPU with uninitialised weights. It is built on the meta device, so
-    HF's own initialisation draws nothing from torch's global generator (the caller fills every
-    weight); RoPE's non-persistent inverse frequencies are then rebuilt for real."""
+def empty_model(
+    config: LlamaConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> LlamaForCausalLM:
+    """A ``LlamaForCausalLM`` in ``dtype`` on ``device`` with uninitialised weights. It is built on the
+    meta device, so HF's own initialisation draws nothing from torch's global generator (the caller
+    fills every weight) and no full-size copy is made anywhere else; RoPE's non-persistent inverse
+    frequencies are then rebuilt for real, in fp32 as HF computes them."""
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    model.to_empty(device="cpu")
+        model = LlamaForCausalLM(config).to(dtype)
+    model.to_empty(device=device)
     model.tie_weights()
-    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
+    with torch.device(device):
+        model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
     return model
 
 
