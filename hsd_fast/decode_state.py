@@ -58,6 +58,11 @@ class DecodeState:
         # key, in ``structure``, names the processors, so a penalty run never shares a plain run's graph
         self.vocab = vocab
         self.history = transform.prompt_history(num_rows, vocab, device) if transform.needs_history else []
+        # Per length processor (min_length, min_new_tokens): the new tokens each row has before EOS may
+        # come [B] (``LogitsTransform.length_floors``), and each row's prompt length [B]
+        self.prompt_lengths = torch.tensor([p.numel() for p in prompts], dtype=torch.int64)
+        self.length_floors = [f.to(device) for f in transform.length_floors(self.prompt_lengths)]
+        self.prompt_lengths = self.prompt_lengths.to(device)
 
     def set_tree(self, buffers: TreeBuffers | None) -> None:
         """Level 0 drafts token trees of this topology, kept in ``buffers`` (None: chains again, after
@@ -94,6 +99,14 @@ class DecodeState:
                 parts.append(torch.where(sees, self.tree.tokens[:, None, :], vocab))
             out.append(torch.cat(parts, -1).flatten(0, 1))  # [B * O, K]
         return out
+
+    def length_bans(self, block: FedBlock, num_outputs: int) -> list[torch.Tensor]:
+        """Per length processor, ``[B * O]`` bool: whether the token each of the block's last O
+        columns predicts would come before the row may end. A column at position t predicts the
+        row's new token number ``t + 1 - prompt length`` (0 the first); tree nodes stand at their
+        depth's position, so they are counted the same way."""
+        predicted = block.positions[:, -num_outputs:] + 1 - self.prompt_lengths[:, None]  # [B, O]
+        return [(predicted < floor[:, None]).flatten() for floor in self.length_floors]
 
     @property
     def num_rows(self) -> int:

@@ -67,8 +67,16 @@ OPTIONS: dict[str, Option] = {
     # ---- length and stopping
     "max_length": Option(SERVED, "the length budget (prompt + new tokens), filled as HF fills it"),
     "max_new_tokens": Option(SERVED, "the length budget; takes precedence over max_length, as in HF"),
-    "min_length": _processor("MinLengthLogitsProcessor"),
-    "min_new_tokens": _processor("MinNewTokensLengthLogitsProcessor"),
+    "min_length": _processor(
+        "MinLengthLogitsProcessor",
+        served=True,
+        how="EOS banned at every level where a token would come too early",
+    ),
+    "min_new_tokens": _processor(
+        "MinNewTokensLengthLogitsProcessor",
+        served=True,
+        how="EOS banned at every level where a token would come too early",
+    ),
     "early_stopping": Option(NO_EFFECT, _BEAM),
     "max_time": _processor(
         "MaxTimeCriteria",

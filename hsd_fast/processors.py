@@ -35,6 +35,7 @@ _POSITION_INDEPENDENT = (
     "SuppressTokensLogitsProcessor",
 )
 _HISTORY = ("RepetitionPenaltyLogitsProcessor",)  # read the token history: ``history`` at every call
+_LENGTH = ("MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor")  # ban EOS until a length
 
 
 @functools.cache
@@ -42,7 +43,7 @@ def supported_processors() -> tuple[type, ...]:
     """The processor classes applied at every level (those of the installed transformers)."""
     from transformers.generation import logits_process as lp
 
-    return tuple(getattr(lp, n) for n in (*_POSITION_INDEPENDENT, *_HISTORY) if hasattr(lp, n))
+    return tuple(getattr(lp, n) for n in (*_POSITION_INDEPENDENT, *_HISTORY, *_LENGTH) if hasattr(lp, n))
 
 
 @functools.cache
@@ -53,6 +54,14 @@ def history_processors() -> tuple[type, ...]:
     return tuple(getattr(lp, n) for n in _HISTORY if hasattr(lp, n))
 
 
+@functools.cache
+def length_processors() -> tuple[type, ...]:
+    """The supported processor classes that ban EOS before a length (``DecodeState.length_bans``)."""
+    from transformers.generation import logits_process as lp
+
+    return tuple(getattr(lp, n) for n in _LENGTH if hasattr(lp, n))
+
+
 class LogitsTransform:
     """Applies HF processors to ``[N, V]`` logits. When the only processor is a temperature, the
     transform is the identity and ``temperature`` carries it to the verification op (its fast path:
@@ -61,7 +70,11 @@ class LogitsTransform:
     A history processor (the repetition penalty) needs, at every call, the token ids each of the N
     rows' history holds (``history``); ``input_ids`` and ``attention_mask`` are the request's
     left-padded prompt, from which ``prompt_history`` tells which padding ids HF's processor counts
-    (it sees the padded ``input_ids``, less the first ``prompt_ignore_length`` columns of each row)."""
+    (it sees the padded ``input_ids``, less the first ``prompt_ignore_length`` columns of each row).
+
+    A length processor (``min_length``, ``min_new_tokens``) bans the EOS ids where the token a row
+    predicts would come too early: the caller hands it, per such processor, ``[N]`` bool ``bans``
+    (``DecodeState.length_bans``, from each column's position and ``length_floors``)."""
 
     def __init__(
         self,
@@ -73,6 +86,7 @@ class LogitsTransform:
         self.temperature = 1.0
         self.processors = list(processors)
         self.history: tuple[int, ...] = ()  # indices of the history processors in ``processors``
+        self.length: tuple[int, ...] = ()  # ...and of the length processors
         self.prompt = None if input_ids is None else (input_ids, attention_mask)
         if not self.processors:
             return
@@ -89,6 +103,7 @@ class LogitsTransform:
         self.history = tuple(i for i, p in enumerate(self.processors) if isinstance(p, history_processors()))
         for i in self.history:
             _check_history_processor(self.processors[i])
+        self.length = tuple(i for i, p in enumerate(self.processors) if isinstance(p, length_processors()))
         if len(self.processors) == 1 and isinstance(self.processors[0], TemperatureLogitsWarper):
             self.temperature = float(self.processors.pop().temperature)
 
@@ -97,20 +112,54 @@ class LogitsTransform:
         """Whether a call needs ``history`` (a processor reads the token history)."""
         return bool(self.history)
 
-    def __call__(self, logits: torch.Tensor, history: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+    @property
+    def needs_lengths(self) -> bool:
+        """Whether a call needs ``bans`` (a processor bans EOS before a length)."""
+        return bool(self.length)
+
+    def length_floors(self, prompt_lengths: torch.Tensor) -> list[torch.Tensor]:
+        """Per length processor, ``[B]`` int64: how many new tokens a row has before EOS may come.
+        HF's ``min_new_tokens`` counts new tokens; its ``min_length`` counts the columns of the padded
+        ``input_ids`` (the request's prompt width plus the new tokens; with no padded prompt, each
+        row's own prompt length: as if it were generated alone). ``prompt_lengths``: [B] int64."""
+        from transformers.generation.logits_process import MinNewTokensLengthLogitsProcessor
+
+        width = (
+            prompt_lengths
+            if self.prompt is None
+            else torch.full_like(prompt_lengths, self.prompt[0].shape[1])
+        )
+        floors = []
+        for i in self.length:
+            processor = self.processors[i]
+            if isinstance(processor, MinNewTokensLengthLogitsProcessor):
+                floors.append(torch.full_like(prompt_lengths, processor.min_new_tokens))
+            else:
+                floors.append(processor.min_length - width)
+        return floors
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        history: Sequence[torch.Tensor] | None = None,
+        bans: Sequence[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """[N, V] -> [N, V]. ``history``: per history processor (in ``self.history`` order),
         ``[N, K]`` int64, the ids row n's history holds, V where an entry holds none
-        (``DecodeState.history_ids``). None skips the history processors: only for teacher-forced
-        profiling scores, which have no run's history (an approximation there)."""
+        (``DecodeState.history_ids``). ``bans``: per length processor, ``[N]`` bool, the rows whose
+        EOS ids it bans (``DecodeState.length_bans``). None skips those processors: only for
+        teacher-forced profiling scores, which have no run's history (an approximation there)."""
         if not self.processors:
             return logits
         dummy_ids = torch.zeros(logits.shape[0], 1, dtype=torch.int64, device=logits.device)
         scores = logits.float()  # HF's warpers expect float scores; -inf marks removed tokens
         for i, processor in enumerate(self.processors):
-            if i not in self.history:
+            if i not in self.history and i not in self.length:
                 scores = processor(dummy_ids, scores)
             elif history is not None:
                 scores = repetition_penalty(scores, history[self.history.index(i)], processor.penalty)
+            if i in self.length and bans is not None:
+                scores = ban_eos(scores, bans[self.length.index(i)], processor.eos_token_id)
         return scores
 
     def prompt_history(
@@ -172,6 +221,15 @@ def repetition_penalty(scores: torch.Tensor, ids: torch.Tensor, penalty: float) 
     held = padded.gather(1, ids)  # [N, K]
     penalized = torch.where(held < 0, held * penalty, held / penalty)
     return padded.scatter(1, ids, penalized)[:, : scores.shape[1]]
+
+
+def ban_eos(scores: torch.Tensor, banned: torch.Tensor, eos_token_id: torch.Tensor | int) -> torch.Tensor:
+    """HF's length processors on ``[N, V]`` scores: the EOS ids' scores -inf in the ``banned`` rows
+    (``[N]`` bool), the rest as it is."""
+    eos = torch.as_tensor(eos_token_id, device=scores.device).reshape(-1)
+    is_eos = torch.zeros(scores.shape[1] + 1, dtype=torch.bool, device=scores.device)
+    is_eos = is_eos.index_fill(0, eos.clamp(0, scores.shape[1]), True)[: scores.shape[1]]  # [V]
+    return scores.masked_fill(banned[:, None] & is_eos[None, :], float("-inf"))
 
 
 def _check_history_processor(processor: LogitsProcessor) -> None:

@@ -52,10 +52,12 @@ class Runner(Protocol):
 def processed_logits(runner: Runner, state: DecodeState, block: FedBlock, num_outputs: int) -> torch.Tensor:
     """The level's logits at the block's last ``num_outputs`` columns through the sampling transform;
     a history processor (the repetition penalty) reads each column's own history, drafts included
-    (``DecodeState.history_ids``: a chain's by position, a tree node's by its ancestors)."""
+    (``DecodeState.history_ids``: a chain's by position, a tree node's by its ancestors), and a length
+    processor bans EOS where the column's token would come too early (``DecodeState.length_bans``)."""
     logits = runner.forward(block, num_outputs)  # [B, O, V]
     history = state.history_ids(block, num_outputs) if state.transform.needs_history else None
-    return state.transform(logits.flatten(0, 1), history).unflatten(0, logits.shape[:2])  # [B, O, V]
+    bans = state.length_bans(block, num_outputs) if state.transform.needs_lengths else None
+    return state.transform(logits.flatten(0, 1), history, bans).unflatten(0, logits.shape[:2])  # [B, O, V]
 
 
 def broken_logits(logits: torch.Tensor, used: torch.Tensor) -> torch.Tensor:

@@ -87,6 +87,13 @@ def _layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     return getattr(base, "layers", None) or base.h
 
 
+def peaked_family(vocab_size: int) -> list[torch.nn.Module]:
+    """Two drafts (noisy copies) and a peaked target over a tiny vocabulary, smallest first: the
+    sampled exactness tests' models."""
+    target = tiny_model("llama", vocab_size=vocab_size, lm_head_scale=4.0)
+    return [noisy_copy(target, 0.4, seed=1), noisy_copy(target, 0.2, seed=2), target]
+
+
 def noisy_copy(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
     """The model with Gaussian noise of relative size ``scale`` on every weight."""
     draft = copy.deepcopy(model)

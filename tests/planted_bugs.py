@@ -190,3 +190,18 @@ def joining_levels_skip_catch_up() -> Iterator[None]:
 
     with mock.patch.object(Switcher, "caches_for", buggy):
         yield
+
+
+@contextlib.contextmanager
+def eos_banned_one_token_too_long() -> Iterator[None]:
+    """A length processor's ban counted from the column's own position instead of the token it
+    predicts: EOS stays banned one new token longer than ``min_new_tokens`` says."""
+    from hsd_fast.decode_state import DecodeState
+
+    length_bans = DecodeState.length_bans
+
+    def buggy(self, block, num_outputs):
+        return length_bans(self, block._replace(positions=block.positions - 1), num_outputs)
+
+    with mock.patch.object(DecodeState, "length_bans", buggy):
+        yield

@@ -131,8 +131,6 @@ def test_refusals_say_what_to_use_instead(target, draft) -> None:
 
 # A value at which HF builds the processor or criterion each field names
 PROCESSOR_VALUES = {
-    "min_length": 6,
-    "min_new_tokens": 2,
     "top_h": 0.5,
     "encoder_repetition_penalty": 1.2,
     "no_repeat_ngram_size": 2,
@@ -225,6 +223,8 @@ def test_served_fields_give_hfs_greedy_tokens(target, draft) -> None:
         {"eta_cutoff": 1e-3},
         {"suppress_tokens": [3, 4]},
         {"repetition_penalty": 1.3},  # tests/test_repetition_penalty.py: exact, greedy and sampled
+        {"min_new_tokens": 4},  # tests/test_min_length.py: exact, greedy and sampled
+        {"min_length": 12},
     ],
     ids=lambda s: ",".join(s),
 )

@@ -4,7 +4,7 @@ residual-as-q bug fails the same test at the same sample count (significance 1e-
 import pytest
 import torch
 from enumerated import exact_distribution, hsd_samples
-from hf_models import noisy_copy, tiny_model
+from hf_models import peaked_family
 from planted_bugs import residual_stored_as_q
 
 import hsd_fast
@@ -19,8 +19,7 @@ PROMPT = torch.tensor([3, 4, 5, 1])
 @pytest.fixture(scope="module")
 def models() -> list[torch.nn.Module]:
     """Two drafts and a peaked target (scaled lm_head) over a vocabulary of 6."""
-    target = tiny_model("llama", vocab_size=V, lm_head_scale=4.0)
-    return [noisy_copy(target, 0.4, seed=1), noisy_copy(target, 0.2, seed=2), target]
+    return peaked_family(V)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import itertools
 
 import pytest
 import torch
-from hf_models import noisy_copy, tiny_model
+from hf_models import peaked_family
 from planted_bugs import penalty_history_without_the_blocks_drafts, penalty_history_without_tree_ancestors
 from transformers.generation.logits_process import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
@@ -200,8 +200,7 @@ PROMPT = torch.tensor([3, 4, 5, 1])
 @pytest.fixture(scope="module")
 def small() -> list[torch.nn.Module]:
     """Two drafts and a peaked target over a vocabulary of 6 (tests/test_hf_sampling.py's)."""
-    target = tiny_model("llama", vocab_size=V, lm_head_scale=4.0)
-    return [noisy_copy(target, 0.4, seed=1), noisy_copy(target, 0.2, seed=2), target]
+    return peaked_family(V)
 
 
 def exact_with_penalty(target, prompt: torch.Tensor, penalty: float) -> dict[tuple[int, ...], float]:
