@@ -241,9 +241,9 @@ README_END = "<!-- end of the support table -->"
 
 def readme_table(text: str) -> str | None:
     """The support table inside a README's text (between the markers), or None."""
-    if README_BEGIN not in text or README_END not in text:
-        return None
-    return text.split(README_BEGIN, 1)[1].split(README_END, 1)[0].strip("\n")
+    from hsd_fast.report import marked_section
+
+    return marked_section(text, README_BEGIN, README_END)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,11 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.readme is None:
         print(table)
         return 0
-    text = args.readme.read_text()
-    if readme_table(text) is None:
-        parser.error(f"{args.readme} has no support-table markers ({README_BEGIN} ... {README_END})")
-    head, rest = text.split(README_BEGIN, 1)
-    args.readme.write_text(f"{head}{README_BEGIN}\n{table}\n{README_END}{rest.split(README_END, 1)[1]}")
+    from hsd_fast.report import write_marked_section
+
+    try:
+        write_marked_section(args.readme, README_BEGIN, README_END, table)
+    except ValueError as err:
+        parser.error(str(err))
     return 0
 
 

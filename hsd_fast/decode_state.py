@@ -14,8 +14,9 @@ import torch
 
 from hsd_fast.buffer_pool import POOL
 from hsd_fast.layout import FedBlock
-from hsd_fast.processors import LogitsTransform
+from hsd_fast.processors import LogitsTransform, Prefixes
 from hsd_fast.sampling_metadata import SamplingMetadata
+from hsd_fast.target_outputs import NO_OUTPUTS, OutputRequest, TargetOutputs
 from hsd_fast.tree_plan import TreeBuffers
 
 
@@ -34,6 +35,8 @@ class DecodeState:
         sampling: SamplingMetadata,
         transform: LogitsTransform,
         keep_q: bool,
+        outputs: OutputRequest = NO_OUTPUTS,
+        max_new: int = 0,
     ) -> None:
         num_rows, device = len(prompts), prompts[0].device
         self.sampling, self.transform, self.window, self.trash = sampling, transform, window, capacity
@@ -48,7 +51,16 @@ class DecodeState:
         # Everything a step's code depends on besides tensor shapes: a compiled step is built per
         # structure and guards on tensors only (see LevelStep). Without a ring the window is unused.
         ring = window if keep_q else None
-        self.chain_structure = (ring, capacity, sampling.greedy, keep_q, transform.key, str(ring_dtype))
+        outputs_key = (outputs.scores, outputs.logits)
+        self.chain_structure = (
+            ring,
+            capacity,
+            sampling.greedy,
+            keep_q,
+            transform.key,
+            str(ring_dtype),
+            outputs_key,
+        )
         self.structure = self.chain_structure
         self.tree: TreeBuffers | None = None  # a token tree's pending nodes (level 0 drafts trees)
         # step shapes to compile once the run is over (an adaptive run): (LevelStep, kind, widths, tree)
@@ -63,6 +75,13 @@ class DecodeState:
         self.prompt_lengths = torch.tensor([p.numel() for p in prompts], dtype=torch.int64)
         self.length_floors = [f.to(device) for f in transform.length_floors(self.prompt_lengths)]
         self.prompt_lengths = self.prompt_lengths.to(device)
+        # Per row, the padding HF's input_ids put before the prompt (processors called per position
+        # see it, as HF's do): [P_r] int64 on the host
+        self.hf_padding = transform.prompt_padding(prompts) if transform.needs_prefixes else []
+        # The target's scores / logits at every token it emits (output_scores / output_logits)
+        self.outputs = None
+        if outputs:
+            self.outputs = TargetOutputs(outputs, self.prompt_lengths, max_new, vocab, transform.temperature)
 
     def set_tree(self, buffers: TreeBuffers | None) -> None:
         """Level 0 drafts token trees of this topology, kept in ``buffers`` (None: chains again, after
@@ -99,6 +118,36 @@ class DecodeState:
                 parts.append(torch.where(sees, self.tree.tokens[:, None, :], vocab))
             out.append(torch.cat(parts, -1).flatten(0, 1))  # [B * O, K]
         return out
+
+    def prefixes(self, block: FedBlock, num_outputs: int) -> Prefixes:
+        """For each of the block's last O columns, row-major, the ``input_ids`` HF's unassisted
+        ``generate`` would hand a processor predicting the token after it: the row's padding, then
+        its tokens up to the column's position (a chain, drafts included) or up to the tree's start
+        and the node's ancestors and itself (a tree node), as ``history_ids`` counts them. None for a
+        column that holds no valid token or predicts a prompt token (a verification's leading
+        columns, never read): a processor only sees prefixes HF's would, and drafted ones.
+        Host-side: one copy of the buffers per step."""
+        positions = block.positions[:, -num_outputs:].tolist()  # [B][O]
+        valid = block.valid[:, -num_outputs:].tolist()
+        tokens, prompt_lengths = self.tokens.cpu(), self.prompt_lengths.tolist()
+        tree = block.tree_start is not None
+        if tree:
+            assert self.tree is not None
+            starts = block.tree_start.tolist()
+            sees = block.tree_sees[:, -num_outputs:].cpu()  # [B, O, n]
+            nodes = self.tree.tokens.cpu()  # [B, n]
+        rows, ids = [], []
+        for r, row_positions in enumerate(positions):
+            for o, t in enumerate(row_positions):
+                rows.append(r)
+                if not valid[r][o] or t + 1 < prompt_lengths[r]:
+                    ids.append(None)
+                    continue
+                parts = [self.hf_padding[r], tokens[r, : (min(t, starts[r] - 1) if tree else t) + 1]]
+                if tree:
+                    parts.append(nodes[r][sees[r, o]])
+                ids.append(torch.cat(parts))
+        return Prefixes(rows, ids)
 
     def length_bans(self, block: FedBlock, num_outputs: int) -> list[torch.Tensor]:
         """Per length processor, ``[B * O]`` bool: whether the token each of the block's last O

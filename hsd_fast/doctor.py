@@ -123,6 +123,42 @@ def early_exit_line(target: torch.nn.Module) -> str:
     )
 
 
+_NOT_DECODING = {
+    "bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "use_cache",
+    "output_attentions", "output_hidden_states", "return_dict_in_generate", "transformers_version",
+}  # fmt: skip
+"""generation_config fields the doctor does not list: token ids and what a call returns."""
+
+
+def generation_line(target: torch.nn.Module) -> tuple[str, bool]:
+    """What the checkpoint's own ``generation_config`` asks of a plain ``generate`` call, and how
+    hsd_fast serves it: which logits processors run inside the compiled steps, which per position
+    (eager), or why it is refused."""
+    from hsd_fast.generation_options import check_generation_options
+    from hsd_fast.processors import generation_sampling
+
+    config = target.generation_config
+    asked = {
+        k: v for k, v in config.to_diff_dict().items() if k not in _NOT_DECODING and not k.startswith("_")
+    }
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(asked.items())) or "HF's defaults"
+    try:
+        check_generation_options(config)
+        transform, greedy = generation_sampling(target)
+    except ValueError as err:
+        return f"generation   its generation_config ({shown}): refused: {err}", False
+    names = [type(p).__name__ for p in transform.processors]
+    compiled = [n for i, n in enumerate(names) if i not in transform.general]
+    if transform.temperature != 1.0:
+        compiled.insert(0, f"temperature {transform.temperature:g} (fused into the verification)")
+    eager = [names[i] for i in transform.general]
+    parts = [("greedy" if greedy else "sampled")]
+    parts.append(f"compiled: {', '.join(compiled)}" if compiled else "no logits processor")
+    if eager:
+        parts.append(f"per position, eager (such a run is not compiled): {', '.join(eager)}")
+    return f"generation   its generation_config ({shown}): {'; '.join(parts)}", True
+
+
 def family_lines() -> list[str]:
     """The refused families of the installed transformers, one line each with the reason."""
     import transformers
@@ -163,6 +199,9 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(lines))
         if role == "target" and admitted:
             print(early_exit_line(model))
+            line, served = generation_line(model)
+            print(line)
+            ok = ok and served
         ok, models = ok and admitted, [*models, model]
     if args.target and args.drafts:
         line, fits = hierarchy_line(models)

@@ -39,6 +39,7 @@ from hsd_fast.steps import Runner
 from hsd_fast.stopping import StopChecker
 from hsd_fast.switching import Switcher
 from hsd_fast.switching_types import Adaptive, Choice
+from hsd_fast.target_outputs import NO_OUTPUTS, OutputRequest, TargetOutputs
 from hsd_fast.tree import Tree
 from hsd_fast.tree_plan import TreeBuffers, TreePlan
 from hsd_fast.triton_kernels.tree_torch import COLUMN_SHIFT
@@ -49,6 +50,7 @@ class HSDResult:
     sequences: list[torch.Tensor]  # per row: prompt + generated tokens, [len] int64
     num_new_tokens: list[int]
     stats: HSDStats
+    outputs: TargetOutputs | None = None  # the target's scores / logits per new token (``outputs=``)
 
 
 MAX_BLOCK_SIZE = 64
@@ -133,6 +135,7 @@ def run_hsd(
     tree: Tree | None = None,
     adapt: Adaptive | None = None,
     stop: StopChecker | None = None,
+    outputs: OutputRequest = NO_OUTPUTS,
 ) -> HSDResult:
     """Generate with the hierarchy ``runners`` (level 0 drafts, the last is the target). The first
     may be a ``LookupDraft``: a model-free level 0 that proposes from each row's own context.
@@ -156,6 +159,8 @@ def run_hsd(
     ``stop``: stopping criteria beyond EOS and the length budget, replayed on every row's committed
     tokens after each of the target's commits; a row they stop is finished there, as at an EOS
     (docs/design.md, "EOS, the length budget and flushing").
+    ``outputs``: keep the target's scores and/or raw logits at every token it emits
+    (``HSDResult.outputs``; HF's ``output_scores`` / ``output_logits``).
     """
     _check_runners(runners)
     candidates, target = list(runners[:-1]), runners[-1]
@@ -203,13 +208,22 @@ def run_hsd(
     ring_dtype = torch.float32 if transform.processors else _widest(r.dtype for r in models)
     window = speculative_window(widest, int(budget.max()))
     state = DecodeState(
-        prompts, positions, window, target.vocab_size, ring_dtype, sampling, transform, keep_q
-    )
+        prompts, positions, window, target.vocab_size, ring_dtype, sampling, transform, keep_q,
+        outputs=outputs, max_new=int(budget.max()),
+    )  # fmt: skip
     device = state.tokens.device
     tree_buffers = {
         t: TreeBuffers(TreePlan.of(t, device), num_rows, target.vocab_size, ring_dtype, greedy) for t in trees
     }
     compiled = _decide_compile(compile, runners, widest if adapt is None else ADAPTIVE)
+    if compiled and transform.needs_prefixes:
+        names = [type(transform.processors[i]).__name__ for i in transform.general]
+        warnings.warn(
+            f"hsd_fast: {names} run per position on the host, so this run's steps are not compiled "
+            "(docs/design.md, 'Sampling transforms')",
+            stacklevel=2,
+        )
+        compiled = False
     lookup = None
     if isinstance(runners[0], LookupDraft):
         lookup = LookupProposer(runners[0], num_rows, sampling.eos_ids.tolist())
@@ -296,7 +310,7 @@ def run_hsd(
         _count_eager(runners, widest if adapt is None else ADAPTIVE, sum(stats.wall_time))
     lens = _output_lens(ledger, stop)
     sequences = [state.tokens[r, : lens[r]].clone() for r in range(num_rows)]
-    return HSDResult(sequences, (lens - prompt_lens).tolist(), stats)
+    return HSDResult(sequences, (lens - prompt_lens).tolist(), stats, state.outputs)
 
 
 ADAPTIVE = ("adaptive",)

@@ -6,9 +6,10 @@ decoding is silently ignored (``tests/test_generation_options.py`` walks the ins
 
 - ``SERVED``: hsd_fast serves it (the note says how).
 - ``PROCESSOR``: HF turns it into a logits processor or a stopping criterion before it calls
-  ``custom_generate``; the request serves the position-independent processors at every level and
-  every stopping criterion but an assistant's confidence stop (``hsd_fast.stopping``), and refuses
-  any other processor or criterion by its class name (``hsd_fast.processors``).
+  ``custom_generate``, which hsd_fast refuses by its class name: a processor that keeps a model, a
+  batch layout or per-row state of its own (``hsd_fast.processors``), an assistant's confidence stop
+  (``hsd_fast.stopping``). Every other processor is served at every level (``hsd_fast.processors``
+  says how) and so is every other stopping criterion.
 - ``REFUSED``: a value other than an inactive one raises a ValueError naming the field, its value and
   the reason or what to use instead (``check_generation_options``, called by ``hsd_fast.request``).
 - ``NO_EFFECT``: it cannot change the tokens hsd_fast decodes (the note says why).
@@ -53,13 +54,18 @@ def _among(value: Any, values: tuple) -> bool:
 
 
 _PROCESSOR_NOTE = "HF builds {processor}; "
-_HISTORY = "refused by the processor check (it depends on the token history or the length: issue 42)"
+_REFUSED_PROCESSOR = "refused by the processor check: {why}"
+_PER_POSITION = (
+    "called per position with the input_ids HF's unassisted generate would hand it there, drafts and "
+    "tree ancestors included (eager: such a run is not compiled)"
+)
 _BEAM = "beam search only (beam search is refused)"
 _LOOKUP = "use drafts=['lookup', ...] and the lookup level's block size in T= (e.g. T=[{value}, ...])"
 
 
-def _processor(name: str, served: bool = False, how: str = "applied at every level") -> Option:
-    how = how if served else _HISTORY
+def _processor(name: str, served: bool = True, how: str = _PER_POSITION) -> Option:
+    """A field HF turns into the processor ``name``: served (``how``: the way), or refused (``how``: why)."""
+    how = how if served else _REFUSED_PROCESSOR.format(why=how)
     return Option(SERVED if served else PROCESSOR, _PROCESSOR_NOTE.format(processor=name) + how)
 
 
@@ -69,18 +75,15 @@ OPTIONS: dict[str, Option] = {
     "max_new_tokens": Option(SERVED, "the length budget; takes precedence over max_length, as in HF"),
     "min_length": _processor(
         "MinLengthLogitsProcessor",
-        served=True,
         how="EOS banned at every level where a token would come too early",
     ),
     "min_new_tokens": _processor(
         "MinNewTokensLengthLogitsProcessor",
-        served=True,
         how="EOS banned at every level where a token would come too early",
     ),
     "early_stopping": Option(NO_EFFECT, _BEAM),
     "max_time": _processor(
         "MaxTimeCriteria",
-        served=True,
         how="checked as the target commits tokens (round granularity): the output is a prefix of the run's",
     ),
     "stop_strings": Option(
@@ -132,37 +135,52 @@ OPTIONS: dict[str, Option] = {
         inactive=(None, False),
     ),
     # ---- logits processors
-    "temperature": _processor("TemperatureLogitsWarper", served=True),
-    "top_k": _processor("TopKLogitsWarper", served=True),
-    "top_p": _processor("TopPLogitsWarper", served=True),
-    "min_p": _processor("MinPLogitsWarper", served=True),
-    "typical_p": _processor("TypicalLogitsWarper", served=True),
-    "epsilon_cutoff": _processor("EpsilonLogitsWarper", served=True),
-    "eta_cutoff": _processor("EtaLogitsWarper", served=True),
-    "suppress_tokens": _processor("SuppressTokensLogitsProcessor", served=True),
+    "temperature": _processor("TemperatureLogitsWarper", how="applied at every level"),
+    "top_k": _processor("TopKLogitsWarper", how="applied at every level"),
+    "top_p": _processor("TopPLogitsWarper", how="applied at every level"),
+    "min_p": _processor("MinPLogitsWarper", how="applied at every level"),
+    "typical_p": _processor("TypicalLogitsWarper", how="applied at every level"),
+    "epsilon_cutoff": _processor("EpsilonLogitsWarper", how="applied at every level"),
+    "eta_cutoff": _processor("EtaLogitsWarper", how="applied at every level"),
+    "suppress_tokens": _processor("SuppressTokensLogitsProcessor", how="applied at every level"),
     "top_h": _processor("TopHLogitsWarper"),
     "repetition_penalty": _processor(
         "RepetitionPenaltyLogitsProcessor",
-        served=True,
         how="applied at every level with each position's own history, drafts and tree ancestors included",
     ),
-    "encoder_repetition_penalty": _processor("EncoderRepetitionPenaltyLogitsProcessor"),
+    "encoder_repetition_penalty": _processor(
+        "EncoderRepetitionPenaltyLogitsProcessor",
+        served=False,
+        how="an encoder-decoder option (use repetition_penalty)",
+    ),
     "no_repeat_ngram_size": _processor("NoRepeatNGramLogitsProcessor"),
-    "encoder_no_repeat_ngram_size": _processor("EncoderNoRepeatNGramLogitsProcessor"),
+    "encoder_no_repeat_ngram_size": _processor(
+        "EncoderNoRepeatNGramLogitsProcessor",
+        served=False,
+        how="an encoder-decoder option (use no_repeat_ngram_size)",
+    ),
     "bad_words_ids": _processor("NoBadWordsLogitsProcessor"),
     "sequence_bias": _processor("SequenceBiasLogitsProcessor"),
-    "renormalize_logits": _processor("LogitNormalization"),
+    "renormalize_logits": _processor("LogitNormalization", how="applied at every level"),
     "forced_bos_token_id": _processor("ForcedBOSTokenLogitsProcessor"),
     "forced_eos_token_id": _processor("ForcedEOSTokenLogitsProcessor"),
-    "remove_invalid_values": _processor("InfNanRemoveLogitsProcessor"),
+    "remove_invalid_values": _processor("InfNanRemoveLogitsProcessor", how="applied at every level"),
     "exponential_decay_length_penalty": _processor("ExponentialDecayLengthPenalty"),
     "begin_suppress_tokens": _processor("SuppressTokensAtBeginLogitsProcessor"),
     "watermarking_config": _processor("WatermarkLogitsProcessor"),
     # ---- outputs
     "output_attentions": Option(REFUSED, "hsd_fast returns no attentions", inactive=(None, False)),
     "output_hidden_states": Option(REFUSED, "hsd_fast returns no hidden states", inactive=(None, False)),
-    "output_scores": Option(REFUSED, "hsd_fast returns no scores (issue 42)", inactive=(None, False)),
-    "output_logits": Option(REFUSED, "hsd_fast returns no logits (issue 42)", inactive=(None, False)),
+    "output_scores": Option(
+        SERVED,
+        "with return_dict_in_generate: the target's processed scores at every new token, from the pass "
+        "that emitted it (a row past its end: a point mass on the pad id)",
+    ),
+    "output_logits": Option(
+        SERVED,
+        "with return_dict_in_generate: the target's raw logits at every new token, from the pass that "
+        "emitted it (a row past its end: a point mass on the pad id)",
+    ),
     "return_dict_in_generate": Option(SERVED, "a GenerateDecoderOnlyOutput holding the sequences"),
     # ---- HF's assisted generation: hsd_fast's levels take their place
     "num_assistant_tokens": Option(
@@ -240,3 +258,47 @@ def check_generation_options(config: Any) -> None:
         value = getattr(config, name, None)
         if option.refuses(value):
             raise ValueError(f"hsd_fast does not support {name}={value!r}: {option.note.format(value=value)}")
+
+
+DOC_BEGIN = (
+    "<!-- options table: `python -m hsd_fast.generation_options --write docs/generation_options.md` -->"
+)
+DOC_END = "<!-- end of the options table -->"
+
+
+def options_table() -> str:
+    """Every field of this table as markdown (docs/generation_options.md): what hsd_fast does with it."""
+    from hsd_fast.report import markdown_table
+
+    rows = [[f"`{name}`", option.treatment, option.note.replace("{value}", "N").replace("|", "/")]
+            for name, option in OPTIONS.items()]  # fmt: skip
+    counts = {
+        t: sum(o.treatment == t for o in OPTIONS.values()) for t in (SERVED, PROCESSOR, REFUSED, NO_EFFECT)
+    }
+    title = "Generated from `hsd_fast/generation_options.py`: " + ", ".join(
+        f"{n} {t}" for t, n in counts.items()
+    )
+    return "\n".join([title + ".", "", *markdown_table(["field", "treatment", "what hsd_fast does"], rows)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    from pathlib import Path
+
+    from hsd_fast.report import write_marked_section
+
+    parser = argparse.ArgumentParser(description="what hsd_fast does with each GenerationConfig field")
+    parser.add_argument("--write", type=Path, help="write it between the markers of this document instead")
+    args = parser.parse_args(argv)
+    if args.write is None:
+        print(options_table())
+        return 0
+    try:
+        write_marked_section(args.write, DOC_BEGIN, DOC_END, options_table())
+    except ValueError as err:
+        parser.error(str(err))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -161,6 +161,7 @@ def _run_held(request: Request, model_runners: list[HFRunner], prompt_streamed: 
         adapt=levels.adapt,
         on_commit=None if streamer is None else lambda _row, toks: streamer.put(toks.cpu()),
         stop=stop,
+        outputs=request.outputs,
     )
 
 
@@ -174,10 +175,13 @@ def _hf_output(request: Request, result: HSDResult, output_hsd_stats: bool):
     for r, (seq, n) in enumerate(zip(result.sequences, result.num_new_tokens, strict=True)):
         new[r, :n] = seq[len(seq) - n :]
     sequences = torch.cat([ids, new], dim=1)
+    scores = logits = None
+    if result.outputs is not None:
+        scores, logits = result.outputs.per_step(result.num_new_tokens, request.pad_id)
     if output_hsd_stats:
-        return HSDGenerateOutput(sequences=sequences, hsd_stats=result.stats)
+        return HSDGenerateOutput(sequences=sequences, scores=scores, logits=logits, hsd_stats=result.stats)
     if request.return_dict:
-        return GenerateDecoderOnlyOutput(sequences=sequences)
+        return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits)
     return sequences
 
 

@@ -2,22 +2,29 @@
 
 HSD is exact when every level applies the *same* transform to its logits. HF's prepared processors
 are applied as they are (rebuilding them from kwargs would miss HF's default top-k of 50 under
-``do_sample=True``), batched over ``[rows * positions, V]``, which is right as it is for processors
-that ignore the token history and the length. Those are allow-listed, and so is the repetition
-penalty, a *history* processor: the caller hands it, per output row, the token ids its history
-holds (``history``: built from the run's token buffer by ``DecodeState.history_ids``), and it is
-applied in its place in HF's order as a tensor operation. Anything else is refused with an error
-naming the supported ones. ``generation_sampling`` asks HF itself for the processors a ``generate``
-call would apply, so that profiling measures under exactly what decoding will use.
+``do_sample=True``), in HF's order, three ways:
+
+- processors that ignore the token history and the length, batched over ``[rows * positions, V]``;
+- the repetition penalty (a *history* processor) and the length processors (``min_new_tokens``,
+  ``min_length``) as tensor operations over what each position's history holds or how many new
+  tokens precede it (``DecodeState.history_ids``, ``DecodeState.length_bans``);
+- any other (n-gram bans, bad words, sequence bias, a user's own, ``prefix_allowed_tokens_fn``),
+  called *per position* with the ``input_ids`` HF's unassisted ``generate`` would hand it there
+  (``DecodeState.prefixes``): eager and host-driven, so such a run is not compiled.
+
+The first two run inside the compiled steps. Processors that keep a model or a batch layout of their
+own (classifier-free guidance) are refused. ``generation_sampling`` asks HF itself for the processors
+a ``generate`` call would apply, so that profiling measures under exactly what decoding will use.
 transformers is imported on first use: the engine holds a transform, and ``import hsd_fast`` loads
 no transformers.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -33,14 +40,27 @@ _POSITION_INDEPENDENT = (
     "EpsilonLogitsWarper",
     "EtaLogitsWarper",
     "SuppressTokensLogitsProcessor",
+    "LogitNormalization",
+    "InfNanRemoveLogitsProcessor",
 )
 _HISTORY = ("RepetitionPenaltyLogitsProcessor",)  # read the token history: ``history`` at every call
 _LENGTH = ("MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor")  # ban EOS until a length
+_REFUSED = {  # processors that keep a model or a batch layout of their own
+    "ClassifierFreeGuidanceLogitsProcessor": "classifier-free guidance needs a doubled batch",
+    "UnbatchedClassifierFreeGuidanceLogitsProcessor": "classifier-free guidance runs its own K/V cache",
+    "DiaClassifierFreeGuidanceLogitsProcessor": "classifier-free guidance needs a doubled batch",
+    "EncoderRepetitionPenaltyLogitsProcessor": "it holds the prompt per batch row as an encoder input "
+    "(hsd_fast serves decoder-only models: use repetition_penalty)",
+    "EncoderNoRepeatNGramLogitsProcessor": "it holds the prompt's n-grams per batch row as an encoder "
+    "input (hsd_fast serves decoder-only models: use no_repeat_ngram_size)",
+    "SynthIDTextWatermarkLogitsProcessor": "it keeps per-row state from one call to the next",
+}
 
 
 @functools.cache
 def supported_processors() -> tuple[type, ...]:
-    """The processor classes applied at every level (those of the installed transformers)."""
+    """The processor classes applied at every level as tensor operations inside the (compiled) steps
+    (those of the installed transformers); any other is called per position (``per_position``)."""
     from transformers.generation import logits_process as lp
 
     return tuple(getattr(lp, n) for n in (*_POSITION_INDEPENDENT, *_HISTORY, *_LENGTH) if hasattr(lp, n))
@@ -87,19 +107,20 @@ class LogitsTransform:
         self.processors = list(processors)
         self.history: tuple[int, ...] = ()  # indices of the history processors in ``processors``
         self.length: tuple[int, ...] = ()  # ...and of the length processors
+        self.general: tuple[int, ...] = ()  # ...and of any other: called per position (eager)
         self.prompt = None if input_ids is None else (input_ids, attention_mask)
         if not self.processors:
             return
         from transformers.generation.logits_process import TemperatureLogitsWarper
 
-        supported = supported_processors()
-        unsupported = [type(p).__name__ for p in processors if not isinstance(p, supported)]
-        if unsupported:
-            names = ", ".join(t.__name__ for t in supported)
-            raise ValueError(
-                f"hsd_fast cannot apply {unsupported} exactly at every level (they depend on the "
-                f"token history or the length). Supported logits processors: {names}."
-            )
+        refused = [
+            (type(p).__name__, _REFUSED[type(p).__name__]) for p in processors if type(p).__name__ in _REFUSED
+        ]
+        if refused:
+            raise ValueError(f"hsd_fast cannot apply {refused[0][0]} at every level: {refused[0][1]}")
+        self.general = tuple(
+            i for i, p in enumerate(self.processors) if not isinstance(p, supported_processors())
+        )
         self.history = tuple(i for i, p in enumerate(self.processors) if isinstance(p, history_processors()))
         for i in self.history:
             _check_history_processor(self.processors[i])
@@ -113,9 +134,22 @@ class LogitsTransform:
         return bool(self.history)
 
     @property
+    def needs_prefixes(self) -> bool:
+        """Whether a call needs ``prefixes`` (a processor is called per position: the run is eager)."""
+        return bool(self.general)
+
+    @property
     def needs_lengths(self) -> bool:
         """Whether a call needs ``bans`` (a processor bans EOS before a length)."""
         return bool(self.length)
+
+    def prompt_padding(self, prompts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Per row, ``[P_r]`` int64 on the host: the ids of the padding HF's ``input_ids`` put before
+        the row's prompt (none without a padded prompt: a direct ``run_hsd`` call)."""
+        if self.prompt is None:
+            return [torch.zeros(0, dtype=torch.int64) for _ in prompts]
+        ids = self.prompt[0].cpu().long()
+        return [ids[r, : ids.shape[1] - p.numel()] for r, p in enumerate(prompts)]
 
     def length_floors(self, prompt_lengths: torch.Tensor) -> list[torch.Tensor]:
         """Per length processor, ``[B]`` int64: how many new tokens a row has before EOS may come.
@@ -143,18 +177,24 @@ class LogitsTransform:
         logits: torch.Tensor,
         history: Sequence[torch.Tensor] | None = None,
         bans: Sequence[torch.Tensor] | None = None,
+        prefixes: Prefixes | None = None,
     ) -> torch.Tensor:
         """[N, V] -> [N, V]. ``history``: per history processor (in ``self.history`` order),
         ``[N, K]`` int64, the ids row n's history holds, V where an entry holds none
         (``DecodeState.history_ids``). ``bans``: per length processor, ``[N]`` bool, the rows whose
-        EOS ids it bans (``DecodeState.length_bans``). None skips those processors: only for
-        teacher-forced profiling scores, which have no run's history (an approximation there)."""
+        EOS ids it bans (``DecodeState.length_bans``). ``prefixes``: each row's ``input_ids`` as HF's
+        unassisted ``generate`` would hand a processor there (``DecodeState.prefixes``), for the
+        processors called per position. None skips those processors: only for teacher-forced
+        profiling scores, which have no run's history (an approximation there)."""
         if not self.processors:
             return logits
         dummy_ids = torch.zeros(logits.shape[0], 1, dtype=torch.int64, device=logits.device)
         scores = logits.float()  # HF's warpers expect float scores; -inf marks removed tokens
         for i, processor in enumerate(self.processors):
-            if i not in self.history and i not in self.length:
+            if i in self.general:
+                if prefixes is not None:
+                    scores = per_position(processor, scores, prefixes)
+            elif i not in self.history and i not in self.length:
                 scores = processor(dummy_ids, scores)
             elif history is not None:
                 scores = repetition_penalty(scores, history[self.history.index(i)], processor.penalty)
@@ -221,6 +261,45 @@ def repetition_penalty(scores: torch.Tensor, ids: torch.Tensor, penalty: float) 
     held = padded.gather(1, ids)  # [N, K]
     penalized = torch.where(held < 0, held * penalty, held / penalty)
     return padded.scatter(1, ids, penalized)[:, : scores.shape[1]]
+
+
+class Prefixes(NamedTuple):
+    """What HF's unassisted ``generate`` would hand a processor for each of N rows of scores: the
+    request row it belongs to (``prefix_allowed_tokens_fn``'s batch id) and its ``input_ids`` up to the
+    token it follows (the padded prompt, then the row's tokens; a tree node's ancestors); None for a
+    row whose scores are never read (padding, a row sitting out)."""
+
+    rows: list[int]
+    ids: list[torch.Tensor | None]
+
+
+def per_position(processor: LogitsProcessor, scores: torch.Tensor, prefixes: Prefixes) -> torch.Tensor:
+    """``processor`` on ``[N, V]`` scores, each row with its own prefix: one call per group of rows
+    whose prefixes have one length (a processor reads ``input_ids`` as ``[rows, length]``); one call
+    per row for ``prefix_allowed_tokens_fn``, which is handed the row's batch id. Eager, host-driven:
+    a run with such a processor is not compiled (``engine.run_hsd``)."""
+    from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor
+
+    by_row = isinstance(processor, PrefixConstrainedLogitsProcessor)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for n, ids in enumerate(prefixes.ids):
+        if ids is not None:
+            groups.setdefault((len(ids), prefixes.rows[n] if by_row else -1), []).append(n)
+    out = scores.clone()
+    for (_, row), members in groups.items():
+        ids = torch.stack([prefixes.ids[n] for n in members]).to(scores.device)
+        call = _bound_to_row(processor, row) if by_row else processor
+        out[members] = call(ids, scores[members].clone())
+    return out
+
+
+def _bound_to_row(processor: LogitsProcessor, row: int) -> LogitsProcessor:
+    """A copy of a ``PrefixConstrainedLogitsProcessor`` that hands its function ``row`` as the batch
+    id of the one row it is called on (HF would number the row so in the whole batch)."""
+    fn = processor._prefix_allowed_tokens_fn
+    bound = copy.copy(processor)
+    bound._prefix_allowed_tokens_fn = lambda _batch_id, sent: fn(row, sent)
+    return bound
 
 
 def ban_eos(scores: torch.Tensor, banned: torch.Tensor, eos_token_id: torch.Tensor | int) -> torch.Tensor:

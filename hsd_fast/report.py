@@ -89,3 +89,20 @@ def write_report(path: Path, title: str, meta: dict, sections: Sequence[str], da
     (path.parent / f"{path.name}.json").write_text(json.dumps({"meta": meta, **data}, indent=1) + "\n")
     markdown = [f"# {title}", "", *metadata_lines(meta), "", *sections]
     (path.parent / f"{path.name}.md").write_text("\n".join(markdown).rstrip() + "\n")
+
+
+def marked_section(text: str, begin: str, end: str) -> str | None:
+    """The part of ``text`` between the marker lines ``begin`` and ``end`` (a generated table in a
+    document), or None where a marker is missing."""
+    if begin not in text or end not in text:
+        return None
+    return text.split(begin, 1)[1].split(end, 1)[0].strip("\n")
+
+
+def write_marked_section(path: Path, begin: str, end: str, content: str) -> None:
+    """Replace what stands between the markers of the document at ``path`` with ``content``."""
+    text = path.read_text()
+    if marked_section(text, begin, end) is None:
+        raise ValueError(f"{path} has no markers ({begin} ... {end})")
+    head, rest = text.split(begin, 1)
+    path.write_text(f"{head}{begin}\n{content}\n{end}{rest.split(end, 1)[1]}")

@@ -43,6 +43,7 @@ from hsd_fast.lookup import LookupDraft, as_lookup, level_identity
 from hsd_fast.positions import check_positions, max_positions
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.switching_types import Adaptive, Choice, Policy
+from hsd_fast.target_outputs import NO_OUTPUTS, OutputRequest
 from hsd_fast.tree import Tree
 
 DEFAULT_T = 4
@@ -95,6 +96,7 @@ class Request:
     # only the length budget and EOS, which the ledger applies itself
     stopping: StoppingCriteriaList | None = None
     pads_finished: bool = True  # a stopped row's later tokens are pad_id (HF: with an EOS criterion)
+    outputs: OutputRequest = NO_OUTPUTS  # the target's scores / logits per new token (HF's output_*)
 
 
 def resolve_levels(
@@ -318,6 +320,10 @@ def build_request(
         compile=compile,
         streamer=streamer,
         return_dict=bool(config.return_dict_in_generate),
+        outputs=OutputRequest(  # HF returns them only in a dict
+            scores=bool(config.output_scores and config.return_dict_in_generate),
+            logits=bool(config.output_logits and config.return_dict_in_generate),
+        ),
         stopping=stopping,
         pads_finished=stopping is not None and any(hasattr(c, "eos_token_id") for c in stopping),
     )

@@ -49,15 +49,22 @@ class Runner(Protocol):
         engine")."""
 
 
-def processed_logits(runner: Runner, state: DecodeState, block: FedBlock, num_outputs: int) -> torch.Tensor:
+def processed_logits(
+    runner: Runner, state: DecodeState, block: FedBlock, num_outputs: int, *, with_raw: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The level's logits at the block's last ``num_outputs`` columns through the sampling transform;
     a history processor (the repetition penalty) reads each column's own history, drafts included
     (``DecodeState.history_ids``: a chain's by position, a tree node's by its ancestors), and a length
-    processor bans EOS where the column's token would come too early (``DecodeState.length_bans``)."""
+    processor bans EOS where the column's token would come too early (``DecodeState.length_bans``);
+    any other processor is called with each column's own ``input_ids`` (``DecodeState.prefixes``).
+    ``with_raw``: also the raw logits (the target keeping ``output_logits``)."""
     logits = runner.forward(block, num_outputs)  # [B, O, V]
     history = state.history_ids(block, num_outputs) if state.transform.needs_history else None
     bans = state.length_bans(block, num_outputs) if state.transform.needs_lengths else None
-    return state.transform(logits.flatten(0, 1), history, bans).unflatten(0, logits.shape[:2])  # [B, O, V]
+    prefixes = state.prefixes(block, num_outputs) if state.transform.needs_prefixes else None
+    processed = state.transform(logits.flatten(0, 1), history, bans, prefixes)  # [B * O, V]
+    processed = processed.unflatten(0, logits.shape[:2])  # [B, O, V]
+    return (processed, logits) if with_raw else processed
 
 
 def broken_logits(logits: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
@@ -120,10 +127,12 @@ def draft_step(
     block = fed_block(state.tokens, starts, ends, going, width)
     drawn_count = torch.zeros_like(ends)
     last_is_eos, broken = torch.zeros_like(going), torch.zeros_like(going)
+    keeps = state.outputs is not None and not below_target  # the target draws: it keeps its outputs
     for k in range(count):
         if k > 0:  # feed the token drawn last
             block = fed_block(state.tokens, ends + k - 1, ends + k, going, 1)
-        logits = processed_logits(runner, state, block, 1)[:, 0]  # [B, V]
+        logits, raw = processed_logits(runner, state, block, 1, with_raw=True)
+        logits = logits[:, 0]  # [B, V]
         bad = broken_logits(logits, going)  # [B]
         broken, going = broken | bad, going & ~bad  # nothing is drawn from broken logits
         position = ends + k  # [B]
@@ -131,6 +140,8 @@ def draft_step(
             logits, meta.temperature, seeds, position, 0, DRAFT, meta.greedy, use_kernel=use_kernel
         )  # [B], [B]
         state.tokens[rows, torch.where(going, position, state.trash)] = drawn
+        if keeps:
+            state.outputs.keep(position[:, None], going[:, None], logits[:, None], raw)
         if keep_q:
             state.keep_p(rows, state.ring_slot(position, going), logits, lse)
         last_is_eos = torch.where(going, (drawn[:, None] == meta.eos_ids).any(-1), last_is_eos)
@@ -159,7 +170,8 @@ def verify_step(
     starts, ends, outs, active = spans[0], spans[1], spans[2], spans[3].bool()
     meta, drafts = state.sampling, out_width - 1  # D draft columns
     rows = torch.arange(state.num_rows, device=ends.device)
-    logits = processed_logits(runner, state, fed_block(state.tokens, starts, ends, active, width), out_width)
+    block = fed_block(state.tokens, starts, ends, active, width)
+    logits, raw = processed_logits(runner, state, block, out_width, with_raw=True)  # [B, D + 1, V] each
     num_drafts = torch.where(active, ends - outs - 1, 0)  # [B]
     columns = torch.arange(drafts + 1, device=ends.device)  # [D + 1]
     positions = ends[:, None] - drafts + columns  # [B, D + 1]: the token each column's p is for
@@ -180,6 +192,10 @@ def verify_step(
     )  # fmt: skip
     emitted_at = ends - num_drafts + result.num_accepted  # [B]
     state.tokens[rows, torch.where(active, emitted_at, state.trash)] = result.next_token
+    if state.outputs is not None and not below_target:  # the target: drafts accepted, then its token
+        first = drafts - num_drafts[:, None]  # [B, 1] the first draft's column
+        kept = active[:, None] & (columns >= first) & (columns <= first + result.num_accepted[:, None])
+        state.outputs.keep(positions, kept, logits, raw)
     if keep_q:
         emitted = active[:, None] & (columns >= drafts - num_drafts[:, None])  # [B, D + 1]
         tokens = state.tokens.gather(1, positions.clamp(min=0))  # [B, D + 1] each column's emitted token

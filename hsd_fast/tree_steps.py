@@ -155,7 +155,7 @@ def tree_verify_step(
         tree_start=tree_start,
         tree_sees=torch.cat([nodes.tree_sees.new_zeros(len(rows), width, n), nodes.tree_sees], 1),
     )  # [B, C + n]
-    logits = processed_logits(runner, state, block, n + 1)  # [B, n + 1, V] at the root, then every node
+    logits, raw = processed_logits(runner, state, block, n + 1, with_raw=True)  # [B, n + 1, V] root, nodes
     stops = (buffers.tokens[..., None] == meta.eos_ids).any(-1)  # [B, n]
     result = verify_tree_torch(
         logits, buffers.q_logits, buffers.tokens, tree, meta.temperature, meta.seeds_at(below_target),
@@ -175,11 +175,24 @@ def tree_verify_step(
     emitted = accepted - ends_on_eos.long()  # [B] drafts accepted, to the ledger
     if keep_q:
         keep_tree_emitted(state, tree_start, path, emitted, active, logits, result.verifier_lse)
+    if state.outputs is not None and not below_target:  # the target: the path, then the extra token
+        contexts = path_contexts(path)  # [B, K + 1]
+        columns = torch.arange(tree.depth + 1, device=ends.device)  # [K + 1]
+        kept = active[:, None] & (columns <= emitted[:, None])  # [B, K + 1]
+        at = rows[:, None], contexts
+        state.outputs.keep(tree_start[:, None] + columns, kept, logits[at], raw[at])
     extra = torch.where(ends_on_eos, path_tokens.gather(1, at_last)[:, 0], result.next_token)  # [B]
     used = active[:, None].expand(-1, n + 1)  # [B, n + 1]
     out = step_result(emitted, extra, meta.eos_ids, active, broken_logits(logits, used))
     ranks = torch.where(on_path, plan.ranks[path.clamp(min=0)], -1)  # [B, K]
     return torch.cat([out, ranks.T])
+
+
+def path_contexts(path: torch.Tensor) -> torch.Tensor:
+    """[B, K + 1]: for the token at each depth of an accepted path (``path`` [B, K], -1 past it) and
+    the one after it, the verifier's column whose logits it was drawn or accepted at: the root (0),
+    then the path's nodes (node j's column is j + 1)."""
+    return torch.cat([torch.zeros_like(path[:, :1]), path + 1], 1).clamp(min=0)
 
 
 def keep_tree_emitted(
@@ -197,7 +210,7 @@ def keep_tree_emitted(
     the residual a correction was drawn from (docs/design.md, "Verify")."""
     rows = torch.arange(len(tree_start), device=tree_start.device)[:, None]  # [B, 1]
     columns = torch.arange(path.shape[1] + 1, device=path.device)  # [K + 1]
-    contexts = torch.cat([torch.zeros_like(path[:, :1]), path + 1], 1).clamp(min=0)  # [B, K + 1]
+    contexts = path_contexts(path)  # [B, K + 1]
     kept = active[:, None] & (columns <= emitted[:, None])  # [B, K + 1]
     slots = state.ring_slot(tree_start[:, None] + columns, kept)  # [B, K + 1]
     tokens = state.tokens[rows, torch.where(kept, tree_start[:, None] + columns, state.trash)]  # [B, K + 1]

@@ -125,3 +125,21 @@ def derived_drafts(target: torch.nn.Module, count: int) -> list[torch.nn.Module]
         noisy_copy(target, 0.05, seed=3),
     ]
     return pool[len(pool) - count :] if count else []
+
+
+def padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """Two rows of 9 columns, the first left padded by 3 (pad id 0): ``(input_ids, attention_mask)``."""
+    ids = torch.tensor([[0, 0, 0, 5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16, 17, 18, 19]])
+    return ids, (torch.arange(9)[None] >= torch.tensor([[3], [0]])).long()
+
+
+def level_configs(drafts: list[torch.nn.Module]) -> dict[str, dict]:
+    """The hierarchies the processor tests run over two drafts (smallest first): a chain of both,
+    the lookup level under the larger, and a token tree."""
+    import hsd_fast
+
+    return {
+        "two drafts": {"drafts": drafts, "T": [2, 2]},
+        "lookup": {"drafts": ["lookup", drafts[1]], "T": [3, 2]},
+        "tree": {"drafts": drafts, "T": [3, 2], "tree": hsd_fast.Tree.spine(3, 2)},
+    }

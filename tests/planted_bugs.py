@@ -136,16 +136,24 @@ def penalty_history_without_the_blocks_drafts() -> Iterator[None]:
     step's first output column: a verifier's p after a draft then ignores the drafts before it (and a
     draft step, one column, is unchanged). The target's distribution at those positions is wrong, so
     is the output, not just the acceptance rate."""
+    with _every_output_column_at_the_first("history_ids"):
+        yield
+
+
+@contextlib.contextmanager
+def _every_output_column_at_the_first(method: str) -> Iterator[None]:
+    """``DecodeState.<method>(block, num_outputs)`` answered as if every output column of the block
+    stood at the position of its first one."""
     from hsd_fast.decode_state import DecodeState
 
-    history_ids = DecodeState.history_ids
+    real = getattr(DecodeState, method)
 
     def buggy(self, block, num_outputs):
         fed = block.positions[:, :-num_outputs]
         first = block.positions[:, -num_outputs:][:, :1].expand(-1, num_outputs)
-        return history_ids(self, block._replace(positions=torch.cat([fed, first], 1)), num_outputs)
+        return real(self, block._replace(positions=torch.cat([fed, first], 1)), num_outputs)
 
-    with mock.patch.object(DecodeState, "history_ids", buggy):
+    with mock.patch.object(DecodeState, method, buggy):
         yield
 
 
@@ -204,4 +212,13 @@ def eos_banned_one_token_too_long() -> Iterator[None]:
         return length_bans(self, block._replace(positions=block.positions - 1), num_outputs)
 
     with mock.patch.object(DecodeState, "length_bans", buggy):
+        yield
+
+
+@contextlib.contextmanager
+def prefixes_of_the_steps_first_column() -> Iterator[None]:
+    """A processor called per position handed, at every output column of a step, the prefix of the
+    step's first output column: a verifier's p after a draft then ignores the drafts before it (as
+    ``penalty_history_without_the_blocks_drafts`` does for the penalty)."""
+    with _every_output_column_at_the_first("prefixes"):
         yield

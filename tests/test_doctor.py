@@ -49,6 +49,36 @@ def test_doctor_on_admitted_models(checkpoints, capsys) -> None:
     layers = tiny_model("mistral").config.num_hidden_layers
     assert f"early exit EarlyExit(target, k) for k in 1..{layers - 1} (layers at model.layers)" in said
     assert "registers" not in out  # --no-families
+    assert "generation its generation_config (HF's defaults): greedy; no logits processor" in said
+
+
+def test_doctor_says_how_a_checkpoints_generation_config_is_served(tmp_path, capsys) -> None:
+    """A checkpoint that samples like Qwen2.5-Instruct (temperature, top-p, top-k, repetition penalty)
+    runs compiled; an n-gram ban runs per position; beam search is refused."""
+    model = tiny_model("llama")
+    config = model.generation_config
+    config.do_sample, config.temperature, config.top_p, config.top_k = True, 0.7, 0.8, 20
+    config.repetition_penalty = 1.05
+    for extra, expected, code in [
+        (
+            {},
+            "sampled; compiled: RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper",
+            0,
+        ),
+        (
+            {"no_repeat_ngram_size": 3},
+            "per position, eager (such a run is not compiled): NoRepeatNGram",
+            0,
+        ),
+        ({"num_beams": 4}, "refused: hsd_fast does not support num_beams=4", 1),
+    ]:
+        for key, value in extra.items():
+            setattr(config, key, value)
+        model.save_pretrained(tmp_path / "ckpt")
+        got = main(["doctor", "--target", str(tmp_path / "ckpt"), "--no-families"])
+        said = words(capsys.readouterr().out)
+        assert got == code and expected in said, said
+        assert "repetition_penalty=1.05, temperature=0.7, top_k=20, top_p=0.8" in said
 
 
 def test_doctor_names_what_is_refused_and_lists_the_refused_families(checkpoints, capsys) -> None:

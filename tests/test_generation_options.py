@@ -81,8 +81,6 @@ REFUSED_VALUES = {
     "token_healing": True,
     "output_attentions": True,
     "output_hidden_states": True,
-    "output_scores": True,
-    "output_logits": True,
     "num_assistant_tokens": 5,
     "num_assistant_tokens_schedule": "heuristic",
     "assistant_confidence_threshold": 0.2,
@@ -101,8 +99,7 @@ HF_REFUSES_FIRST = {"token_healing", "cache_implementation"}
 COMPANIONS = {
     "num_beam_groups": {"num_beams": 2},
     "penalty_alpha": {"top_k": 4},
-    **{f: {"return_dict_in_generate": True} for f in ("output_scores", "output_logits", "output_attentions")},
-    "output_hidden_states": {"return_dict_in_generate": True},
+    **{f: {"return_dict_in_generate": True} for f in ("output_attentions", "output_hidden_states")},
 }
 
 
@@ -131,25 +128,38 @@ def test_refusals_say_what_to_use_instead(target, draft) -> None:
 
 # A value at which HF builds the processor or criterion each field names
 PROCESSOR_VALUES = {
-    "top_h": 0.5,
     "encoder_repetition_penalty": 1.2,
-    "no_repeat_ngram_size": 2,
     "encoder_no_repeat_ngram_size": 2,
+    "is_assistant": True,
+}
+# ...and the processor fields served per position (tests/test_per_position_processors.py: exact)
+PER_POSITION_VALUES = {
+    "top_h": 0.5,
+    "no_repeat_ngram_size": 2,
     "bad_words_ids": [[5]],
     "sequence_bias": {(5,): 1.0},
-    "renormalize_logits": True,
     "forced_bos_token_id": 3,
     "forced_eos_token_id": 2,
-    "remove_invalid_values": True,
     "exponential_decay_length_penalty": (2, 1.5),
     "begin_suppress_tokens": [3],
     "watermarking_config": "watermark",  # built in the test
-    "is_assistant": True,
+    "renormalize_logits": True,
+    "remove_invalid_values": True,
 }
 
 
 def test_every_processor_field_is_tested() -> None:
     assert sorted(PROCESSOR_VALUES) == sorted(n for n, o in OPTIONS.items() if o.treatment == PROCESSOR)
+    assert all(OPTIONS[n].treatment == SERVED for n in PER_POSITION_VALUES)
+
+
+@pytest.mark.parametrize("field", sorted(PER_POSITION_VALUES))
+def test_a_processor_field_served_per_position_gives_hfs_greedy_tokens(target, draft, field) -> None:
+    value = PER_POSITION_VALUES[field]
+    if field == "watermarking_config":
+        value = WatermarkingConfig()
+    kwargs = {"do_sample": False, "max_new_tokens": 8, field: value}
+    assert _hsd(target, draft, **kwargs).tolist() == target.generate(IDS, **kwargs).tolist()
 
 
 @pytest.mark.parametrize("field", sorted(PROCESSOR_VALUES))
@@ -306,3 +316,17 @@ def test_a_config_hf_prepared_is_used_as_is(target, draft) -> None:
     for kwargs in ({}, {"max_new_tokens": 3, "do_sample": True}, {"generation_config": GenerationConfig()}):
         target.generate(IDS, custom_generate=capture, **kwargs)
     assert seen == [True, True, True]
+
+
+def test_docs_generation_options_shows_the_table() -> None:
+    """docs/generation_options.md is ``python -m hsd_fast.generation_options`` run on this code."""
+    from pathlib import Path
+
+    from hsd_fast.generation_options import DOC_BEGIN, DOC_END, options_table
+    from hsd_fast.report import marked_section
+
+    text = (Path(__file__).parents[1] / "docs" / "generation_options.md").read_text()
+    table = marked_section(text, DOC_BEGIN, DOC_END)
+    assert table is not None, "docs/generation_options.md lost its markers"
+    regenerate = "regenerate it: python -m hsd_fast.generation_options --write docs/generation_options.md"
+    assert table == options_table(), regenerate

@@ -84,8 +84,14 @@ def test_beyond_max_position_embeddings(target, draft) -> None:
 
 
 def test_unsupported_logits_processor(target, draft) -> None:
-    with pytest.raises(ValueError, match="NoRepeatNGramLogitsProcessor"):
-        _run(target, drafts=[draft], T=[2], no_repeat_ngram_size=2)
+    """Every processor is served (tests/test_per_position_processors.py) but those with a model, a
+    batch layout or per-row state of their own."""
+    from transformers import LogitsProcessorList
+    from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
+
+    guidance = UnbatchedClassifierFreeGuidanceLogitsProcessor(1.5, target)
+    with pytest.raises(ValueError, match=r"UnbatchedClassifierFreeGuidanceLogitsProcessor.*K/V cache"):
+        _run(target, drafts=[draft], T=[2], logits_processor=LogitsProcessorList([guidance]))
 
 
 def test_unsupported_stopping_criterion(target, draft) -> None:
@@ -98,7 +104,7 @@ def test_unsupported_stopping_criterion(target, draft) -> None:
         _run(target, drafts=[draft], T=[2], stopping_criteria=StoppingCriteriaList([ConfidenceCriteria(0.5)]))
 
 
-@pytest.mark.parametrize("flag", ["output_scores", "output_logits"])
+@pytest.mark.parametrize("flag", ["output_attentions", "output_hidden_states"])
 def test_unsupported_outputs(target, draft, flag) -> None:
     with pytest.raises(ValueError, match=flag):
         _run(target, drafts=[draft], T=[2], return_dict_in_generate=True, **{flag: True})
@@ -125,9 +131,12 @@ def test_right_padding_refused(target, draft) -> None:
     ],
     ids=lambda v: next(iter(v)) if isinstance(v, dict) else "",
 )
-def test_history_or_length_dependent_options_are_refused(target, draft, option, names) -> None:
-    with pytest.raises(ValueError, match=names):
-        _run(target, drafts=[draft], T=[2], do_sample=True, **option)
+def test_history_or_length_dependent_options_are_served_sampled(target, draft, option, names) -> None:
+    """Once refused, now served (exact: tests/test_per_position_processors.py, test_min_length.py)."""
+    out = _run(target, drafts=[draft], T=[2], do_sample=True, seed=1, **option)
+    assert out.shape[0] == 1
+    if "prefix_allowed_tokens_fn" in option:
+        assert set(out[0, -3:].tolist()) <= {3, 4}
 
 
 def test_stop_strings_need_a_tokenizer(target, draft) -> None:

@@ -13,7 +13,7 @@ import itertools
 
 import pytest
 import torch
-from hf_models import peaked_family
+from hf_models import level_configs, padded_batch, peaked_family
 from planted_bugs import eos_banned_one_token_too_long
 
 import hsd_fast
@@ -22,23 +22,13 @@ from hsd_fast.testing.exactness import pooled_chi_square
 pytestmark = pytest.mark.hf
 
 NEW = 24
-LEVELS = {
-    "two drafts": lambda d: {"drafts": d, "T": [2, 2]},
-    "lookup": lambda d: {"drafts": ["lookup", d[1]], "T": [3, 2]},
-    "tree": lambda d: {"drafts": d, "T": [3, 2], "tree": hsd_fast.Tree.spine(3, 2)},
-}
-
-
-def _padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.tensor([[0, 0, 0, 5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16, 17, 18, 19]])
-    return ids, (torch.arange(9)[None] >= torch.tensor([[3], [0]])).long()
 
 
 @pytest.mark.parametrize("option", ["min_new_tokens", "min_length"])
 def test_greedy_left_padded_batch_equals_hf(target, drafts, option) -> None:
     """Rows that would stop at their 4th and 6th new tokens: the ban holds EOS off until 12 new
     tokens (min_length counts the padded prompt's 9 columns too)."""
-    ids, mask = _padded_batch()
+    ids, mask = padded_batch()
     kwargs = {"attention_mask": mask, "do_sample": False, "max_new_tokens": NEW}
     free = target.generate(ids, eos_token_id=None, **kwargs)
     eos = int(free[1, 9 + 3])  # row 1 stops at its 4th new token without the ban
@@ -48,16 +38,16 @@ def test_greedy_left_padded_batch_equals_hf(target, drafts, option) -> None:
     assert expected.tolist() != without.tolist(), (
         "the ban changes nothing: the test cannot tell it is applied"
     )
-    for levels, make in LEVELS.items():
+    for levels, config in level_configs(drafts).items():
         out = target.generate(
             ids, custom_generate=hsd_fast.generate, eos_token_id=eos, compile=False, **{option: floor},
-            **kwargs, **make(drafts),
+            **kwargs, **config,
         )  # fmt: skip
         assert out.tolist() == expected.tolist(), levels
 
 
 def test_a_checkpoint_whose_generation_config_carries_min_new_tokens(target, drafts) -> None:
-    ids, mask = _padded_batch()
+    ids, mask = padded_batch()
     free = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, eos_token_id=None)
     eos = int(free[0, 9 + 2])
     model = type(target)(target.config)

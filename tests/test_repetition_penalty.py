@@ -187,11 +187,6 @@ def test_the_transform_hf_prepares_for_profiling_serves_any_batch(target) -> Non
     assert padding.shape == (3, 0) and first.tolist() == [0, 0, 0]
 
 
-def test_other_history_processors_are_still_refused(target, drafts) -> None:
-    with pytest.raises(ValueError, match="NoRepeatNGramLogitsProcessor"):
-        _hsd(target, _prompts(target, 1)[0], no_repeat_ngram_size=2, drafts=drafts, T=[2, 2])
-
-
 # ----------------------------------------------------------------------------- sampled
 V, STEPS, SAMPLES, SAMPLED_PENALTY = 6, 3, 5000, 2.0
 PROMPT = torch.tensor([3, 4, 5, 1])

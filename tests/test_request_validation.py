@@ -289,7 +289,7 @@ FAULTS = {
     "penalty_alpha": [{"penalty_alpha": 0.6, "top_k": 4, "do_sample": False}],
     "dola_layers": [{"dola_layers": "high"}],
     "guidance_scale": [{"guidance_scale": 1.5}],
-    "output_scores": [{"output_scores": True, "return_dict_in_generate": True}],
+    "output_attentions": [{"output_attentions": True, "return_dict_in_generate": True}],
     "hierarchy": [{"hierarchy": "best"}],
 }  # fmt: skip
 

@@ -1,0 +1,169 @@
+"""Logits processors called per position (docs/design.md, "Sampling transforms"): n-gram bans, bad
+words, sequence bias, the begin / forced-EOS / length-decay processors, ``prefix_allowed_tokens_fn``
+and a user's own ``LogitsProcessor``, each handed the ``input_ids`` HF's unassisted ``generate`` would
+hand it at that position.
+
+The reference is HF's own unassisted ``generate``: greedy output token for token in a left-padded
+batch (the processors see the pads, as HF's do) with two drafts, a lookup level and a token tree;
+sampled output against the exact distribution with ``no_repeat_ngram_size``, enumerated, with a
+planted bug (every column of a step handed its first column's prefix) that the same test catches; a
+compiled request runs eagerly, with a warning, and decodes the same tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from hf_models import level_configs, padded_batch, peaked_family
+from planted_bugs import prefixes_of_the_steps_first_column
+from transformers.generation.logits_process import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    NoRepeatNGramLogitsProcessor,
+)
+
+import hsd_fast
+from hsd_fast.testing.exactness import pooled_chi_square
+
+pytestmark = pytest.mark.hf
+
+NEW = 20
+IDS, MASK = padded_batch()
+
+
+class BanTheLastToken(LogitsProcessor):
+    """A user's processor that reads the history: the token just before may not come again."""
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        return scores.scatter(1, input_ids[:, -1:], float("-inf"))
+
+
+def _options(plain: list[list[int]]) -> dict[str, dict]:
+    """Each processor at a setting that changes HF's greedy output (``plain``: its new tokens)."""
+    first, later = plain[0], plain[1]
+    return {
+        "no_repeat_ngram_size": {"no_repeat_ngram_size": 2},
+        "bad_words_ids": {"bad_words_ids": [[first[2]], [later[3], later[4]]]},
+        "sequence_bias": {"sequence_bias": {(first[1],): -20.0, (later[2], later[3]): -20.0}},
+        "begin_suppress_tokens": {"begin_suppress_tokens": [first[0], later[0]]},
+        "forced_eos_token_id": {"forced_eos_token_id": 2, "eos_token_id": 2},
+        "exponential_decay_length_penalty": {"exponential_decay_length_penalty": (2, 3.0), "eos_token_id": 2},
+        "prefix_allowed_tokens_fn": {
+            "prefix_allowed_tokens_fn": lambda row, ids: (
+                list(range(3, 48)) if row == 0 else list(range(48, 96))
+            )
+        },
+        "a user's processor": {"logits_processor": LogitsProcessorList([BanTheLastToken()])},
+    }
+
+
+def _plain(target) -> list[list[int]]:
+    out = target.generate(IDS, attention_mask=MASK, do_sample=False, max_new_tokens=NEW)
+    return out[:, IDS.shape[1] :].tolist()
+
+
+@pytest.mark.parametrize("name", sorted(_options([[0] * NEW] * 2)))
+def test_greedy_left_padded_batch_equals_hf(target, drafts, name) -> None:
+    plain = _plain(target)
+    option = _options(plain)[name]
+    kwargs = {"attention_mask": MASK, "do_sample": False, "max_new_tokens": NEW, **option}
+    expected = target.generate(IDS, **kwargs)
+    assert expected[:, IDS.shape[1] :].tolist() != plain, (
+        "the processor changes nothing: the test cannot tell"
+    )
+    for levels, config in level_configs(drafts).items():
+        out = target.generate(IDS, custom_generate=hsd_fast.generate, compile=False, **kwargs, **config)
+        assert out.tolist() == expected.tolist(), levels
+
+
+class Recorder(LogitsProcessor):
+    """A user's processor that changes nothing and records every ``input_ids`` row it is handed."""
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[int, ...]] = set()
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.seen.update(tuple(row) for row in input_ids.tolist())
+        return scores
+
+
+def test_a_users_processor_sees_hfs_prefixes_and_the_drafted_ones(target, drafts) -> None:
+    """Every prefix HF's unassisted generate hands the processor, padding included, hsd_fast hands it
+    too; the others end in a draft that was verified (accepted or not) or drafted."""
+    kwargs = {"attention_mask": MASK, "do_sample": False, "max_new_tokens": 12}
+    hf, ours = Recorder(), Recorder()
+    expected = target.generate(IDS, logits_processor=LogitsProcessorList([hf]), **kwargs)
+    out = target.generate(
+        IDS, custom_generate=hsd_fast.generate, compile=False, drafts=drafts, T=[2, 2],
+        logits_processor=LogitsProcessorList([ours]), **kwargs,
+    )  # fmt: skip
+    assert out.tolist() == expected.tolist()
+    assert hf.seen <= ours.seen
+    padded = [tuple(row) for row in IDS.tolist()]
+    assert all(any(p[: len(row)] == row for row in padded) for p in ours.seen)  # HF's padded prompt first
+    assert ours.seen - hf.seen, "no drafted prefix: the drafts never ran ahead of the target"
+
+
+def test_a_compiled_request_runs_eagerly_and_says_so(target, drafts) -> None:
+    kwargs = {"attention_mask": MASK, "do_sample": False, "max_new_tokens": 8, "no_repeat_ngram_size": 2}
+    expected = target.generate(IDS, **kwargs)
+    with pytest.warns(UserWarning, match="NoRepeatNGramLogitsProcessor.*not compiled"):
+        out = target.generate(
+            IDS, custom_generate=hsd_fast.generate, compile=True, drafts=drafts, T=[2, 2], **kwargs
+        )
+    assert out.tolist() == expected.tolist()
+
+
+def test_processors_with_state_of_their_own_are_refused(target, drafts) -> None:
+    with pytest.raises(ValueError, match=r"EncoderRepetitionPenaltyLogitsProcessor.*use repetition_penalty"):
+        target.generate(
+            IDS[1:], custom_generate=hsd_fast.generate, drafts=drafts, T=[2, 2], do_sample=False,
+            max_new_tokens=4, encoder_repetition_penalty=1.3,
+        )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- sampled
+V, STEPS, SAMPLES, NGRAM = 6, 3, 5000, 2
+PROMPT = torch.tensor([3, 4, 5, 1, 3])  # "3 4" already seen: after a 3, a 4 is banned
+
+
+@pytest.fixture(scope="module")
+def small() -> list[torch.nn.Module]:
+    return peaked_family(V)
+
+
+def exact_with_ngram_ban(target) -> dict[tuple[int, ...], float]:
+    """P(continuation) of every continuation of STEPS tokens, HF's n-gram ban applied at each position
+    to the prompt and the continuation before it (float32 logits, as HF's)."""
+    ban = NoRepeatNGramLogitsProcessor(NGRAM)
+    conts = torch.tensor(list(itertools.product(range(V), repeat=STEPS)))  # [V**STEPS, STEPS]
+    seqs = torch.cat([PROMPT.expand(len(conts), -1), conts], 1)
+    with torch.no_grad():
+        logits = target(seqs).logits.float()
+    rows, at, total = torch.arange(len(conts)), len(PROMPT) - 1, 0.0
+    for k in range(STEPS):
+        scores = ban(seqs[:, : at + k + 1], logits[:, at + k].clone())
+        total = total + torch.log_softmax(scores.double(), -1)[rows, conts[:, k]]
+    return {tuple(c.tolist()): float(p) for c, p in zip(conts, total.exp(), strict=True)}
+
+
+def _samples(target, **levels) -> list[tuple[int, ...]]:
+    out = target.generate(
+        PROMPT.expand(SAMPLES, -1), custom_generate=hsd_fast.generate, do_sample=True, top_k=None,
+        max_new_tokens=STEPS, eos_token_id=None, seed=0, compile=False, no_repeat_ngram_size=NGRAM, **levels,
+    )  # fmt: skip
+    return [tuple(row) for row in out[:, len(PROMPT) :].tolist()]
+
+
+def test_sampled_chain_is_exact_and_the_planted_bug_is_caught(small) -> None:
+    *drafts, target = small
+    exact = exact_with_ngram_ban(target)
+    free = sum(p for c, p in exact.items() if c[0] == 3)
+    assert free > 0.05, "a 3 first is rare: the ban after it is not exercised"
+    result = pooled_chi_square(_samples(target, drafts=drafts, T=[2, 2]), exact)
+    assert result.p_value > 1e-3, result
+    with prefixes_of_the_steps_first_column():
+        buggy = _samples(target, drafts=drafts, T=[2, 2])
+    assert pooled_chi_square(buggy, exact).p_value < 1e-6
