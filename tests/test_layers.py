@@ -32,8 +32,10 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
       "positions", "hierarchy_types", "switching_types", "cli_args")),
     ("model", "the latency model: pure Python and the C++ ledger, never the engine",
      ("latency", "tree_latency", "selector", "batch_latency", "controller")),
-    ("steps", "one level's step: run state, step math, compile policy, buffers, token trees",
-     ("steps", "decode_state", "buffer_pool", "compile_policy", "level_step", "tree_plan", "tree_steps")),
+    ("steps", "one level's step: run state, step math, compile policy, buffers, token trees, the target's "
+     "kept scores",
+     ("steps", "decode_state", "buffer_pool", "compile_policy", "level_step", "tree_plan", "tree_steps",
+      "target_outputs")),
     ("engine", "the HSD loop over the levels, driven by the ledger; switching hierarchies between rounds; "
      "stopping criteria replayed on committed tokens",
      ("engine", "round_log", "stopping", "switching")),
