@@ -1,6 +1,6 @@
 """What a checkpoint's own sampling defaults cost: Qwen2.5-Instruct's (temperature 0.7, top-p 0.8,
 top-k 20, repetition penalty 1.05) against the same without the penalty, and with an n-gram ban
-(``no_repeat_ngram_size``, called per position: eager) on top, on the zoo.
+(``no_repeat_ngram_size``, compiled with the steps like the penalty) on top, on the zoo.
 
 Ours (one process, interleaved passes after warm-up, ``bench.timing.interleaved``): no draft and
 ``xxs > s`` T=3, compiled steps, at batch 1 and 4; HF ``generate`` with the same settings beside
@@ -28,7 +28,7 @@ QWEN = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20}
 SETTINGS = {
     "Qwen sampling, no penalty": QWEN,
     "Qwen sampling (repetition_penalty 1.05)": {**QWEN, "repetition_penalty": 1.05},
-    "... and no_repeat_ngram_size 4 (per position, eager)": {
+    "... and no_repeat_ngram_size 4": {
         **QWEN, "repetition_penalty": 1.05, "no_repeat_ngram_size": 4,
     },
 }  # fmt: skip

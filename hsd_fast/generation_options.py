@@ -153,7 +153,11 @@ OPTIONS: dict[str, Option] = {
         served=False,
         how="an encoder-decoder option (use repetition_penalty)",
     ),
-    "no_repeat_ngram_size": _processor("NoRepeatNGramLogitsProcessor"),
+    "no_repeat_ngram_size": _processor(
+        "NoRepeatNGramLogitsProcessor",
+        how="applied at every level over each position's own history (the padded prompt, as HF's, drafts "
+        "and tree ancestors included)",
+    ),
     "encoder_no_repeat_ngram_size": _processor(
         "EncoderNoRepeatNGramLogitsProcessor",
         served=False,

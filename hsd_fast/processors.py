@@ -5,10 +5,10 @@ are applied as they are (rebuilding them from kwargs would miss HF's default top
 ``do_sample=True``), in HF's order, three ways:
 
 - processors that ignore the token history and the length, batched over ``[rows * positions, V]``;
-- the repetition penalty (a *history* processor) and the length processors (``min_new_tokens``,
-  ``min_length``) as tensor operations over what each position's history holds or how many new
-  tokens precede it (``DecodeState.history_ids``, ``DecodeState.length_bans``);
-- any other (n-gram bans, bad words, sequence bias, a user's own, ``prefix_allowed_tokens_fn``),
+- the repetition penalty and the n-gram ban (*history* processors) and the length processors
+  (``min_new_tokens``, ``min_length``) as tensor operations over what each position's history holds
+  or how many new tokens precede it (``DecodeState.history_ids``, ``DecodeState.length_bans``);
+- any other (bad words, sequence bias, a user's own, ``prefix_allowed_tokens_fn``, ...),
   called *per position* with the ``input_ids`` HF's unassisted ``generate`` would hand it there
   (``DecodeState.prefixes``): eager and host-driven, so such a run is not compiled.
 
@@ -43,7 +43,10 @@ _POSITION_INDEPENDENT = (
     "LogitNormalization",
     "InfNanRemoveLogitsProcessor",
 )
-_HISTORY = ("RepetitionPenaltyLogitsProcessor",)  # read the token history: ``history`` at every call
+_HISTORY = (  # read the token history: ``history`` at every call
+    "RepetitionPenaltyLogitsProcessor",
+    "NoRepeatNGramLogitsProcessor",
+)
 _LENGTH = ("MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor")  # ban EOS until a length
 _REFUSED = {  # processors that keep a model or a batch layout of their own
     "ClassifierFreeGuidanceLogitsProcessor": "classifier-free guidance needs a doubled batch",
@@ -197,7 +200,11 @@ class LogitsTransform:
             elif i not in self.history and i not in self.length:
                 scores = processor(dummy_ids, scores)
             elif history is not None:
-                scores = repetition_penalty(scores, history[self.history.index(i)], processor.penalty)
+                ids = history[self.history.index(i)]
+                if hasattr(processor, "ngram_size"):
+                    scores = no_repeat_ngram(scores, ids, processor.ngram_size)
+                else:
+                    scores = repetition_penalty(scores, ids, processor.penalty)
             if i in self.length and bans is not None:
                 scores = ban_eos(scores, bans[self.length.index(i)], processor.eos_token_id)
         return scores
@@ -213,7 +220,7 @@ class LogitsTransform:
         output depends on the padding its batch gives it. One host pass per request."""
         out = []
         for i in self.history:
-            ignore = self.processors[i].prompt_ignore_length
+            ignore = getattr(self.processors[i], "prompt_ignore_length", None)  # the n-gram ban: none
             if self.prompt is None:  # no padded prompt: rows start at column 0, nothing padded
                 ids = torch.zeros(num_rows, 0, dtype=torch.int64)
                 pads = torch.zeros(num_rows, dtype=torch.int64)
@@ -261,6 +268,29 @@ def repetition_penalty(scores: torch.Tensor, ids: torch.Tensor, penalty: float) 
     held = padded.gather(1, ids)  # [N, K]
     penalized = torch.where(held < 0, held * penalty, held / penalty)
     return padded.scatter(1, ids, penalized)[:, : scores.shape[1]]
+
+
+def no_repeat_ngram(scores: torch.Tensor, ids: torch.Tensor, n: int) -> torch.Tensor:
+    """HF's ``NoRepeatNGramLogitsProcessor`` on ``[N, V]`` scores, given ``ids`` ``[N, K]`` (each
+    row's history in order, V where an entry holds none; holes can stand between its parts): every
+    token that would complete an n-gram the history already holds gets -inf. The holes are moved
+    to the end first (a stable sort keeps the order), so an n-gram across two parts (a tree's chain
+    and its ancestors) is seen; a window holding a hole never matches the tail. Static shapes: it
+    compiles with the step."""
+    vocab = scores.shape[1]
+    order = torch.sort((ids == vocab).to(torch.int8), dim=1, stable=True).indices
+    history = ids.gather(1, order)  # [N, K] the history, then the holes
+    length = (history != vocab).sum(1)  # [N]
+    if n == 1:  # every token seen is banned
+        return torch.nn.functional.pad(scores, (0, 1)).scatter(1, history, float("-inf"))[:, :vocab]
+    at = (length[:, None] - (n - 1) + torch.arange(n - 1, device=ids.device)).clamp(min=0)  # [N, n - 1]
+    tail = history.gather(1, at)  # [N, n - 1] the last n - 1 tokens
+    windows = history.unfold(1, n, 1)  # [N, K - n + 1, n]
+    start = torch.arange(windows.shape[1], device=ids.device)
+    match = (windows[..., :-1] == tail[:, None]).all(-1) & (start + n <= length[:, None])  # [N, K - n + 1]
+    match &= (length >= n - 1)[:, None]
+    banned = torch.where(match, windows[..., -1], vocab)  # [N, K - n + 1]: V absorbs the rest
+    return torch.nn.functional.pad(scores, (0, 1)).scatter(1, banned, float("-inf"))[:, :vocab]
 
 
 class Prefixes(NamedTuple):

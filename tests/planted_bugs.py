@@ -132,10 +132,10 @@ def tree_residual_stored_as_q() -> Iterator[None]:
 # ---------------------------------------------------------------- history processors (decode_state)
 @contextlib.contextmanager
 def penalty_history_without_the_blocks_drafts() -> Iterator[None]:
-    """The repetition penalty at every output column of a step applied with the history of the
-    step's first output column: a verifier's p after a draft then ignores the drafts before it (and a
-    draft step, one column, is unchanged). The target's distribution at those positions is wrong, so
-    is the output, not just the acceptance rate."""
+    """A history processor (the repetition penalty, the n-gram ban) at every output column of a step
+    applied with the history of the step's first output column: a verifier's p after a draft then
+    ignores the drafts before it (and a draft step, one column, is unchanged). The target's
+    distribution at those positions is wrong, so is the output, not just the acceptance rate."""
     with _every_output_column_at_the_first("history_ids"):
         yield
 

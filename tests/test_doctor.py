@@ -54,7 +54,7 @@ def test_doctor_on_admitted_models(checkpoints, capsys) -> None:
 
 def test_doctor_says_how_a_checkpoints_generation_config_is_served(tmp_path, capsys) -> None:
     """A checkpoint that samples like Qwen2.5-Instruct (temperature, top-p, top-k, repetition penalty)
-    runs compiled; an n-gram ban runs per position; beam search is refused."""
+    runs compiled; a bad-words ban runs per position; beam search is refused."""
     model = tiny_model("llama")
     config = model.generation_config
     config.do_sample, config.temperature, config.top_p, config.top_k = True, 0.7, 0.8, 20
@@ -66,8 +66,8 @@ def test_doctor_says_how_a_checkpoints_generation_config_is_served(tmp_path, cap
             0,
         ),
         (
-            {"no_repeat_ngram_size": 3},
-            "per position, eager (such a run is not compiled): NoRepeatNGram",
+            {"bad_words_ids": [[5]]},
+            "per position, eager (such a run is not compiled): NoBadWords",
             0,
         ),
         ({"num_beams": 4}, "refused: hsd_fast does not support num_beams=4", 1),

@@ -5,8 +5,10 @@ hand it at that position.
 
 The reference is HF's own unassisted ``generate``: greedy output token for token in a left-padded
 batch (the processors see the pads, as HF's do) with two drafts, a lookup level and a token tree;
-sampled output against the exact distribution with ``no_repeat_ngram_size``, enumerated, with a
-planted bug (every column of a step handed its first column's prefix) that the same test catches; a
+sampled output against the exact distribution, enumerated, with ``no_repeat_ngram_size`` (a tensor
+op over each column's history: not per position, but tested here with the others) and with a user's
+processor, each with a planted bug (every column of a step answered as its first column) that the
+same test catches; a
 compiled request runs eagerly, with a warning, and decodes the same tokens.
 """
 
@@ -17,7 +19,7 @@ import itertools
 import pytest
 import torch
 from hf_models import level_configs, padded_batch, peaked_family
-from planted_bugs import prefixes_of_the_steps_first_column
+from planted_bugs import penalty_history_without_the_blocks_drafts, prefixes_of_the_steps_first_column
 from transformers.generation.logits_process import (
     LogitsProcessor,
     LogitsProcessorList,
@@ -107,9 +109,9 @@ def test_a_users_processor_sees_hfs_prefixes_and_the_drafted_ones(target, drafts
 
 
 def test_a_compiled_request_runs_eagerly_and_says_so(target, drafts) -> None:
-    kwargs = {"attention_mask": MASK, "do_sample": False, "max_new_tokens": 8, "no_repeat_ngram_size": 2}
+    kwargs = {"attention_mask": MASK, "do_sample": False, "max_new_tokens": 8, "bad_words_ids": [[5]]}
     expected = target.generate(IDS, **kwargs)
-    with pytest.warns(UserWarning, match="NoRepeatNGramLogitsProcessor.*not compiled"):
+    with pytest.warns(UserWarning, match="NoBadWordsLogitsProcessor.*not compiled"):
         out = target.generate(
             IDS, custom_generate=hsd_fast.generate, compile=True, drafts=drafts, T=[2, 2], **kwargs
         )
@@ -134,36 +136,63 @@ def small() -> list[torch.nn.Module]:
     return peaked_family(V)
 
 
-def exact_with_ngram_ban(target) -> dict[tuple[int, ...], float]:
-    """P(continuation) of every continuation of STEPS tokens, HF's n-gram ban applied at each position
+def exact_with(target, processor: LogitsProcessor) -> dict[tuple[int, ...], float]:
+    """P(continuation) of every continuation of STEPS tokens, ``processor`` applied at each position
     to the prompt and the continuation before it (float32 logits, as HF's)."""
-    ban = NoRepeatNGramLogitsProcessor(NGRAM)
     conts = torch.tensor(list(itertools.product(range(V), repeat=STEPS)))  # [V**STEPS, STEPS]
     seqs = torch.cat([PROMPT.expand(len(conts), -1), conts], 1)
     with torch.no_grad():
         logits = target(seqs).logits.float()
     rows, at, total = torch.arange(len(conts)), len(PROMPT) - 1, 0.0
     for k in range(STEPS):
-        scores = ban(seqs[:, : at + k + 1], logits[:, at + k].clone())
+        scores = processor(seqs[:, : at + k + 1], logits[:, at + k].clone())
         total = total + torch.log_softmax(scores.double(), -1)[rows, conts[:, k]]
     return {tuple(c.tolist()): float(p) for c, p in zip(conts, total.exp(), strict=True)}
 
 
-def _samples(target, **levels) -> list[tuple[int, ...]]:
-    out = target.generate(
-        PROMPT.expand(SAMPLES, -1), custom_generate=hsd_fast.generate, do_sample=True, top_k=None,
-        max_new_tokens=STEPS, eos_token_id=None, seed=0, compile=False, no_repeat_ngram_size=NGRAM, **levels,
-    )  # fmt: skip
-    return [tuple(row) for row in out[:, len(PROMPT) :].tolist()]
+# the n-gram ban runs as a tensor op over each column's history; a user's processor per position
+SAMPLED = {
+    "no_repeat_ngram_size": (
+        {"no_repeat_ngram_size": NGRAM}, NoRepeatNGramLogitsProcessor(NGRAM),
+        penalty_history_without_the_blocks_drafts,
+    ),
+    "a user's processor": (
+        {"logits_processor": LogitsProcessorList([BanTheLastToken()])}, BanTheLastToken(),
+        prefixes_of_the_steps_first_column,
+    ),
+}  # fmt: skip
 
 
-def test_sampled_chain_is_exact_and_the_planted_bug_is_caught(small) -> None:
+@pytest.mark.parametrize("name", sorted(SAMPLED))
+def test_sampled_chain_is_exact_and_the_planted_bug_is_caught(small, name) -> None:
     *drafts, target = small
-    exact = exact_with_ngram_ban(target)
-    free = sum(p for c, p in exact.items() if c[0] == 3)
-    assert free > 0.05, "a 3 first is rare: the ban after it is not exercised"
-    result = pooled_chi_square(_samples(target, drafts=drafts, T=[2, 2]), exact)
+    option, processor, planted = SAMPLED[name]
+    exact = exact_with(target, processor)
+    plain = exact_with(target, lambda ids, scores: scores)
+    assert sum(abs(plain[c] - exact[c]) for c in exact) > 0.2, "the processor hardly bites: the test is blind"
+
+    def samples() -> list[tuple[int, ...]]:
+        out = target.generate(
+            PROMPT.expand(SAMPLES, -1), custom_generate=hsd_fast.generate, do_sample=True, top_k=None,
+            max_new_tokens=STEPS, eos_token_id=None, seed=0, compile=False, drafts=drafts, T=[2, 2], **option,
+        )  # fmt: skip
+        return [tuple(row) for row in out[:, len(PROMPT) :].tolist()]
+
+    result = pooled_chi_square(samples(), exact)
     assert result.p_value > 1e-3, result
-    with prefixes_of_the_steps_first_column():
-        buggy = _samples(target, drafts=drafts, T=[2, 2])
+    with planted():
+        buggy = samples()
     assert pooled_chi_square(buggy, exact).p_value < 1e-6
+
+
+@pytest.mark.slow
+def test_the_compiled_ngram_ban_equals_eager(target, drafts) -> None:
+    """Sampled (the op is the same greedy; each mode compiles its own graphs, minutes on a CPU)."""
+    torch._dynamo.reset()
+    kwargs = {
+        "attention_mask": MASK, "do_sample": True, "max_new_tokens": 24, "seed": 3, "no_repeat_ngram_size": 2,
+        "drafts": drafts, "T": [2, 2], "custom_generate": hsd_fast.generate,
+    }  # fmt: skip
+    eager = target.generate(IDS, compile=False, **kwargs)
+    assert eager.tolist() == target.generate(IDS, compile=True, **kwargs).tolist()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0, "nothing was compiled"
