@@ -215,6 +215,7 @@ class ProfileCache:
         ``crowd_bytes`` (the other candidates' weights), also timed after that much memory went
         through the cache (``CostProfile.crowded``)."""
         transform = transform or LogitsTransform()
+        compile = compile and not transform.needs_prefixes  # processors called per position run eagerly
         p = next(model.parameters())
         key = (
             f"cost {model_identity(model)} {p.device.type} {str(p.dtype).removeprefix('torch.')} {context} "

@@ -98,6 +98,7 @@ def forward_costs(
     positions = context + max(*spans, *drafts) + 1
     ids = torch.randint(3, runner.vocab_size, (batch, positions), device=device)
     transform = transform or LogitsTransform()
+    compile = compile and not transform.needs_prefixes  # processors called per position run eagerly
     sampling = SamplingMetadata.build(batch, device, temperature=transform.temperature, greedy=greedy)
     ring_dtype = torch.float32 if transform.processors else runner.dtype
     state = DecodeState(
