@@ -225,3 +225,15 @@ def test_grid_kinds_name_the_early_exit_hierarchies() -> None:
     assert kinds["best without an early exit"]((0, 1, 3)) and not kinds["best with an early exit"]((1, 3))
     assert kinds["best single early exit"]((2, 3)) and not kinds["best single early exit"]((1, 3))
     assert _grid_kinds(SimpleNamespace(exits={}), names) is GRID_KINDS
+
+
+def test_a_checkpoints_generation_config_runs_every_configuration(tmp_path) -> None:
+    """``--generation-config qwen2.5-instruct``: every configuration samples with Qwen2.5-Instruct's
+    shipped defaults (repetition penalty included), in its own result files."""
+    argv = ["--scenario", "tiny", "--quick", "--out", str(tmp_path), "--cache", str(tmp_path / "p.json")]
+    assert _bench(*argv, "--generation-config", "qwen2.5-instruct") == 0
+    report = json.loads((tmp_path / "e2e_tiny_qwen2.5-instruct_cpu.json").read_text())
+    assert report["meta"]["sampling"]["repetition_penalty"] == 1.05
+    assert report["meta"]["sampling_label"] == "temperature 0.7, top p 0.8, top k 20, repetition penalty 1.05"
+    assert all(r["tok_s"] > 0 for r in report["rows"])
+    assert {"hf", "ours"} <= {r["family"] for r in report["rows"]}

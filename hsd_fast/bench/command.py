@@ -61,6 +61,18 @@ def add_parser(sub) -> None:
     add_arguments(sub.add_parser("bench", help="every way to generate, side by side (writes bench/results/)"))
 
 
+GENERATION_CONFIGS = {
+    "qwen2.5-instruct": {
+        "do_sample": True,
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "top_k": 20,
+        "repetition_penalty": 1.05,
+    },
+}
+"""Sampling defaults real checkpoints ship in their ``generation_config.json`` (``--generation-config``)."""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", choices=sorted(SCENARIOS), default="zoo")
     p.add_argument(
@@ -70,6 +82,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=positive_int, nargs="+", help="batch sizes (default: 1 4 16; --quick: 1)")
     p.add_argument("--do-sample", action="store_true", help="sample (default: greedy)")
     p.add_argument("--temperature", type=positive_float, default=0.8)
+    p.add_argument(
+        "--generation-config", choices=sorted(GENERATION_CONFIGS),
+        help="sample as a checkpoint's shipped defaults do (instead of --do-sample / --temperature)",
+    )  # fmt: skip
     p.add_argument("--max-new-tokens", type=positive_int, help="default 128 (--quick: 32)")
     p.add_argument(
         "--passes", type=positive_int, help="counted passes after the warm-up (default 3; --quick: 1)"
@@ -103,9 +119,7 @@ def _defaults(args: argparse.Namespace) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> int:
     args = _defaults(args)
     scenario = SCENARIOS[args.scenario]()
-    sampling = (
-        {"do_sample": True, "temperature": args.temperature} if args.do_sample else {"do_sample": False}
-    )
+    sampling = _sampling(args)
     notes: list[str] = []
     tuning_prompts = scenario.prompt_sets[next(iter(scenario.prompt_sets))][: args.prompts_per_set]
 
@@ -184,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, passes=args.passes, redone_passes=redone,
         recompiled_passes=recompiled,
     )  # fmt: skip
-    stem = args.out / f"e2e_{scenario.name}{'_sampled' if args.do_sample else ''}_{torch.device(device).type}"
+    stem = args.out / f"e2e_{scenario.name}{_stem_suffix(args)}_{torch.device(device).type}"
     for path in write(stem, meta, rows, notes, extra_sections):
         print(f"wrote {path}")
     different = {r["config"] for r in rows if r.get("same_output") is False and r["family"] == "ours"}
@@ -216,8 +230,23 @@ def _prompt_tokens(scenario: Scenario) -> int:
     return max(len(p) for prompts in scenario.prompt_sets.values() for p in prompts)
 
 
+def _sampling(args: argparse.Namespace) -> dict:
+    """The generation options every configuration runs with."""
+    if args.generation_config:
+        return dict(GENERATION_CONFIGS[args.generation_config])
+    return {"do_sample": True, "temperature": args.temperature} if args.do_sample else {"do_sample": False}
+
+
 def _label(sampling: dict) -> str:
-    return f"temperature {sampling['temperature']}" if sampling.get("do_sample") else "greedy"
+    if not sampling.get("do_sample"):
+        return "greedy"
+    return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sampling.items() if k != "do_sample")
+
+
+def _stem_suffix(args: argparse.Namespace) -> str:
+    if args.generation_config:
+        return f"_{args.generation_config}"
+    return "_sampled" if args.do_sample else ""
 
 
 # ----------------------------------------------------------------------------- choosing hierarchies
@@ -276,6 +305,7 @@ def _profile_in_child(args: argparse.Namespace) -> None:
     argv += ["--batch", *map(str, args.batch), "--max-new-tokens", str(args.max_new_tokens)]
     argv += ["--cache", str(args.cache)] + ["--eager"] * args.eager
     argv += ["--do-sample", "--temperature", str(args.temperature)] if args.do_sample else []
+    argv += ["--generation-config", args.generation_config] if args.generation_config else []
     child = subprocess.run(argv, check=False)
     if child.returncode != 0:
         raise SystemExit(f"hsd-fast bench: profiling in a child process failed (exit {child.returncode})")
