@@ -193,20 +193,22 @@ class LogitsTransform:
             return logits
         dummy_ids = torch.zeros(logits.shape[0], 1, dtype=torch.int64, device=logits.device)
         scores = logits.float()  # HF's warpers expect float scores; -inf marks removed tokens
-        for i, processor in enumerate(self.processors):
+        for i, processor in enumerate(self.processors):  # in HF's order, each the way it needs
             if i in self.general:
                 if prefixes is not None:
                     scores = per_position(processor, scores, prefixes)
-            elif i not in self.history and i not in self.length:
+            elif i in self.history:
+                if history is not None:
+                    ids = history[self.history.index(i)]
+                    if hasattr(processor, "ngram_size"):
+                        scores = no_repeat_ngram(scores, ids, processor.ngram_size)
+                    else:
+                        scores = repetition_penalty(scores, ids, processor.penalty)
+            elif i in self.length:
+                if bans is not None:
+                    scores = ban_eos(scores, bans[self.length.index(i)], processor.eos_token_id)
+            else:
                 scores = processor(dummy_ids, scores)
-            elif history is not None:
-                ids = history[self.history.index(i)]
-                if hasattr(processor, "ngram_size"):
-                    scores = no_repeat_ngram(scores, ids, processor.ngram_size)
-                else:
-                    scores = repetition_penalty(scores, ids, processor.penalty)
-            if i in self.length and bans is not None:
-                scores = ban_eos(scores, bans[self.length.index(i)], processor.eos_token_id)
         return scores
 
     def prompt_history(

@@ -46,6 +46,21 @@ def test_greedy_left_padded_batch_equals_hf(target, drafts, option) -> None:
         assert out.tolist() == expected.tolist(), levels
 
 
+def test_with_a_history_processor_beside_it(target, drafts) -> None:
+    """The ban and the repetition penalty in one request: each applied in its place."""
+    ids, mask = padded_batch()
+    kwargs = {"attention_mask": mask, "do_sample": False, "max_new_tokens": NEW, "repetition_penalty": 1.3}
+    free = target.generate(ids, eos_token_id=None, **kwargs)
+    eos = int(free[1, 9 + 3])
+    expected = target.generate(ids, eos_token_id=eos, min_new_tokens=12, **kwargs)
+    assert expected.tolist() != target.generate(ids, eos_token_id=eos, **kwargs).tolist()
+    out = target.generate(
+        ids, custom_generate=hsd_fast.generate, eos_token_id=eos, min_new_tokens=12, compile=False,
+        drafts=drafts, T=[2, 2], **kwargs,
+    )  # fmt: skip
+    assert out.tolist() == expected.tolist()
+
+
 def test_a_checkpoint_whose_generation_config_carries_min_new_tokens(target, drafts) -> None:
     ids, mask = padded_batch()
     free = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, eos_token_id=None)
