@@ -1,6 +1,8 @@
 """What a checkpoint's own sampling defaults cost: Qwen2.5-Instruct's (temperature 0.7, top-p 0.8,
-top-k 20, repetition penalty 1.05) against the same without the penalty, and with an n-gram ban
-(``no_repeat_ngram_size``, compiled with the steps like the penalty) on top, on the zoo.
+top-k 20, repetition penalty 1.05) against the same without the penalty, with an n-gram ban
+(``no_repeat_ngram_size``) on top, and with bad words, a sequence bias and the length processors
+(``min_new_tokens``, ``begin_suppress_tokens``, an exponential length decay) on top of that, all
+compiled with the steps, on the zoo.
 
 Ours (one process, interleaved passes after warm-up, ``bench.timing.interleaved``): no draft and
 ``xxs > s`` T=3, compiled steps, at batch 1 and 4; HF ``generate`` with the same settings beside
@@ -24,12 +26,20 @@ from hsd_fast.bench import configs
 from hsd_fast.bench.timing import CpuMeter, interleaved
 from hsd_fast.zoo.calibration import read_calibration
 
+RARE = 8191  # an id the zoo's models almost never emit
 QWEN = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20}
 SETTINGS = {
     "Qwen sampling, no penalty": QWEN,
     "Qwen sampling (repetition_penalty 1.05)": {**QWEN, "repetition_penalty": 1.05},
     "... and no_repeat_ngram_size 4": {
         **QWEN, "repetition_penalty": 1.05, "no_repeat_ngram_size": 4,
+    },
+    "... and bad words, sequence bias, length processors": {
+        **QWEN, "repetition_penalty": 1.05, "no_repeat_ngram_size": 4,
+        "bad_words_ids": [[17], [100, 101], [2000, 2001, 2002]],
+        "sequence_bias": {(50,): -1.0, (60, 61): 2.0},
+        "min_new_tokens": 16, "begin_suppress_tokens": [0], "exponential_decay_length_penalty": (64, 1.001),
+        "eos_token_id": RARE,  # the length processors need an EOS; a rare one lets rows run to the end
     },
 }  # fmt: skip
 HIERARCHIES = {"no draft": ((), []), "xxs > s T=3": (("xxs",), [3])}

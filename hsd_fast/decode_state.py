@@ -14,7 +14,7 @@ import torch
 
 from hsd_fast.buffer_pool import POOL
 from hsd_fast.layout import FedBlock
-from hsd_fast.processors import LogitsTransform, Prefixes
+from hsd_fast.processors import Lengths, LogitsTransform, Prefixes, ProcessorInputs
 from hsd_fast.sampling_metadata import SamplingMetadata
 from hsd_fast.target_outputs import NO_OUTPUTS, OutputRequest, TargetOutputs
 from hsd_fast.tree_plan import TreeBuffers
@@ -70,11 +70,13 @@ class DecodeState:
         # key, in ``structure``, names the processors, so a penalty run never shares a plain run's graph
         self.vocab = vocab
         self.history = transform.prompt_history(num_rows, vocab, device) if transform.needs_history else []
-        # Per length processor (min_length, min_new_tokens): the new tokens each row has before EOS may
-        # come [B] (``LogitsTransform.length_floors``), and each row's prompt length [B]
+        # HF's input_ids width before each row's first new token [B] (length processors read it)
         self.prompt_lengths = torch.tensor([p.numel() for p in prompts], dtype=torch.int64)
-        self.length_floors = [f.to(device) for f in transform.length_floors(self.prompt_lengths)]
+        self.prompt_widths = transform.prompt_widths(self.prompt_lengths).to(device)
         self.prompt_lengths = self.prompt_lengths.to(device)
+        # What the sequence bias and length processors read besides the scores, built once per run
+        widths = capacity + 2 + int(self.prompt_widths.max())  # more than any width past a start
+        self.processor_tables = transform.tables(vocab, widths, device)
         # Per row, the padding HF's input_ids put before the prompt (processors called per position
         # see it, as HF's do): [P_r] int64 on the host
         self.hf_padding = transform.prompt_padding(prompts) if transform.needs_prefixes else []
@@ -149,13 +151,23 @@ class DecodeState:
                 ids.append(torch.cat(parts))
         return Prefixes(rows, ids)
 
-    def length_bans(self, block: FedBlock, num_outputs: int) -> list[torch.Tensor]:
-        """Per length processor, ``[B * O]`` bool: whether the token each of the block's last O
-        columns predicts would come before the row may end. A column at position t predicts the
-        row's new token number ``t + 1 - prompt length`` (0 the first); tree nodes stand at their
+    def lengths(self, block: FedBlock, num_outputs: int) -> Lengths:
+        """For the block's last O columns, row-major ``[B * O]``: HF's ``input_ids`` width where the
+        column's token is predicted and the row's new tokens before it. A column at position t predicts
+        the row's new token number ``t + 1 - prompt length`` (0 the first); tree nodes stand at their
         depth's position, so they are counted the same way."""
-        predicted = block.positions[:, -num_outputs:] + 1 - self.prompt_lengths[:, None]  # [B, O]
-        return [(predicted < floor[:, None]).flatten() for floor in self.length_floors]
+        new = block.positions[:, -num_outputs:] + 1 - self.prompt_lengths[:, None]  # [B, O]
+        return Lengths((self.prompt_widths[:, None] + new).flatten(), new.flatten())
+
+    def processor_inputs(self, block: FedBlock, num_outputs: int) -> ProcessorInputs:
+        """What the transform's processors read at the block's last O columns besides the scores."""
+        transform = self.transform
+        return ProcessorInputs(
+            self.history_ids(block, num_outputs) if transform.needs_history else None,
+            self.lengths(block, num_outputs) if transform.needs_lengths else None,
+            self.prefixes(block, num_outputs) if transform.needs_prefixes else None,
+            self.processor_tables,
+        )
 
     @property
     def num_rows(self) -> int:

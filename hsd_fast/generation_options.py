@@ -59,6 +59,14 @@ _PER_POSITION = (
     "called per position with the input_ids HF's unassisted generate would hand it there, drafts and "
     "tree ancestors included (eager: such a run is not compiled)"
 )
+_OVER_HISTORY = (
+    "applied at every level over each position's own history (the padded prompt, as HF's, drafts and tree "
+    "ancestors included), inside the compiled steps"
+)
+_AT_LENGTH = (
+    "applied at every level at each position's input_ids width as HF's counts it (the padded prompt's "
+    "width plus the new tokens before), inside the compiled steps"
+)
 _BEAM = "beam search only (beam search is refused)"
 _LOOKUP = "use drafts=['lookup', ...] and the lookup level's block size in T= (e.g. T=[{value}, ...])"
 
@@ -153,24 +161,20 @@ OPTIONS: dict[str, Option] = {
         served=False,
         how="an encoder-decoder option (use repetition_penalty)",
     ),
-    "no_repeat_ngram_size": _processor(
-        "NoRepeatNGramLogitsProcessor",
-        how="applied at every level over each position's own history (the padded prompt, as HF's, drafts "
-        "and tree ancestors included)",
-    ),
+    "no_repeat_ngram_size": _processor("NoRepeatNGramLogitsProcessor", how=_OVER_HISTORY),
     "encoder_no_repeat_ngram_size": _processor(
         "EncoderNoRepeatNGramLogitsProcessor",
         served=False,
         how="an encoder-decoder option (use no_repeat_ngram_size)",
     ),
-    "bad_words_ids": _processor("NoBadWordsLogitsProcessor"),
-    "sequence_bias": _processor("SequenceBiasLogitsProcessor"),
+    "bad_words_ids": _processor("NoBadWordsLogitsProcessor", how=_OVER_HISTORY),
+    "sequence_bias": _processor("SequenceBiasLogitsProcessor", how=_OVER_HISTORY),
     "renormalize_logits": _processor("LogitNormalization", how="applied at every level"),
-    "forced_bos_token_id": _processor("ForcedBOSTokenLogitsProcessor"),
-    "forced_eos_token_id": _processor("ForcedEOSTokenLogitsProcessor"),
+    "forced_bos_token_id": _processor("ForcedBOSTokenLogitsProcessor", how=_AT_LENGTH),
+    "forced_eos_token_id": _processor("ForcedEOSTokenLogitsProcessor", how=_AT_LENGTH),
     "remove_invalid_values": _processor("InfNanRemoveLogitsProcessor", how="applied at every level"),
-    "exponential_decay_length_penalty": _processor("ExponentialDecayLengthPenalty"),
-    "begin_suppress_tokens": _processor("SuppressTokensAtBeginLogitsProcessor"),
+    "exponential_decay_length_penalty": _processor("ExponentialDecayLengthPenalty", how=_AT_LENGTH),
+    "begin_suppress_tokens": _processor("SuppressTokensAtBeginLogitsProcessor", how=_AT_LENGTH),
     "watermarking_config": _processor("WatermarkLogitsProcessor"),
     # ---- outputs
     "output_attentions": Option(REFUSED, "hsd_fast returns no attentions", inactive=(None, False)),

@@ -2,52 +2,68 @@
 
 HSD is exact when every level applies the *same* transform to its logits. HF's prepared processors
 are applied as they are (rebuilding them from kwargs would miss HF's default top-k of 50 under
-``do_sample=True``), in HF's order, three ways:
+``do_sample=True``), in HF's order, each by its kind:
 
-- processors that ignore the token history and the length, batched over ``[rows * positions, V]``;
-- the repetition penalty and the n-gram ban (*history* processors) and the length processors
-  (``min_new_tokens``, ``min_length``) as tensor operations over what each position's history holds
-  or how many new tokens precede it (``DecodeState.history_ids``, ``DecodeState.length_bans``);
-- any other (bad words, sequence bias, a user's own, ``prefix_allowed_tokens_fn``, ...),
+- ``BATCHED``: processors that ignore the token history and the length, on ``[rows * positions, V]``;
+- ``HISTORY``: the repetition penalty, the n-gram ban, bad words and sequence bias, as tensor
+  operations over what each position's ``input_ids`` holds (``DecodeState.history_ids``);
+- ``LENGTH``: ``min_new_tokens``, ``min_length``, ``begin_suppress_tokens``, ``forced_eos_token_id``,
+  ``forced_bos_token_id`` and the exponential length decay, as tensor operations over each position's
+  ``input_ids`` width (``DecodeState.lengths``);
+- ``GENERAL``: any other (a user's own, ``prefix_allowed_tokens_fn``, top-h, the watermark, ...),
   called *per position* with the ``input_ids`` HF's unassisted ``generate`` would hand it there
   (``DecodeState.prefixes``): eager and host-driven, so such a run is not compiled.
 
-The first two run inside the compiled steps. Processors that keep a model or a batch layout of their
-own (classifier-free guidance) are refused. ``generation_sampling`` asks HF itself for the processors
-a ``generate`` call would apply, so that profiling measures under exactly what decoding will use.
-transformers is imported on first use: the engine holds a transform, and ``import hsd_fast`` loads
-no transformers.
+The first three run inside the compiled steps (the ops: ``processor_ops.py``). Processors that keep a
+model or a batch layout of their own (classifier-free guidance) are refused. ``generation_sampling``
+asks HF itself for the processors a ``generate`` call would apply, so that profiling measures under
+exactly what decoding will use. transformers is imported on first use: the engine holds a transform,
+and ``import hsd_fast`` loads no transformers.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from hsd_fast import processor_ops as ops
+from hsd_fast.processor_ops import Prefixes
+
 if TYPE_CHECKING:
     from transformers.generation.logits_process import LogitsProcessor
 
-_POSITION_INDEPENDENT = (
-    "TemperatureLogitsWarper",
-    "TopKLogitsWarper",
-    "TopPLogitsWarper",
-    "MinPLogitsWarper",
-    "TypicalLogitsWarper",
-    "EpsilonLogitsWarper",
-    "EtaLogitsWarper",
-    "SuppressTokensLogitsProcessor",
-    "LogitNormalization",
-    "InfNanRemoveLogitsProcessor",
-)
-_HISTORY = (  # read the token history: ``history`` at every call
-    "RepetitionPenaltyLogitsProcessor",
-    "NoRepeatNGramLogitsProcessor",
-)
-_LENGTH = ("MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor")  # ban EOS until a length
+BATCHED, HISTORY, LENGTH, GENERAL = "batched", "history", "length", "general"
+_KINDS = {
+    BATCHED: (
+        "TemperatureLogitsWarper",
+        "TopKLogitsWarper",
+        "TopPLogitsWarper",
+        "MinPLogitsWarper",
+        "TypicalLogitsWarper",
+        "EpsilonLogitsWarper",
+        "EtaLogitsWarper",
+        "SuppressTokensLogitsProcessor",
+        "LogitNormalization",
+        "InfNanRemoveLogitsProcessor",
+    ),
+    HISTORY: (
+        "RepetitionPenaltyLogitsProcessor",
+        "NoRepeatNGramLogitsProcessor",
+        "SequenceBiasLogitsProcessor",
+        "NoBadWordsLogitsProcessor",
+    ),
+    LENGTH: (
+        "MinLengthLogitsProcessor",
+        "MinNewTokensLengthLogitsProcessor",
+        "SuppressTokensAtBeginLogitsProcessor",
+        "ForcedEOSTokenLogitsProcessor",
+        "ForcedBOSTokenLogitsProcessor",
+        "ExponentialDecayLengthPenalty",
+    ),
+}
 _REFUSED = {  # processors that keep a model or a batch layout of their own
     "ClassifierFreeGuidanceLogitsProcessor": "classifier-free guidance needs a doubled batch",
     "UnbatchedClassifierFreeGuidanceLogitsProcessor": "classifier-free guidance runs its own K/V cache",
@@ -61,28 +77,37 @@ _REFUSED = {  # processors that keep a model or a batch layout of their own
 
 
 @functools.cache
-def supported_processors() -> tuple[type, ...]:
-    """The processor classes applied at every level as tensor operations inside the (compiled) steps
-    (those of the installed transformers); any other is called per position (``per_position``)."""
+def _classes(kind: str) -> tuple[type, ...]:
     from transformers.generation import logits_process as lp
 
-    return tuple(getattr(lp, n) for n in (*_POSITION_INDEPENDENT, *_HISTORY, *_LENGTH) if hasattr(lp, n))
+    return tuple(getattr(lp, n) for n in _KINDS[kind] if hasattr(lp, n))
 
 
-@functools.cache
-def history_processors() -> tuple[type, ...]:
-    """The supported processor classes that read the token history (``DecodeState.history_ids``)."""
-    from transformers.generation import logits_process as lp
+def kind_of(processor: LogitsProcessor) -> str:
+    """How the transform applies ``processor``: ``BATCHED``, ``HISTORY``, ``LENGTH`` (tensor operations
+    inside the compiled steps) or ``GENERAL`` (per position, eager). By exact class: a subclass (a
+    user's processor built on HF's) may read ``input_ids`` its own way, so it is called per position."""
+    for kind in (BATCHED, HISTORY, LENGTH):
+        if type(processor) in _classes(kind):
+            return kind
+    return GENERAL
 
-    return tuple(getattr(lp, n) for n in _HISTORY if hasattr(lp, n))
+
+class Lengths(NamedTuple):
+    """What HF's length processors read at each of N positions."""
+
+    width: torch.Tensor  # [N] int64 HF's input_ids.shape[-1] there: its padded prompt width + `new`
+    new: torch.Tensor  # [N] int64 the row's new tokens before the one predicted there
 
 
-@functools.cache
-def length_processors() -> tuple[type, ...]:
-    """The supported processor classes that ban EOS before a length (``DecodeState.length_bans``)."""
-    from transformers.generation import logits_process as lp
+class ProcessorInputs(NamedTuple):
+    """What the transform's processors read besides the scores, for N positions; an entry is None
+    when no processor of the transform needs it (``DecodeState.processor_inputs``)."""
 
-    return tuple(getattr(lp, n) for n in _LENGTH if hasattr(lp, n))
+    history: list[torch.Tensor] | None  # per HISTORY processor: [N, K] int64 (processor_ops)
+    lengths: Lengths | None
+    prefixes: Prefixes | None  # for GENERAL processors
+    tables: list[Any]  # per processor: what ``LogitsTransform.tables`` built for it, or None
 
 
 class LogitsTransform:
@@ -90,14 +115,12 @@ class LogitsTransform:
     transform is the identity and ``temperature`` carries it to the verification op (its fast path:
     raw logits in, the temperature fused).
 
-    A history processor (the repetition penalty) needs, at every call, the token ids each of the N
-    rows' history holds (``history``); ``input_ids`` and ``attention_mask`` are the request's
+    History processors read, at every call, the token ids each of the N positions' ``input_ids``
+    holds (``ProcessorInputs.history``); ``input_ids`` and ``attention_mask`` are the request's
     left-padded prompt, from which ``prompt_history`` tells which padding ids HF's processor counts
-    (it sees the padded ``input_ids``, less the first ``prompt_ignore_length`` columns of each row).
-
-    A length processor (``min_length``, ``min_new_tokens``) bans the EOS ids where the token a row
-    predicts would come too early: the caller hands it, per such processor, ``[N]`` bool ``bans``
-    (``DecodeState.length_bans``, from each column's position and ``length_floors``)."""
+    (it sees the padded ``input_ids``, the repetition penalty less the first ``prompt_ignore_length``
+    columns of each row). Length processors read each position's ``input_ids`` width
+    (``ProcessorInputs.lengths``), from ``prompt_widths``."""
 
     def __init__(
         self,
@@ -108,28 +131,20 @@ class LogitsTransform:
     ) -> None:
         self.temperature = 1.0
         self.processors = list(processors)
-        self.history: tuple[int, ...] = ()  # indices of the history processors in ``processors``
-        self.length: tuple[int, ...] = ()  # ...and of the length processors
-        self.general: tuple[int, ...] = ()  # ...and of any other: called per position (eager)
         self.prompt = None if input_ids is None else (input_ids, attention_mask)
-        if not self.processors:
-            return
-        from transformers.generation.logits_process import TemperatureLogitsWarper
-
-        refused = [
-            (type(p).__name__, _REFUSED[type(p).__name__]) for p in processors if type(p).__name__ in _REFUSED
-        ]
-        if refused:
-            raise ValueError(f"hsd_fast cannot apply {refused[0][0]} at every level: {refused[0][1]}")
-        self.general = tuple(
-            i for i, p in enumerate(self.processors) if not isinstance(p, supported_processors())
-        )
-        self.history = tuple(i for i, p in enumerate(self.processors) if isinstance(p, history_processors()))
+        for processor in self.processors:
+            why = _REFUSED.get(type(processor).__name__)
+            if why:
+                raise ValueError(f"hsd_fast cannot apply {type(processor).__name__} at every level: {why}")
+        if len(self.processors) == 1 and type(self.processors[0]).__name__ == "TemperatureLogitsWarper":
+            self.temperature = float(self.processors.pop().temperature)
+        self.kinds = [kind_of(p) for p in self.processors]
+        # indices into ``processors`` of each kind, in HF's order
+        self.history = tuple(i for i, k in enumerate(self.kinds) if k == HISTORY)
+        self.length = tuple(i for i, k in enumerate(self.kinds) if k == LENGTH)
+        self.general = tuple(i for i, k in enumerate(self.kinds) if k == GENERAL)
         for i in self.history:
             _check_history_processor(self.processors[i])
-        self.length = tuple(i for i, p in enumerate(self.processors) if isinstance(p, length_processors()))
-        if len(self.processors) == 1 and isinstance(self.processors[0], TemperatureLogitsWarper):
-            self.temperature = float(self.processors.pop().temperature)
 
     @property
     def needs_history(self) -> bool:
@@ -143,7 +158,7 @@ class LogitsTransform:
 
     @property
     def needs_lengths(self) -> bool:
-        """Whether a call needs ``bans`` (a processor bans EOS before a length)."""
+        """Whether a call needs ``lengths`` (a processor reads the ``input_ids`` width)."""
         return bool(self.length)
 
     def prompt_padding(self, prompts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -154,61 +169,59 @@ class LogitsTransform:
         ids = self.prompt[0].cpu().long()
         return [ids[r, : ids.shape[1] - p.numel()] for r, p in enumerate(prompts)]
 
-    def length_floors(self, prompt_lengths: torch.Tensor) -> list[torch.Tensor]:
-        """Per length processor, ``[B]`` int64: how many new tokens a row has before EOS may come.
-        HF's ``min_new_tokens`` counts new tokens; its ``min_length`` counts the columns of the padded
-        ``input_ids`` (the request's prompt width plus the new tokens; with no padded prompt, each
-        row's own prompt length: as if it were generated alone). ``prompt_lengths``: [B] int64."""
-        from transformers.generation.logits_process import MinNewTokensLengthLogitsProcessor
+    def prompt_widths(self, prompt_lengths: torch.Tensor) -> torch.Tensor:
+        """[B] int64: the width of HF's ``input_ids`` before the first new token: the request's padded
+        prompt width, or, with no padded prompt (a direct ``run_hsd`` call), each row's own prompt
+        length (as if generated alone). ``prompt_lengths``: [B] int64."""
+        if self.prompt is None:
+            return prompt_lengths.clone()
+        return torch.full_like(prompt_lengths, self.prompt[0].shape[1])
 
-        width = (
-            prompt_lengths
-            if self.prompt is None
-            else torch.full_like(prompt_lengths, self.prompt[0].shape[1])
-        )
-        floors = []
-        for i in self.length:
-            processor = self.processors[i]
-            if isinstance(processor, MinNewTokensLengthLogitsProcessor):
-                floors.append(torch.full_like(prompt_lengths, processor.min_new_tokens))
-            else:
-                floors.append(processor.min_length - width)
-        return floors
+    def tables(self, vocab: int, size: int, device: torch.device) -> list[Any]:
+        """Per processor, what its op needs built once per run (None for most): a sequence bias's
+        ``SequenceBiasTable``, a length processor's banned or forced ids ``[V]`` bool (and, for the
+        length decay, ``decay_factors`` for ``size`` widths past its start)."""
+        out: list[Any] = []
+        for processor, kind in zip(self.processors, self.kinds, strict=True):
+            name = type(processor).__name__
+            if name in ("SequenceBiasLogitsProcessor", "NoBadWordsLogitsProcessor"):
+                # transformers 5.17's processor matches one sequence at a time (no grouped tables)
+                per_sequence = not hasattr(processor, "multi_token_biases")
+                out.append(ops.sequence_bias_table(processor.sequence_bias, vocab, device, per_sequence))
+            elif kind != LENGTH:
+                out.append(None)
+            elif name == "SuppressTokensAtBeginLogitsProcessor":
+                out.append(ops.id_mask(processor.begin_suppress_tokens, vocab, device))
+            elif name == "ForcedBOSTokenLogitsProcessor":
+                out.append(ops.id_mask(processor.bos_token_id, vocab, device))
+            elif name == "ExponentialDecayLengthPenalty":
+                factors = ops.decay_factors(processor.regulation_start, processor.regulation_factor, size)
+                out.append((ops.id_mask(processor.eos_token_id, vocab, device), factors.to(device)))
+            else:  # min length, min new tokens, forced EOS
+                out.append(ops.id_mask(processor.eos_token_id, vocab, device))
+        return out
 
-    def __call__(
-        self,
-        logits: torch.Tensor,
-        history: Sequence[torch.Tensor] | None = None,
-        bans: Sequence[torch.Tensor] | None = None,
-        prefixes: Prefixes | None = None,
-    ) -> torch.Tensor:
-        """[N, V] -> [N, V]. ``history``: per history processor (in ``self.history`` order),
-        ``[N, K]`` int64, the ids row n's history holds, V where an entry holds none
-        (``DecodeState.history_ids``). ``bans``: per length processor, ``[N]`` bool, the rows whose
-        EOS ids it bans (``DecodeState.length_bans``). ``prefixes``: each row's ``input_ids`` as HF's
-        unassisted ``generate`` would hand a processor there (``DecodeState.prefixes``), for the
-        processors called per position. None skips those processors: only for teacher-forced
-        profiling scores, which have no run's history (an approximation there)."""
+    def __call__(self, logits: torch.Tensor, inputs: ProcessorInputs | None = None) -> torch.Tensor:
+        """[N, V] -> [N, V]. ``inputs``: what the history, length and per-position processors read at
+        each of the N positions (``DecodeState.processor_inputs``). None skips those processors: only
+        for teacher-forced profiling scores, which have no run's history (an approximation there)."""
         if not self.processors:
             return logits
         dummy_ids = torch.zeros(logits.shape[0], 1, dtype=torch.int64, device=logits.device)
         scores = logits.float()  # HF's warpers expect float scores; -inf marks removed tokens
-        for i, processor in enumerate(self.processors):  # in HF's order, each the way it needs
-            if i in self.general:
-                if prefixes is not None:
-                    scores = per_position(processor, scores, prefixes)
-            elif i in self.history:
-                if history is not None:
-                    ids = history[self.history.index(i)]
-                    if hasattr(processor, "ngram_size"):
-                        scores = no_repeat_ngram(scores, ids, processor.ngram_size)
-                    else:
-                        scores = repetition_penalty(scores, ids, processor.penalty)
-            elif i in self.length:
-                if bans is not None:
-                    scores = ban_eos(scores, bans[self.length.index(i)], processor.eos_token_id)
-            else:
+        for i, (processor, kind) in enumerate(zip(self.processors, self.kinds, strict=True)):
+            if kind == BATCHED:
                 scores = processor(dummy_ids, scores)
+            elif inputs is None:
+                continue
+            elif kind == HISTORY:
+                scores = _history_op(
+                    processor, scores, inputs.history[self.history.index(i)], inputs.tables[i]
+                )
+            elif kind == LENGTH:
+                scores = _length_op(processor, scores, inputs.lengths, inputs.tables[i])
+            else:
+                scores = ops.per_position(processor, scores, inputs.prefixes)
         return scores
 
     def prompt_history(
@@ -260,87 +273,36 @@ class LogitsTransform:
         return " ".join(parts) or "identity"
 
 
-def repetition_penalty(scores: torch.Tensor, ids: torch.Tensor, penalty: float) -> torch.Tensor:
-    """HF's ``RepetitionPenaltyLogitsProcessor`` on ``[N, V]`` fp32 scores, given ``ids`` ``[N, K]``
-    (the ids each row's history holds, V for none): each such id's score divided by ``penalty`` where
-    it is >= 0, multiplied where it is negative, once however often it occurs. HF's own gather and
-    scatter (an id held twice writes the same value twice), on ``N * K`` entries rather than
-    ``N * V`` (a masked pass over the vocabulary costs several times more)."""
-    padded = torch.nn.functional.pad(scores, (0, 1))  # column V absorbs the entries that hold no id
-    held = padded.gather(1, ids)  # [N, K]
-    penalized = torch.where(held < 0, held * penalty, held / penalty)
-    return padded.scatter(1, ids, penalized)[:, : scores.shape[1]]
+def _history_op(
+    processor: LogitsProcessor, scores: torch.Tensor, history: torch.Tensor, table: Any
+) -> torch.Tensor:
+    """A HISTORY processor on ``[N, V]`` scores given each position's ids ``[N, K]``."""
+    name = type(processor).__name__
+    if name == "RepetitionPenaltyLogitsProcessor":
+        return ops.repetition_penalty(scores, history, processor.penalty)
+    if name == "NoRepeatNGramLogitsProcessor":
+        return ops.no_repeat_ngram(scores, history, processor.ngram_size)
+    return ops.sequence_bias(scores, history, table)  # bad words: a bias of -inf
 
 
-def no_repeat_ngram(scores: torch.Tensor, ids: torch.Tensor, n: int) -> torch.Tensor:
-    """HF's ``NoRepeatNGramLogitsProcessor`` on ``[N, V]`` scores, given ``ids`` ``[N, K]`` (each
-    row's history in order, V where an entry holds none; holes can stand between its parts): every
-    token that would complete an n-gram the history already holds gets -inf. The holes are moved
-    to the end first (a stable sort keeps the order), so an n-gram across two parts (a tree's chain
-    and its ancestors) is seen; a window holding a hole never matches the tail. Static shapes: it
-    compiles with the step."""
-    vocab = scores.shape[1]
-    order = torch.sort((ids == vocab).to(torch.int8), dim=1, stable=True).indices
-    history = ids.gather(1, order)  # [N, K] the history, then the holes
-    length = (history != vocab).sum(1)  # [N]
-    if n == 1:  # every token seen is banned
-        return torch.nn.functional.pad(scores, (0, 1)).scatter(1, history, float("-inf"))[:, :vocab]
-    at = (length[:, None] - (n - 1) + torch.arange(n - 1, device=ids.device)).clamp(min=0)  # [N, n - 1]
-    tail = history.gather(1, at)  # [N, n - 1] the last n - 1 tokens
-    windows = history.unfold(1, n, 1)  # [N, K - n + 1, n]
-    start = torch.arange(windows.shape[1], device=ids.device)
-    match = (windows[..., :-1] == tail[:, None]).all(-1) & (start + n <= length[:, None])  # [N, K - n + 1]
-    match &= (length >= n - 1)[:, None]
-    banned = torch.where(match, windows[..., -1], vocab)  # [N, K - n + 1]: V absorbs the rest
-    return torch.nn.functional.pad(scores, (0, 1)).scatter(1, banned, float("-inf"))[:, :vocab]
-
-
-class Prefixes(NamedTuple):
-    """What HF's unassisted ``generate`` would hand a processor for each of N rows of scores: the
-    request row it belongs to (``prefix_allowed_tokens_fn``'s batch id) and its ``input_ids`` up to the
-    token it follows (the padded prompt, then the row's tokens; a tree node's ancestors); None for a
-    row whose scores are never read (padding, a row sitting out)."""
-
-    rows: list[int]
-    ids: list[torch.Tensor | None]
-
-
-def per_position(processor: LogitsProcessor, scores: torch.Tensor, prefixes: Prefixes) -> torch.Tensor:
-    """``processor`` on ``[N, V]`` scores, each row with its own prefix: one call per group of rows
-    whose prefixes have one length (a processor reads ``input_ids`` as ``[rows, length]``); one call
-    per row for ``prefix_allowed_tokens_fn``, which is handed the row's batch id. Eager, host-driven:
-    a run with such a processor is not compiled (``engine.run_hsd``)."""
-    from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor
-
-    by_row = isinstance(processor, PrefixConstrainedLogitsProcessor)
-    groups: dict[tuple[int, int], list[int]] = {}
-    for n, ids in enumerate(prefixes.ids):
-        if ids is not None:
-            groups.setdefault((len(ids), prefixes.rows[n] if by_row else -1), []).append(n)
-    out = scores.clone()
-    for (_, row), members in groups.items():
-        ids = torch.stack([prefixes.ids[n] for n in members]).to(scores.device)
-        call = _bound_to_row(processor, row) if by_row else processor
-        out[members] = call(ids, scores[members].clone())
-    return out
-
-
-def _bound_to_row(processor: LogitsProcessor, row: int) -> LogitsProcessor:
-    """A copy of a ``PrefixConstrainedLogitsProcessor`` that hands its function ``row`` as the batch
-    id of the one row it is called on (HF would number the row so in the whole batch)."""
-    fn = processor._prefix_allowed_tokens_fn
-    bound = copy.copy(processor)
-    bound._prefix_allowed_tokens_fn = lambda _batch_id, sent: fn(row, sent)
-    return bound
-
-
-def ban_eos(scores: torch.Tensor, banned: torch.Tensor, eos_token_id: torch.Tensor | int) -> torch.Tensor:
-    """HF's length processors on ``[N, V]`` scores: the EOS ids' scores -inf in the ``banned`` rows
-    (``[N]`` bool), the rest as it is."""
-    eos = torch.as_tensor(eos_token_id, device=scores.device).reshape(-1)
-    is_eos = torch.zeros(scores.shape[1] + 1, dtype=torch.bool, device=scores.device)
-    is_eos = is_eos.index_fill(0, eos.clamp(0, scores.shape[1]), True)[: scores.shape[1]]  # [V]
-    return scores.masked_fill(banned[:, None] & is_eos[None, :], float("-inf"))
+def _length_op(
+    processor: LogitsProcessor, scores: torch.Tensor, lengths: Lengths, table: Any
+) -> torch.Tensor:
+    """A LENGTH processor on ``[N, V]`` scores given each position's ``input_ids`` width, as HF's
+    compares it (``table``: the ids it bans or forces, from ``LogitsTransform.tables``)."""
+    name, width = type(processor).__name__, lengths.width
+    if name == "MinLengthLogitsProcessor":
+        return ops.ban(scores, width < processor.min_length, table)
+    if name == "MinNewTokensLengthLogitsProcessor":  # HF counts past its prompt_length_to_skip, which
+        return ops.ban(scores, lengths.new < processor.min_new_tokens, table)  # is the padded width
+    if name == "SuppressTokensAtBeginLogitsProcessor":
+        return ops.ban(scores, width == processor.begin_index, table)
+    if name == "ForcedEOSTokenLogitsProcessor":
+        return ops.force(scores, width == processor.max_length - 1, table)
+    if name == "ForcedBOSTokenLogitsProcessor":
+        return ops.force(scores, width == 1, table)
+    eos, factors = table  # ExponentialDecayLengthPenalty
+    return ops.length_decay(scores, width, processor.regulation_start, factors, eos)
 
 
 def _check_history_processor(processor: LogitsProcessor) -> None:
@@ -356,7 +318,17 @@ def _check_history_processor(processor: LogitsProcessor) -> None:
 
 
 def _describe(processor: LogitsProcessor) -> str:
-    settings = {k: v for k, v in sorted(vars(processor).items()) if isinstance(v, (int, float, str, bool))}
+    """The processor's class and scalar settings; for a sequence bias, how many sequences of each
+    length (its table's shapes: a compiled step is built for them, its ids and biases are inputs)."""
+    settings = {
+        k: v
+        for k, v in sorted(vars(processor).items())
+        if isinstance(v, (int, float, str, bool)) and k != "prepared_bias_variables"  # HF's lazy state
+    }
+    biased = getattr(processor, "sequence_bias", None)
+    if isinstance(biased, dict):
+        lengths = sorted(len(sequence) for sequence in biased)
+        settings["sequences"] = "+".join(f"{lengths.count(n)}x{n}" for n in sorted(set(lengths)))
     return type(processor).__name__ + "(" + ",".join(f"{k}={v}" for k, v in settings.items()) + ")"
 
 

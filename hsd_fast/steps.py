@@ -53,16 +53,14 @@ def processed_logits(
     runner: Runner, state: DecodeState, block: FedBlock, num_outputs: int, *, with_raw: bool = False
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The level's logits at the block's last ``num_outputs`` columns through the sampling transform;
-    a history processor (the repetition penalty) reads each column's own history, drafts included
-    (``DecodeState.history_ids``: a chain's by position, a tree node's by its ancestors), and a length
-    processor bans EOS where the column's token would come too early (``DecodeState.length_bans``);
+    a history processor (the repetition penalty, the n-gram ban, bad words) reads each column's own
+    history, drafts included (``DecodeState.history_ids``: a chain's by position, a tree node's by its
+    ancestors), a length processor each column's ``input_ids`` width (``DecodeState.lengths``), and
     any other processor is called with each column's own ``input_ids`` (``DecodeState.prefixes``).
     ``with_raw``: also the raw logits (the target keeping ``output_logits``)."""
     logits = runner.forward(block, num_outputs)  # [B, O, V]
-    history = state.history_ids(block, num_outputs) if state.transform.needs_history else None
-    bans = state.length_bans(block, num_outputs) if state.transform.needs_lengths else None
-    prefixes = state.prefixes(block, num_outputs) if state.transform.needs_prefixes else None
-    processed = state.transform(logits.flatten(0, 1), history, bans, prefixes)  # [B * O, V]
+    inputs = state.processor_inputs(block, num_outputs)
+    processed = state.transform(logits.flatten(0, 1), inputs)  # [B * O, V]
     processed = processed.unflatten(0, logits.shape[:2])  # [B, O, V]
     return (processed, logits) if with_raw else processed
 

@@ -4,6 +4,7 @@ samples of the same continuations: what the sampled tests compare (a chi-square 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import torch
 
@@ -31,6 +32,27 @@ def exact_distribution(
     logp = torch.log_softmax(logits, -1)
     at = len(prompt) - 1
     total = sum(logp[torch.arange(len(conts)), at + k, conts[:, k]] for k in range(steps))
+    return {tuple(c.tolist()): float(p) for c, p in zip(conts, total.exp(), strict=True)}
+
+
+def processed_distribution(
+    target: torch.nn.Module,
+    prompt: torch.Tensor,  # [P]
+    process: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    vocab: int,
+    steps: int,
+) -> dict[tuple[int, ...], float]:
+    """P(continuation) of every continuation of ``steps`` tokens with ``process(input_ids, scores)``
+    (a logits processor) applied at each position to the prompt and the continuation before it, on
+    float32 logits as HF's ``generate`` hands them, the softmax in float64."""
+    conts = torch.tensor(list(itertools.product(range(vocab), repeat=steps)))  # [V**steps, steps]
+    seqs = torch.cat([prompt.expand(len(conts), -1), conts], 1)
+    with torch.no_grad():
+        logits = target(seqs).logits.float()
+    rows, at, total = torch.arange(len(conts)), len(prompt) - 1, 0.0
+    for k in range(steps):
+        scores = process(seqs[:, : at + k + 1], logits[:, at + k].clone())
+        total = total + torch.log_softmax(scores.double(), -1)[rows, conts[:, k]]
     return {tuple(c.tolist()): float(p) for c, p in zip(conts, total.exp(), strict=True)}
 
 

@@ -201,17 +201,18 @@ def joining_levels_skip_catch_up() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def eos_banned_one_token_too_long() -> Iterator[None]:
-    """A length processor's ban counted from the column's own position instead of the token it
-    predicts: EOS stays banned one new token longer than ``min_new_tokens`` says."""
+def lengths_one_token_late() -> Iterator[None]:
+    """A length processor handed the ``input_ids`` width of the column's own position instead of the
+    token it predicts: EOS stays banned one new token longer than ``min_new_tokens`` says, the begin
+    tokens are suppressed at the second new token instead of the first."""
     from hsd_fast.decode_state import DecodeState
 
-    length_bans = DecodeState.length_bans
+    lengths = DecodeState.lengths
 
     def buggy(self, block, num_outputs):
-        return length_bans(self, block._replace(positions=block.positions - 1), num_outputs)
+        return lengths(self, block._replace(positions=block.positions - 1), num_outputs)
 
-    with mock.patch.object(DecodeState, "length_bans", buggy):
+    with mock.patch.object(DecodeState, "lengths", buggy):
         yield
 
 

@@ -54,7 +54,7 @@ def test_doctor_on_admitted_models(checkpoints, capsys) -> None:
 
 def test_doctor_says_how_a_checkpoints_generation_config_is_served(tmp_path, capsys) -> None:
     """A checkpoint that samples like Qwen2.5-Instruct (temperature, top-p, top-k, repetition penalty)
-    runs compiled; a bad-words ban runs per position; beam search is refused."""
+    runs compiled, and so does a bad-words ban; top-h runs per position; beam search is refused."""
     model = tiny_model("llama")
     config = model.generation_config
     config.do_sample, config.temperature, config.top_p, config.top_k = True, 0.7, 0.8, 20
@@ -67,18 +67,22 @@ def test_doctor_says_how_a_checkpoints_generation_config_is_served(tmp_path, cap
         ),
         (
             {"bad_words_ids": [[5]]},
-            "per position, eager (such a run is not compiled): NoBadWords",
+            "compiled: RepetitionPenaltyLogitsProcessor, NoBadWordsLogitsProcessor",
             0,
         ),
+        ({"top_h": 0.5}, "per position, eager (such a run is not compiled): TopHLogitsWarper", 0),
         ({"num_beams": 4}, "refused: hsd_fast does not support num_beams=4", 1),
     ]:
+        before = {key: getattr(config, key) for key in extra}
         for key, value in extra.items():
             setattr(config, key, value)
         model.save_pretrained(tmp_path / "ckpt")
         got = main(["doctor", "--target", str(tmp_path / "ckpt"), "--no-families"])
         said = words(capsys.readouterr().out)
         assert got == code and expected in said, said
-        assert "repetition_penalty=1.05, temperature=0.7, top_k=20, top_p=0.8" in said
+        assert "repetition_penalty=1.05, temperature=0.7" in said and "top_k=20, top_p=0.8" in said
+        for key, value in before.items():
+            setattr(config, key, value)
 
 
 def test_doctor_names_what_is_refused_and_lists_the_refused_families(checkpoints, capsys) -> None:

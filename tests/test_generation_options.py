@@ -132,8 +132,8 @@ PROCESSOR_VALUES = {
     "encoder_no_repeat_ngram_size": 2,
     "is_assistant": True,
 }
-# ...and the processor fields served per position (tests/test_per_position_processors.py: exact)
-PER_POSITION_VALUES = {
+# ...and the processor fields served, inside the steps or per position (tests/test_logits_processors.py)
+SERVED_PROCESSOR_VALUES = {
     "top_h": 0.5,
     "no_repeat_ngram_size": 2,
     "bad_words_ids": [[5]],
@@ -150,12 +150,12 @@ PER_POSITION_VALUES = {
 
 def test_every_processor_field_is_tested() -> None:
     assert sorted(PROCESSOR_VALUES) == sorted(n for n, o in OPTIONS.items() if o.treatment == PROCESSOR)
-    assert all(OPTIONS[n].treatment == SERVED for n in PER_POSITION_VALUES)
+    assert all(OPTIONS[n].treatment == SERVED for n in SERVED_PROCESSOR_VALUES)
 
 
-@pytest.mark.parametrize("field", sorted(PER_POSITION_VALUES))
-def test_a_processor_field_served_per_position_gives_hfs_greedy_tokens(target, draft, field) -> None:
-    value = PER_POSITION_VALUES[field]
+@pytest.mark.parametrize("field", sorted(SERVED_PROCESSOR_VALUES))
+def test_a_served_processor_field_gives_hfs_greedy_tokens(target, draft, field) -> None:
+    value = SERVED_PROCESSOR_VALUES[field]
     if field == "watermarking_config":
         value = WatermarkingConfig()
     kwargs = {"do_sample": False, "max_new_tokens": 8, field: value}

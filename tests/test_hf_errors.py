@@ -84,7 +84,7 @@ def test_beyond_max_position_embeddings(target, draft) -> None:
 
 
 def test_unsupported_logits_processor(target, draft) -> None:
-    """Every processor is served (tests/test_per_position_processors.py) but those with a model, a
+    """Every processor is served (tests/test_logits_processors.py) but those with a model, a
     batch layout or per-row state of their own."""
     from transformers import LogitsProcessorList
     from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
@@ -132,7 +132,7 @@ def test_right_padding_refused(target, draft) -> None:
     ids=lambda v: next(iter(v)) if isinstance(v, dict) else "",
 )
 def test_history_or_length_dependent_options_are_served_sampled(target, draft, option, names) -> None:
-    """Once refused, now served (exact: tests/test_per_position_processors.py, test_min_length.py)."""
+    """Once refused, now served (exact: tests/test_logits_processors.py, test_min_length.py)."""
     out = _run(target, drafts=[draft], T=[2], do_sample=True, seed=1, **option)
     assert out.shape[0] == 1
     if "prefix_allowed_tokens_fn" in option:

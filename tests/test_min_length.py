@@ -14,7 +14,7 @@ import itertools
 import pytest
 import torch
 from hf_models import level_configs, padded_batch, peaked_family
-from planted_bugs import eos_banned_one_token_too_long
+from planted_bugs import lengths_one_token_late
 
 import hsd_fast
 from hsd_fast.testing.exactness import pooled_chi_square
@@ -132,6 +132,6 @@ def test_sampled_chain_is_exact_and_the_planted_bug_is_caught(small) -> None:
     assert 0.1 < sum(p for c, p in exact.items() if c[1] == eos) < 0.9  # EOS second: the bug's token
     result = pooled_chi_square(_samples(target, eos, drafts=drafts, T=[2, 2]), exact)
     assert result.p_value > 1e-3, result
-    with eos_banned_one_token_too_long():
+    with lengths_one_token_late():
         buggy = _samples(target, eos, drafts=drafts, T=[2, 2])
     assert pooled_chi_square(buggy, exact).p_value < 1e-6

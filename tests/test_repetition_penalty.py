@@ -12,16 +12,16 @@ compiled steps equal to the eager ones.
 from __future__ import annotations
 
 import copy
-import itertools
 
 import pytest
 import torch
+from enumerated import processed_distribution
 from hf_models import peaked_family
 from planted_bugs import penalty_history_without_the_blocks_drafts, penalty_history_without_tree_ancestors
 from transformers.generation.logits_process import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 import hsd_fast
-from hsd_fast.processors import LogitsTransform, generation_sampling
+from hsd_fast.processors import LogitsTransform, ProcessorInputs, generation_sampling
 from hsd_fast.testing.exactness import pooled_chi_square
 
 pytestmark = pytest.mark.hf
@@ -166,7 +166,8 @@ def test_the_transform_is_hfs_processor() -> None:
             real = ids[r][mask[r].bool()][first[r] :]
             history[r, : len(real)] = real
         history = torch.cat([padding, history], 1)
-        assert torch.equal(transform(scores, [history]), expected), ignore
+        inputs = ProcessorInputs([history], None, None, [None])
+        assert torch.equal(transform(scores, inputs), expected), ignore
 
 
 def test_the_penalty_is_in_the_transform_key() -> None:
@@ -199,19 +200,15 @@ def small() -> list[torch.nn.Module]:
 
 
 def exact_with_penalty(target, prompt: torch.Tensor, penalty: float) -> dict[tuple[int, ...], float]:
-    """P(continuation) of every continuation of STEPS tokens with HF's repetition penalty applied at
-    each position over the prompt and the continuation before it (float32 logits, as HF's)."""
-    conts = torch.tensor(list(itertools.product(range(V), repeat=STEPS)))  # [V**STEPS, STEPS]
-    seqs = torch.cat([prompt.expand(len(conts), -1), conts], 1)
-    with torch.no_grad():
-        logits = target(seqs).logits.float()
-    rows, at, total = torch.arange(len(conts)), len(prompt) - 1, 0.0
-    for k in range(STEPS):
-        scores = logits[:, at + k]
-        seen = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, seqs[:, : at + k + 1], True)
-        scores = torch.where(seen, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
-        total = total + torch.log_softmax(scores.double(), -1)[rows, conts[:, k]]
-    return {tuple(c.tolist()): float(p) for c, p in zip(conts, total.exp(), strict=True)}
+    """P(continuation) of every continuation of STEPS tokens with the repetition penalty (computed
+    here, not by HF's processor) applied at each position over the prompt and the continuation before
+    it."""
+
+    def penalize(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        seen = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, ids, True)
+        return torch.where(seen, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
+
+    return processed_distribution(target, prompt, penalize, V, STEPS)
 
 
 @pytest.fixture(scope="module")

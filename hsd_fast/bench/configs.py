@@ -41,7 +41,8 @@ class Config:
 
 
 def _hf_kwargs(sampling: dict, max_new_tokens: int) -> dict:
-    return {**sampling, "max_new_tokens": max_new_tokens, "eos_token_id": None, "pad_token_id": 0}
+    """No EOS (every row runs to ``max_new_tokens``) unless the setting names one."""
+    return {"eos_token_id": None, **sampling, "max_new_tokens": max_new_tokens, "pad_token_id": 0}
 
 
 def hf_generate(target: torch.nn.Module, sampling: dict, max_new_tokens: int) -> Config:

@@ -1,29 +1,37 @@
-"""Logits processors called per position (docs/design.md, "Sampling transforms"): n-gram bans, bad
-words, sequence bias, the begin / forced-EOS / length-decay processors, ``prefix_allowed_tokens_fn``
-and a user's own ``LogitsProcessor``, each handed the ``input_ids`` HF's unassisted ``generate`` would
-hand it at that position.
+"""HF's logits processors beyond the batched warpers (docs/design.md, "Sampling transforms"): the
+n-gram ban, bad words and sequence bias (tensor ops over each position's history), the begin-suppress,
+forced-EOS and length-decay processors (tensor ops over each position's ``input_ids`` width), and,
+called per position with the ``input_ids`` HF's unassisted ``generate`` would hand them there,
+``prefix_allowed_tokens_fn`` and a user's own ``LogitsProcessor``.
 
 The reference is HF's own unassisted ``generate``: greedy output token for token in a left-padded
 batch (the processors see the pads, as HF's do) with two drafts, a lookup level and a token tree;
-sampled output against the exact distribution, enumerated, with ``no_repeat_ngram_size`` (a tensor
-op over each column's history: not per position, but tested here with the others) and with a user's
-processor, each with a planted bug (every column of a step answered as its first column) that the
-same test catches; a
-compiled request runs eagerly, with a warning, and decodes the same tokens.
+sampled output against the exact distribution, enumerated, for a history op (the n-gram ban, a
+sequence bias), a length op (begin-suppress) and a user's processor, each with a planted bug that
+the same test catches; the compiled ops decode what the eager ones do; a compiled request with a
+processor called per position runs eagerly, with a warning, and decodes the same tokens. Each op
+against HF's processor, bit for bit: ``tests/test_processor_ops.py``.
 """
 
 from __future__ import annotations
 
-import itertools
+import warnings
 
 import pytest
 import torch
+from enumerated import processed_distribution
 from hf_models import level_configs, padded_batch, peaked_family
-from planted_bugs import penalty_history_without_the_blocks_drafts, prefixes_of_the_steps_first_column
+from planted_bugs import (
+    lengths_one_token_late,
+    penalty_history_without_the_blocks_drafts,
+    prefixes_of_the_steps_first_column,
+)
 from transformers.generation.logits_process import (
     LogitsProcessor,
     LogitsProcessorList,
     NoRepeatNGramLogitsProcessor,
+    SequenceBiasLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
 )
 
 import hsd_fast
@@ -109,9 +117,12 @@ def test_a_users_processor_sees_hfs_prefixes_and_the_drafted_ones(target, drafts
 
 
 def test_a_compiled_request_runs_eagerly_and_says_so(target, drafts) -> None:
-    kwargs = {"attention_mask": MASK, "do_sample": False, "max_new_tokens": 8, "bad_words_ids": [[5]]}
+    kwargs = {
+        "attention_mask": MASK, "do_sample": False, "max_new_tokens": 8,
+        "logits_processor": LogitsProcessorList([BanTheLastToken()]),
+    }  # fmt: skip
     expected = target.generate(IDS, **kwargs)
-    with pytest.warns(UserWarning, match="NoBadWordsLogitsProcessor.*not compiled"):
+    with pytest.warns(UserWarning, match="BanTheLastToken.*not compiled"):
         out = target.generate(
             IDS, custom_generate=hsd_fast.generate, compile=True, drafts=drafts, T=[2, 2], **kwargs
         )
@@ -121,8 +132,6 @@ def test_a_compiled_request_runs_eagerly_and_says_so(target, drafts) -> None:
 def test_profiling_under_such_a_processor_times_eager_steps(target, monkeypatch) -> None:
     """The selector's step costs under a per-position processor are the eager steps' (what decoding
     will run), never a compile that would fail on the host-side prefixes."""
-    from transformers.generation.logits_process import NoBadWordsLogitsProcessor
-
     from hsd_fast.processors import LogitsTransform
     from hsd_fast.profile import costs
 
@@ -134,7 +143,7 @@ def test_profiling_under_such_a_processor_times_eager_steps(target, monkeypatch)
 
     real = costs.LevelStep
     monkeypatch.setattr(costs, "LevelStep", recording)
-    transform = LogitsTransform([NoBadWordsLogitsProcessor([[5]], eos_token_id=2)])
+    transform = LogitsTransform([BanTheLastToken()])
     profile = costs.forward_costs(
         target, spans=(1, 2), drafts=(1,), context=8, repeats=1, warmup=0, compile=True, greedy=False,
         transform=transform,
@@ -162,24 +171,24 @@ def small() -> list[torch.nn.Module]:
 
 
 def exact_with(target, processor: LogitsProcessor) -> dict[tuple[int, ...], float]:
-    """P(continuation) of every continuation of STEPS tokens, ``processor`` applied at each position
-    to the prompt and the continuation before it (float32 logits, as HF's)."""
-    conts = torch.tensor(list(itertools.product(range(V), repeat=STEPS)))  # [V**STEPS, STEPS]
-    seqs = torch.cat([PROMPT.expand(len(conts), -1), conts], 1)
-    with torch.no_grad():
-        logits = target(seqs).logits.float()
-    rows, at, total = torch.arange(len(conts)), len(PROMPT) - 1, 0.0
-    for k in range(STEPS):
-        scores = processor(seqs[:, : at + k + 1], logits[:, at + k].clone())
-        total = total + torch.log_softmax(scores.double(), -1)[rows, conts[:, k]]
-    return {tuple(c.tolist()): float(p) for c, p in zip(conts, total.exp(), strict=True)}
+    """P(continuation) of every continuation of STEPS tokens, ``processor`` applied at each position."""
+    return processed_distribution(target, PROMPT, processor, V, STEPS)
 
 
-# the n-gram ban runs as a tensor op over each column's history; a user's processor per position
+# the n-gram ban and the bias: tensor ops over each column's history; begin-suppress: over its width;
+# a user's processor: per position
+BIAS = {(3, 4): -2.0, (4, 1): 2.5, (1,): -1.0, (5, 3, 4): -30.0}  # "3 4" and "5 3" are in the prompt
 SAMPLED = {
     "no_repeat_ngram_size": (
         {"no_repeat_ngram_size": NGRAM}, NoRepeatNGramLogitsProcessor(NGRAM),
         penalty_history_without_the_blocks_drafts,
+    ),
+    "sequence_bias": (
+        {"sequence_bias": BIAS}, SequenceBiasLogitsProcessor(BIAS), penalty_history_without_the_blocks_drafts,
+    ),
+    "begin_suppress_tokens": (
+        {"begin_suppress_tokens": [3, 4]}, SuppressTokensAtBeginLogitsProcessor([3, 4], len(PROMPT)),
+        lengths_one_token_late,
     ),
     "a user's processor": (
         {"logits_processor": LogitsProcessorList([BanTheLastToken()])}, BanTheLastToken(),
@@ -211,13 +220,25 @@ def test_sampled_chain_is_exact_and_the_planted_bug_is_caught(small, name) -> No
 
 
 @pytest.mark.slow
-def test_the_compiled_ngram_ban_equals_eager(target, drafts) -> None:
-    """Sampled (the op is the same greedy; each mode compiles its own graphs, minutes on a CPU)."""
+def test_the_compiled_ops_equal_eager(target, drafts) -> None:
+    """Every history and length op in one compiled request, sampled (each mode compiles its own
+    graphs: minutes on a CPU), decodes what the eager ops decode, and nothing runs per position."""
     torch._dynamo.reset()
-    kwargs = {
-        "attention_mask": MASK, "do_sample": True, "max_new_tokens": 24, "seed": 3, "no_repeat_ngram_size": 2,
-        "drafts": drafts, "T": [2, 2], "custom_generate": hsd_fast.generate,
+    plain = _plain(target)
+    ops = {
+        "no_repeat_ngram_size": 2, "bad_words_ids": [[plain[0][2]], [plain[1][3], plain[1][4]]],
+        "sequence_bias": {(plain[0][1],): -2.0, (plain[1][2], plain[1][3]): -4.0},
+        "begin_suppress_tokens": [plain[0][0]], "exponential_decay_length_penalty": (4, 1.3),
+        "eos_token_id": 2,
     }  # fmt: skip
-    eager = target.generate(IDS, compile=False, **kwargs)
-    assert eager.tolist() == target.generate(IDS, compile=True, **kwargs).tolist()
+    kwargs = {
+        "attention_mask": MASK, "do_sample": True, "max_new_tokens": 24, "seed": 3, "drafts": drafts,
+        "T": [2, 2], "custom_generate": hsd_fast.generate,
+    }  # fmt: skip
+    eager = target.generate(IDS, compile=False, **kwargs, **ops)
+    assert eager.tolist() != target.generate(IDS, compile=False, **kwargs).tolist(), "the ops change nothing"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # "... runs uncompiled" would fail here
+        compiled = target.generate(IDS, compile=True, **kwargs, **ops)
+    assert eager.tolist() == compiled.tolist()
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0, "nothing was compiled"
