@@ -48,10 +48,16 @@ class DecodeState:
             ring = (num_rows, window + 1, vocab)  # [B, W + 1, V]
             self.q_logits = POOL.zeros(self, ring, ring_dtype, device)
             self.q_lse = POOL.zeros(self, (num_rows, window + 1), torch.float32, device)  # [B, W + 1]
-        # Everything a step's code depends on besides tensor shapes: a compiled step is built per
-        # structure and guards on tensors only (see LevelStep). Without a ring the window is unused.
+        # Per history processor (the repetition penalty): the padding ids it counts [B, P'] and the
+        # first unpadded position it counts [B] (``LogitsTransform.prompt_history``)
+        self.vocab = vocab
+        self.history = transform.prompt_history(num_rows, vocab, device) if transform.needs_history else []
+        # Everything a step's code depends on besides the shapes of B, the widths and the vocabulary: a
+        # compiled step is built per structure and guards on tensors only (see LevelStep), so a shape
+        # that varies otherwise (the EOS ids, the counted padding) is part of it; a step whose graph
+        # dynamo rebuilt on its own would be compiled without the step's settings, and silently.
         ring = window if keep_q else None
-        outputs_key = (outputs.scores, outputs.logits)
+        outputs_key = (outputs.scores, outputs.logits, max_new if outputs else None)  # [B, max_new + 1, V]
         self.chain_structure = (
             ring,
             capacity,
@@ -60,23 +66,19 @@ class DecodeState:
             transform.key,
             str(ring_dtype),
             outputs_key,
+            len(sampling.eos_ids),
+            tuple(padding.shape[1] for padding, _ in self.history),
         )
         self.structure = self.chain_structure
         self.tree: TreeBuffers | None = None  # a token tree's pending nodes (level 0 drafts trees)
         # step shapes to compile once the run is over (an adaptive run): (LevelStep, kind, widths, tree)
         self.deferred: set[tuple] | None = None
-        # Per history processor (the repetition penalty): the padding ids it counts [B, P] and the
-        # first unpadded position it counts [B] (``LogitsTransform.prompt_history``); the transform's
-        # key, in ``structure``, names the processors, so a penalty run never shares a plain run's graph
-        self.vocab = vocab
-        self.history = transform.prompt_history(num_rows, vocab, device) if transform.needs_history else []
         # HF's input_ids width before each row's first new token [B] (length processors read it)
         self.prompt_lengths = torch.tensor([p.numel() for p in prompts], dtype=torch.int64)
         self.prompt_widths = transform.prompt_widths(self.prompt_lengths).to(device)
         self.prompt_lengths = self.prompt_lengths.to(device)
         # What the sequence bias and length processors read besides the scores, built once per run
-        widths = capacity + 2 + int(self.prompt_widths.max())  # more than any width past a start
-        self.processor_tables = transform.tables(vocab, widths, device)
+        self.processor_tables = transform.tables(vocab, capacity + 1, device)  # a width <= capacity
         # Per row, the padding HF's input_ids put before the prompt (processors called per position
         # see it, as HF's do): [P_r] int64 on the host
         self.hf_padding = transform.prompt_padding(prompts) if transform.needs_prefixes else []

@@ -68,7 +68,6 @@ _AT_LENGTH = (
     "width plus the new tokens before), inside the compiled steps"
 )
 _BEAM = "beam search only (beam search is refused)"
-_LOOKUP = "use drafts=['lookup', ...] and the lookup level's block size in T= (e.g. T=[{value}, ...])"
 
 
 def _processor(name: str, served: bool = True, how: str = _PER_POSITION) -> Option:
@@ -192,9 +191,9 @@ OPTIONS: dict[str, Option] = {
     "return_dict_in_generate": Option(SERVED, "a GenerateDecoderOnlyOutput holding the sequences"),
     # ---- HF's assisted generation: hsd_fast's levels take their place
     "num_assistant_tokens": Option(
-        REFUSED,
-        "HF's assistant block size: hsd_fast sets each level's block size with T= (e.g. T=[{value}])",
-        inactive=(None, 20),
+        SERVED,
+        "the block size of the level just under the target (its T); HF's default, 20, leaves T as "
+        "given or chosen; with T= given, they must agree; without a draft, no effect (as in HF)",
     ),
     "num_assistant_tokens_schedule": Option(
         REFUSED,
@@ -204,9 +203,15 @@ OPTIONS: dict[str, Option] = {
     "assistant_confidence_threshold": Option(
         REFUSED, "hsd_fast drafts whole blocks (T=), with no confidence stop", inactive=(None, 0.4)
     ),
-    "prompt_lookup_num_tokens": Option(REFUSED, "prompt lookup: " + _LOOKUP),
+    "prompt_lookup_num_tokens": Option(
+        SERVED,
+        "prompt lookup: the lookup level added at the bottom of the hierarchy with this block size (as "
+        "drafts=['lookup', ...] with T=[N, ...])",
+    ),
     "max_matching_ngram_size": Option(
-        REFUSED, "prompt lookup: use drafts=[hsd_fast.LookupDraft(max_ngram={value}), ...]"
+        SERVED,
+        "the lookup level's longest matched n-gram, with prompt_lookup_num_tokens (HF's default 2); "
+        "alone, no effect (as in HF)",
     ),
     "assistant_early_exit": Option(
         SERVED, "the early-exit level EarlyExit(target, k): alone, or just under the target with drafts="

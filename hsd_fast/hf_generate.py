@@ -21,6 +21,7 @@ import sys
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -102,11 +103,17 @@ def generate(
     before it calls this function (``hsd_fast.wrap(...).generate`` takes ``stop_strings=`` with
     ``tokenizer=``; a direct call takes either spelling).
     """
+    dropped = _dropped_by_hf(sys._getframe(1))
     streamer = EndOnce.of(hsd_streamer)
     prompt_streamed = False
     if streamer is None:  # HF's own streamer, if it took one: it already holds the prompt
-        streamer, prompt_streamed = EndOnce.of(_streamer_hf_dropped(sys._getframe(1))), True
+        streamer, prompt_streamed = EndOnce.of(dropped.get("streamer")), True
     try:
+        assistant = dropped.get("assistant_model")
+        if assistant is not None:  # HF's assisted generation: the assistant is the one draft
+            if drafts or hierarchy is not None or hsd_levels is not None:
+                raise ValueError("assistant_model= is the one draft: give it in drafts= (last) instead")
+            drafts = [assistant]
         if hsd_levels is None:
             levels = resolve_levels(drafts, T, tree, hierarchy, adapt, trees)
         else:
@@ -207,17 +214,17 @@ class EndOnce:
             self.streamer.end()
 
 
-def _streamer_hf_dropped(caller: types.FrameType | None):
-    """The ``streamer=`` that HF's ``generate`` took and did not pass on to this function, from the
-    caller's frame, when the caller is HF's ``generate`` (transformers 5.17 through 5.23 keep it in
-    the local ``streamer``); None otherwise (a direct call, or no streamer)."""
+def _dropped_by_hf(caller: types.FrameType | None) -> dict[str, Any]:
+    """The ``streamer=`` and ``assistant_model=`` that HF's ``generate`` took and did not pass on to
+    this function, from the caller's frame, when the caller is HF's ``generate`` (transformers 5.17
+    through 5.24 keep them in its locals of those names); empty otherwise (a direct call)."""
     try:
         if (
             caller is not None
             and caller.f_code.co_name == "generate"
             and caller.f_globals.get("__name__") == "transformers.generation.utils"
         ):
-            return caller.f_locals.get("streamer")
-        return None
+            return {name: caller.f_locals.get(name) for name in ("streamer", "assistant_model")}
+        return {}
     finally:
         del caller  # a frame held from a local would keep every object of the call alive

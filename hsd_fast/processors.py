@@ -261,7 +261,9 @@ class LogitsTransform:
             columns = torch.arange(ids.shape[1])  # [P] padded columns
             counted = (columns < pads[:, None]) & (columns >= ignore[:, None])  # [B, P] pads HF counts
             padding = torch.where(counted, ids.clamp(0, vocab), vocab)  # HF drops ids past the vocabulary
-            out.append((padding.to(device), (ignore - pads).clamp(min=0).to(device)))
+            out.append(
+                (_static_width(padding, counted, vocab).to(device), (ignore - pads).clamp(min=0).to(device))
+            )
         return out
 
     @property
@@ -271,6 +273,17 @@ class LogitsTransform:
         parts = [f"temperature={self.temperature:g}"] if self.temperature != 1.0 else []
         parts += [_describe(p) for p in self.processors]
         return " ".join(parts) or "identity"
+
+
+def _static_width(padding: torch.Tensor, counted: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``padding`` [B, P] cut to the columns up to the last counted pad and widened with holes (V) to
+    a power of two (0 where no pad counts: unpadded batches, transformers 5.24's penalty). Compiled
+    steps are built for this width (``DecodeState.structure``), so requests of other prompt widths
+    share their graphs: a new width would make dynamo recompile inside a step, silently."""
+    used = int(counted.any(0).nonzero().max()) + 1 if counted.any() else 0
+    width = 0 if used == 0 else 1 << (used - 1).bit_length()
+    padding = padding[:, :used]
+    return torch.nn.functional.pad(padding, (0, width - used), value=vocab)
 
 
 def _history_op(

@@ -67,6 +67,7 @@ class Levels:
     tree: Tree | None = None
     hierarchy: Hierarchy | None = None
     adapt: Adaptive | None = None  # the levels are candidates: a policy chooses per round among them
+    default_T: bool = False  # T was not given: every block size is DEFAULT_T
 
     @property
     def drafts(self) -> list[torch.nn.Module | LookupDraft]:
@@ -125,12 +126,69 @@ def resolve_levels(
     lookup, models = check_drafts(drafts)
     num_drafts = len(models) + (lookup is not None)  # a lookup level sits below the draft models
     # With a tree, T[0] is checked like any block size and then stands for the tree's depth
+    default_T = T is None and hierarchy is None
     T = check_block_sizes([DEFAULT_T] * num_drafts if T is None else T, num_drafts, "T")
     check_tree(tree, lookup, models)
-    return Levels(lookup, tuple(models), tuple(T), tree, hierarchy)
+    return Levels(lookup, tuple(models), tuple(T), tree, hierarchy, default_T=default_T)
 
 
-def with_assistant_early_exit(levels: Levels, target: torch.nn.Module, config) -> Levels:
+HF_NUM_ASSISTANT_TOKENS = 20
+"""HF's default ``num_assistant_tokens`` (every ``GenerationConfig`` carries it): it leaves T alone."""
+
+
+def with_assisted_generation(levels: Levels, target: torch.nn.Module, config) -> Levels:
+    """HF's assisted-generation options as hsd_fast's levels (docs/design.md, "HF's assisted
+    generation options"): ``assistant_early_exit=k`` adds ``EarlyExit(target, k)`` just under the
+    target; ``num_assistant_tokens=k`` (other than HF's default 20) is the block size of the level
+    just under the target (with ``T=`` given, it must agree); ``prompt_lookup_num_tokens=k`` adds the
+    lookup level at the bottom, with block size k and ``max_matching_ngram_size`` (HF's default 2)
+    its longest n-gram."""
+    with_exit = _with_assistant_early_exit(levels, target, config)
+    last_given = not levels.default_T and len(with_exit.drafts) == len(levels.drafts)  # T[-1] the user's
+    levels = with_exit
+    tokens = getattr(config, "num_assistant_tokens", None)
+    if tokens is not None and tokens != HF_NUM_ASSISTANT_TOKENS and levels.drafts:  # no draft: no effect
+        _no_choice_made_for_it("num_assistant_tokens", levels)
+        if last_given and levels.T[-1] != tokens:
+            raise ValueError(
+                f"num_assistant_tokens={tokens} and T={list(levels.T)}: the level under the target drafts "
+                f"T[-1]={levels.T[-1]} tokens; give one of them"
+            )
+        levels = replace(
+            levels, T=(*levels.T[:-1], check_block_sizes([tokens], 1, "num_assistant_tokens")[0])
+        )
+    lookup_tokens = getattr(config, "prompt_lookup_num_tokens", None)
+    if lookup_tokens is None:
+        return levels
+    _no_choice_made_for_it("prompt_lookup_num_tokens", levels)
+    if levels.lookup is not None:
+        raise ValueError(
+            "prompt_lookup_num_tokens adds a lookup level, and drafts= has one: set its block size in T= only"
+        )
+    if levels.tree is not None:
+        raise ValueError("prompt_lookup_num_tokens with tree=: the lookup level drafts chains, not trees")
+    ngram = getattr(config, "max_matching_ngram_size", None) or HF_MAX_MATCHING_NGRAM
+    T = check_block_sizes([lookup_tokens], 1, "prompt_lookup_num_tokens")
+    try:
+        lookup = LookupDraft(max_ngram=ngram)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"max_matching_ngram_size={ngram!r}: {err}") from None
+    return replace(levels, lookup=lookup, T=(*T, *levels.T))
+
+
+HF_MAX_MATCHING_NGRAM = 2
+"""HF's prompt lookup matches suffixes of at most this many tokens unless ``max_matching_ngram_size``."""
+
+
+def _no_choice_made_for_it(option: str, levels: Levels) -> None:
+    """An assisted-generation option cannot change a selected hierarchy or an adaptive one's choices."""
+    if levels.adapt is not None:
+        raise ValueError(f"{option} with adapt=: the policy chooses the levels and block sizes every round")
+    if levels.hierarchy is not None:
+        raise ValueError(f"{option} with hierarchy=: give the levels and block sizes to select_hierarchy")
+
+
+def _with_assistant_early_exit(levels: Levels, target: torch.nn.Module, config) -> Levels:
     """HF's ``assistant_early_exit=k`` (its self-speculation) as hsd_fast's level: without drafts,
     the hierarchy ``[EarlyExit(target, k)]``; with drafts (or adaptive candidates), the exit added
     just under the target, with the default block size (docs/design.md, "Early-exit levels")."""
@@ -270,7 +328,7 @@ def build_request(
     config = filled_config(model, generation_config, input_ids.shape[1]) if direct else generation_config
     if levels.hierarchy is not None:
         levels.hierarchy.warn_unless_selected_for(input_ids.shape[0])
-    levels = with_assistant_early_exit(levels, model, config)
+    levels = with_assisted_generation(levels, model, config)
     drafts = levels.models
     _check_models_and_options(model, drafts, input_ids, config)
     if direct and config.stop_strings is not None and stop_tokenizer is None:

@@ -43,9 +43,14 @@ class HSDModel:
         tree: Tree | None = None,
         adapt: bool | Policy | Adaptive = False,
         trees: Sequence[Tree] = (),
+        assistant_model: torch.nn.Module | None = None,
     ) -> None:
         if not isinstance(target, torch.nn.Module):
             raise TypeError(f"target must be a model (torch.nn.Module), got {type(target).__name__}")
+        if assistant_model is not None:  # HF's assisted generation: the assistant is the one draft
+            if drafts or hierarchy is not None:
+                raise ValueError("assistant_model= is the one draft: give it in drafts= (last) instead")
+            drafts = [assistant_model]
         self.target = target
         self.levels: Levels = resolve_levels(
             drafts, T, tree, hierarchy, adapt, trees
@@ -126,8 +131,10 @@ def wrap(
     tree: Tree | None = None,
     adapt: bool | Policy | Adaptive = False,
     trees: Sequence[Tree] = (),
+    assistant_model: torch.nn.Module | None = None,
 ) -> HSDModel:
     """HSD with ``drafts`` (smallest first) under ``target``, or the ``hierarchy`` that
     ``hsd_fast.select_hierarchy`` picked: ``wrap(target, drafts).generate(...)``. ``compile``,
-    ``tree``, ``adapt`` and ``trees`` as in ``hsd_fast.generate``."""
-    return HSDModel(target, drafts, T, hierarchy, compile, tree, adapt, trees)
+    ``tree``, ``adapt`` and ``trees`` as in ``hsd_fast.generate``; ``assistant_model``, as in HF's
+    assisted generation: ``drafts=[assistant_model]``."""
+    return HSDModel(target, drafts, T, hierarchy, compile, tree, adapt, trees, assistant_model)

@@ -162,3 +162,43 @@ def test_a_repeated_request_replays_without_recording(monkeypatch) -> None:
         recorded.append(len(captures))
     assert sum(recorded) > 0, "no CUDA graph was recorded at all"
     assert recorded[-1] == 0, f"CUDA graphs captured per request: {recorded}"
+
+
+def test_every_graph_is_compiled_on_a_steps_first_call(models, monkeypatch) -> None:
+    """Requests that differ in what a step's tensors hold but not in its key (EOS ids, the padding a
+    history processor counts, max_new_tokens with output_scores) get graphs of their own on their
+    steps' first calls, under the steps' compile settings (CPU: frozen weights), never one dynamo
+    rebuilds inside an already compiled step (it would lack those settings, silently)."""
+    target, drafts = models
+    rebuilt = []
+    real = compile_policy.Compiling.__call__
+
+    def watched(self, *args):
+        was, before = self.compiled, _compiles()
+        out = real(self, *args)
+        if was and _compiles() > before:
+            rebuilt.append(self.name)
+        return out
+
+    monkeypatch.setattr(compile_policy.Compiling, "__call__", watched)
+    processors = {"repetition_penalty": 1.3, "no_repeat_ngram_size": 2, "bad_words_ids": [[7], [8, 9]]}
+    requests = [
+        ([[0, 0, 5, 9, 11], [3, 4, 5, 6, 7]], {"eos_token_id": None}, 8),
+        ([[0, 5, 9, 11, 40], [3, 4, 5, 6, 7]], {"eos_token_id": 2}, 8),
+        ([[0, 0, 0, 0, 5, 9], [3, 4, 5, 6, 7, 8]], {"eos_token_id": [2, 3]}, 8),
+        ([[0, 0, 5, 9, 11], [3, 4, 5, 6, 7]], {"eos_token_id": 2, "output_scores": True}, 7),
+    ]
+    torch._dynamo.utils.counters.clear()
+    for ids, options, new in requests:
+        ids = torch.tensor(ids)
+        kwargs = {
+            "attention_mask": (ids != 0).long(), "do_sample": False, "max_new_tokens": new,
+            "return_dict_in_generate": True, **processors, **options,
+        }  # fmt: skip
+        expected = target.generate(ids, **kwargs).sequences
+        out = target.generate(
+            ids, custom_generate=hsd_fast.generate, drafts=drafts, T=[2], compile=True, **kwargs
+        )
+        assert out.sequences.tolist() == expected.tolist(), options
+    assert _compiles() > 0, "nothing was compiled"
+    assert not rebuilt, f"dynamo rebuilt graphs inside compiled steps: {rebuilt}"

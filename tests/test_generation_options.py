@@ -81,11 +81,8 @@ REFUSED_VALUES = {
     "token_healing": True,
     "output_attentions": True,
     "output_hidden_states": True,
-    "num_assistant_tokens": 5,
     "num_assistant_tokens_schedule": "heuristic",
     "assistant_confidence_threshold": 0.2,
-    "prompt_lookup_num_tokens": 3,
-    "max_matching_ngram_size": 3,
     "assistant_lookbehind": 3,
     "target_lookbehind": 3,
     "assistant_ensemble_weight": 0.5,
@@ -120,10 +117,8 @@ def test_a_refused_field_raises_naming_it(target, draft, field) -> None:
 
 
 def test_refusals_say_what_to_use_instead(target, draft) -> None:
-    with pytest.raises(ValueError, match=r"T=\[5\]"):
-        _hsd(target, draft, num_assistant_tokens=5)
-    with pytest.raises(ValueError, match=r"drafts=\['lookup'"):
-        _hsd(target, draft, prompt_lookup_num_tokens=3)
+    with pytest.raises(ValueError, match=r"hsd_fast.select_hierarchy chooses them"):
+        _hsd(target, draft, num_assistant_tokens_schedule="heuristic")
 
 
 # A value at which HF builds the processor or criterion each field names

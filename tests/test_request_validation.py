@@ -285,7 +285,7 @@ FAULTS = {
     "compile": [{"compile": "yes"}, {"compile": 1}],
     "num_beams": [{"num_beams": 2}],
     "num_assistant_tokens": [{"num_assistant_tokens": 5}],
-    "prompt_lookup_num_tokens": [{"prompt_lookup_num_tokens": 3}],
+    "prompt_lookup_num_tokens": [{"prompt_lookup_num_tokens": 0}, {"prompt_lookup_num_tokens": 65}],
     "penalty_alpha": [{"penalty_alpha": 0.6, "top_k": 4, "do_sample": False}],
     "dola_layers": [{"dola_layers": "high"}],
     "guidance_scale": [{"guidance_scale": 1.5}],
