@@ -109,14 +109,9 @@ def generate(
     if streamer is None:  # HF's own streamer, if it took one: it already holds the prompt
         streamer, prompt_streamed = EndOnce.of(dropped.get("streamer")), True
     try:
-        assistant = dropped.get("assistant_model")
-        if assistant is not None:  # HF's assisted generation: the assistant is the one draft
-            if drafts or hierarchy is not None or hsd_levels is not None:
-                raise ValueError("assistant_model= is the one draft: give it in drafts= (last) instead")
-            drafts = [assistant]
         if hsd_levels is None:
-            levels = resolve_levels(drafts, T, tree, hierarchy, adapt, trees)
-        else:
+            levels = resolve_levels(drafts, T, tree, hierarchy, adapt, trees, dropped.get("assistant_model"))
+        else:  # the wrapper's (it refuses assistant_model= per call)
             levels = hsd_levels
         if stop_tokenizer is None:  # a direct call may name it as HF does
             stop_tokenizer = model_kwargs.pop("tokenizer", None)

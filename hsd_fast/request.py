@@ -107,11 +107,17 @@ def resolve_levels(
     hierarchy: Hierarchy | None = None,
     adapt: bool | Policy | Adaptive = False,
     trees: Sequence[Tree] = (),
+    assistant_model: torch.nn.Module | None = None,
 ) -> Levels:
     """``drafts``/``T``/``tree``, or ``hierarchy`` (not both), as ``Levels``; a TypeError or
     ValueError naming the argument otherwise. ``T`` defaults to ``DEFAULT_T`` at every level.
+    ``assistant_model`` (HF's assisted generation): the one draft, ``drafts=[assistant_model]``.
     ``adapt`` (True, a policy, or an ``Adaptive``): ``drafts`` are candidates, ``trees`` the token
     trees a round may draft, and ``hierarchy`` (if given) the first round's hierarchy."""
+    if assistant_model is not None:
+        if drafts or hierarchy is not None:
+            raise ValueError("assistant_model= is the one draft: give it in drafts= (last) instead")
+        drafts = [assistant_model]
     if adapt is not False:
         return _adaptive_levels(drafts, T, tree, hierarchy, adapt, trees)
     if trees:

@@ -47,13 +47,9 @@ class HSDModel:
     ) -> None:
         if not isinstance(target, torch.nn.Module):
             raise TypeError(f"target must be a model (torch.nn.Module), got {type(target).__name__}")
-        if assistant_model is not None:  # HF's assisted generation: the assistant is the one draft
-            if drafts or hierarchy is not None:
-                raise ValueError("assistant_model= is the one draft: give it in drafts= (last) instead")
-            drafts = [assistant_model]
         self.target = target
         self.levels: Levels = resolve_levels(
-            drafts, T, tree, hierarchy, adapt, trees
+            drafts, T, tree, hierarchy, adapt, trees, assistant_model
         )  # once: every call reuses them
         check_compile(compile)
         self.compile = compile
