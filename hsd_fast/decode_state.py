@@ -48,8 +48,8 @@ class DecodeState:
             ring = (num_rows, window + 1, vocab)  # [B, W + 1, V]
             self.q_logits = POOL.zeros(self, ring, ring_dtype, device)
             self.q_lse = POOL.zeros(self, (num_rows, window + 1), torch.float32, device)  # [B, W + 1]
-        # Per history processor (the repetition penalty): the padding ids it counts [B, P'] and the
-        # first unpadded position it counts [B] (``LogitsTransform.prompt_history``)
+        # Per history source (``LogitsTransform.history_sources``): the padding ids it counts [B, P']
+        # and the first unpadded position it counts [B] (``LogitsTransform.prompt_history``)
         self.vocab = vocab
         self.history = transform.prompt_history(num_rows, vocab, device) if transform.needs_history else []
         # Everything a step's code depends on besides the shapes of B, the widths and the vocabulary: a
@@ -95,7 +95,7 @@ class DecodeState:
         self.structure = (*self.chain_structure, *tree)
 
     def history_ids(self, block: FedBlock, num_outputs: int) -> list[torch.Tensor]:
-        """Per history processor, ``[B * O, K]`` int64: the token ids the history of each of the
+        """Per history source, ``[B * O, K]`` int64: the token ids the history of each of the
         block's last O columns holds (the vocabulary size V where an entry holds none), the
         distribution there being for the token after it. A chain column at position t: the row's
         tokens at positions ``first .. t`` (prompt, commits and the drafts before it, as the token

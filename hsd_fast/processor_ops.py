@@ -54,13 +54,13 @@ def tail(ids: torch.Tensor, length: torch.Tensor, size: int) -> torch.Tensor:
     return ids.gather(1, at)
 
 
-def no_repeat_ngram(scores: torch.Tensor, history: torch.Tensor, n: int) -> torch.Tensor:
-    """HF's ``NoRepeatNGramLogitsProcessor``: every token that would complete an n-gram the history
-    already holds gets -inf. The last n - 1 tokens are the tail; the last token of every window of
-    n whose first n - 1 equal it is banned (an n-gram across a tree's chain and its ancestors is
-    seen; a window holding a hole never matches)."""
+def no_repeat_ngram(scores: torch.Tensor, ids: torch.Tensor, length: torch.Tensor, n: int) -> torch.Tensor:
+    """HF's ``NoRepeatNGramLogitsProcessor``, given the compacted history (``compact``: ids [N, K],
+    lengths [N]): every token that would complete an n-gram the history already holds gets -inf. The
+    last n - 1 tokens are the tail; the last token of every window of n whose first n - 1 equal it is
+    banned (an n-gram across a tree's chain and its ancestors is seen; a window holding a hole never
+    matches)."""
     vocab = scores.shape[1]
-    ids, length = compact(history, vocab)  # [N, K], [N]
     if n == 1:  # every token seen is banned
         return torch.nn.functional.pad(scores, (0, 1)).scatter(1, ids, float("-inf"))[:, :vocab]
     last = tail(ids, length, n - 1)  # [N, n - 1]
@@ -122,11 +122,13 @@ def sequence_bias_table(
     return SequenceBiasTable(single.to(device), groups)
 
 
-def sequence_bias(scores: torch.Tensor, history: torch.Tensor, table: SequenceBiasTable) -> torch.Tensor:
-    """HF's ``SequenceBiasLogitsProcessor``: the single-id biases, plus each longer sequence's bias on
+def sequence_bias(
+    scores: torch.Tensor, ids: torch.Tensor, length: torch.Tensor, table: SequenceBiasTable
+) -> torch.Tensor:
+    """HF's ``SequenceBiasLogitsProcessor``, given the compacted history (``compact``: ids [N, K],
+    lengths [N]): the single-id biases, plus each longer sequence's bias on
     its last id where the history ends in its prefix (not where the history is shorter than the
     group's ``context``), summed in HF's order into one bias added to the scores."""
-    ids, length = compact(history, scores.shape[1])  # [N, K], [N]
     bias = torch.zeros_like(scores) + table.single  # [N, V]
     for group in table.groups:
         size = group.prefixes.shape[1]

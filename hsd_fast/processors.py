@@ -104,7 +104,7 @@ class ProcessorInputs(NamedTuple):
     """What the transform's processors read besides the scores, for N positions; an entry is None
     when no processor of the transform needs it (``DecodeState.processor_inputs``)."""
 
-    history: list[torch.Tensor] | None  # per HISTORY processor: [N, K] int64 (processor_ops)
+    history: list[torch.Tensor] | None  # per history source: [N, K] int64 (processor_ops)
     lengths: Lengths | None
     prefixes: Prefixes | None  # for GENERAL processors
     tables: list[Any]  # per processor: what ``LogitsTransform.tables`` built for it, or None
@@ -145,6 +145,14 @@ class LogitsTransform:
         self.general = tuple(i for i, k in enumerate(self.kinds) if k == GENERAL)
         for i in self.history:
             _check_history_processor(self.processors[i])
+        # Which history each history processor reads (an index into ``prompt_history``): every one
+        # that counts all the pads (the n-gram ban, bad words, sequence bias) reads the same ids,
+        # built and compacted once per step; a penalty with its own prompt_ignore_length, its own
+        ignores = [getattr(self.processors[i], "prompt_ignore_length", None) for i in self.history]
+        keys = [-1 if ignore is None else i for i, ignore in zip(self.history, ignores, strict=True)]
+        distinct = list(dict.fromkeys(keys))
+        self.history_sources = tuple(distinct.index(k) for k in keys)
+        self.source_readers = tuple(self.history[keys.index(k)] for k in distinct)  # one per source
 
     @property
     def needs_history(self) -> bool:
@@ -209,15 +217,21 @@ class LogitsTransform:
             return logits
         dummy_ids = torch.zeros(logits.shape[0], 1, dtype=torch.int64, device=logits.device)
         scores = logits.float()  # HF's warpers expect float scores; -inf marks removed tokens
+        compacted: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per history source, once
         for i, (processor, kind) in enumerate(zip(self.processors, self.kinds, strict=True)):
             if kind == BATCHED:
                 scores = processor(dummy_ids, scores)
             elif inputs is None:
                 continue
             elif kind == HISTORY:
-                scores = _history_op(
-                    processor, scores, inputs.history[self.history.index(i)], inputs.tables[i]
-                )
+                source = self.history_sources[self.history.index(i)]
+                history = inputs.history[source]
+                if type(processor).__name__ == "RepetitionPenaltyLogitsProcessor":
+                    scores = ops.repetition_penalty(scores, history, processor.penalty)
+                    continue
+                if source not in compacted:
+                    compacted[source] = ops.compact(history, scores.shape[1])
+                scores = _ordered_history_op(processor, scores, *compacted[source], inputs.tables[i])
             elif kind == LENGTH:
                 scores = _length_op(processor, scores, inputs.lengths, inputs.tables[i])
             else:
@@ -227,14 +241,15 @@ class LogitsTransform:
     def prompt_history(
         self, num_rows: int, vocab: int, device: torch.device
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per history processor: ``[B, P]`` int64, the ids of each row's left padding that HF's
-        processor counts (``vocab`` where it counts none), and ``[B]`` int64, the first position of
-        the row's unpadded tokens it counts. HF's processor sees the padded ``input_ids`` and drops
-        the first ``prompt_ignore_length`` columns of each row: transformers 5.24 sets that to the
-        row's padding (so no pad counts); a processor without it counts every pad, and then a row's
-        output depends on the padding its batch gives it. One host pass per request."""
+        """Per history source (``history_sources``): ``[B, P]`` int64, the ids of each row's left
+        padding that HF's processor counts (``vocab`` where it counts none), and ``[B]`` int64, the
+        first position of the row's unpadded tokens it counts. HF's processor sees the padded
+        ``input_ids`` and drops the first ``prompt_ignore_length`` columns of each row: transformers
+        5.24 sets that to the row's padding (so no pad counts); a processor without it counts every
+        pad, and then a row's output depends on the padding its batch gives it. One host pass per
+        request."""
         out = []
-        for i in self.history:
+        for i in self.source_readers:
             ignore = getattr(self.processors[i], "prompt_ignore_length", None)  # the n-gram ban: none
             if self.prompt is None:  # no padded prompt: rows start at column 0, nothing padded
                 ids = torch.zeros(num_rows, 0, dtype=torch.int64)
@@ -286,16 +301,14 @@ def _static_width(padding: torch.Tensor, counted: torch.Tensor, vocab: int) -> t
     return torch.nn.functional.pad(padding, (0, width - used), value=vocab)
 
 
-def _history_op(
-    processor: LogitsProcessor, scores: torch.Tensor, history: torch.Tensor, table: Any
+def _ordered_history_op(
+    processor: LogitsProcessor, scores: torch.Tensor, ids: torch.Tensor, length: torch.Tensor, table: Any
 ) -> torch.Tensor:
-    """A HISTORY processor on ``[N, V]`` scores given each position's ids ``[N, K]``."""
-    name = type(processor).__name__
-    if name == "RepetitionPenaltyLogitsProcessor":
-        return ops.repetition_penalty(scores, history, processor.penalty)
-    if name == "NoRepeatNGramLogitsProcessor":
-        return ops.no_repeat_ngram(scores, history, processor.ngram_size)
-    return ops.sequence_bias(scores, history, table)  # bad words: a bias of -inf
+    """A HISTORY processor that reads the history in order (the n-gram ban, bad words, sequence bias)
+    on ``[N, V]`` scores, given each position's compacted ids ``[N, K]`` and lengths ``[N]``."""
+    if type(processor).__name__ == "NoRepeatNGramLogitsProcessor":
+        return ops.no_repeat_ngram(scores, ids, length, processor.ngram_size)
+    return ops.sequence_bias(scores, ids, length, table)  # bad words: a bias of -inf
 
 
 def _length_op(
