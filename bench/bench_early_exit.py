@@ -89,6 +89,8 @@ def main() -> None:
         target = zoo.cost_twin(target, hidden_size=768, num_layers=6, intermediate_size=2048)
     levels = {"lookup": "lookup", "xxs": zoo.load("xxs"), "xs": zoo.load("xs")}
     levels |= {f"exit{k}": hsd_fast.EarlyExit(target, k) for k in EXITS}
+    # the same exits with the level above recomputing layers < k (not selector candidates)
+    recomputing = {f"exit{k} (recompute)": hsd_fast.EarlyExit(target, k, reuse=False) for k in EXITS}
     sampling = {"do_sample": True, "temperature": 0.8} if args.sampled else {"do_sample": False}
     calibration = torch.cat([w[:, :128] for w in read_calibration(zoo.zoo_dir()).values()])
     # a cache of this run's own: the step costs are timed now, on this machine, quiet
@@ -140,6 +142,10 @@ def main() -> None:
         T = best_T(chain) if chain else ()
         name = " > ".join([*chain, args.target]) + (f" T={list(T)}" if chain else " (ours, no draft)")
         runs[name] = run_of(name, drafts=[levels[n] for n in chain], T=list(T))
+        if chain and chain[-1].startswith("exit"):  # the exit under the target, recomputed
+            twin = (*chain[:-1], f"{chain[-1]} (recompute)")
+            name = " > ".join([*twin, args.target]) + f" T={list(T)}"
+            runs[name] = run_of(name, drafts=[(levels | recomputing)[n] for n in twin], T=list(T))
     pick_names = [
         next(n for n, lv in levels.items() if level_identity(lv) == level_identity(d)) for d in pick.drafts
     ]
@@ -185,7 +191,9 @@ def main() -> None:
         f"Best single exit level: {single_exit}, {seconds[ours_alone] / seconds[single_exit]:.3f}x our "
         "no-draft; "
         f"HF's best early exit: {hf_exit}, {seconds['HF generate'] / seconds[hf_exit]:.3f}x HF generate.",
-        "Exit levels keep their own K/V cache (the target recomputes layers < k when it verifies).",
+        "An exit under the target hands it its hidden states (the target runs layers >= k only, "
+        "hsd_fast/exit_reuse.py); rows marked (recompute) use EarlyExit(target, k, reuse=False), the "
+        "target recomputing layers < k. Between two exits the upper one always reuses.",
     ]
     meta = run_meta(
         "cpu", batch=1, dtype="float32", sampling=sampling, compiled=args.compile,

@@ -111,16 +111,18 @@ def hierarchy_line(models: list[torch.nn.Module]) -> tuple[str, bool]:
 def early_exit_line(target: torch.nn.Module) -> str:
     """Whether the target's own first layers can be a draft level (``hsd_fast.EarlyExit``), and how
     they run."""
-    from hsd_fast.early_exit import decoder_layers_path, num_layers
+    from hsd_fast.early_exit import EarlyExit, decoder_layers_path, num_layers
+    from hsd_fast.exit_reuse import refusal
 
     try:
         path, layers = decoder_layers_path(target), num_layers(target)
     except ValueError as err:
         return f"early exit   refused: {err}"
-    return (
-        f"early exit   EarlyExit(target, k) for k in 1..{layers - 1} (layers at {path}): its own K/V cache, "
-        "so the target recomputes layers < k when it verifies (no K/V reuse yet)"
-    )
+    line = f"early exit   EarlyExit(target, k) for k in 1..{layers - 1} (layers at {path}): "
+    why_not = refusal(EarlyExit(target, 1), target)
+    if why_not is None:
+        return line + "the target verifies from its hidden states (layers < k not recomputed)"
+    return line + f"the target recomputes layers < k when it verifies ({why_not})"
 
 
 _NOT_DECODING = {

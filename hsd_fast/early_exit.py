@@ -6,9 +6,10 @@ decoder-layer list holds the target's first ``k`` layer modules and whose config
 every other module (embedding, rotary embedding, final norm, head) is the target's own object. No
 weight is copied and the target is not changed: its config is never edited (a compiled step has no
 guard on config fields). Because the view is an ordinary model of a supported class, the runners,
-compiled steps, profiler and selector treat it like any draft; it has a K/V cache of its own, so the
-target's first ``k`` layers are recomputed when the target verifies (docs/design.md, "Early-exit
-levels": what sharing that work would take).
+compiled steps, profiler and selector treat it like any draft, with a K/V cache of its own. Its
+runner calls a copy whose final norm is a ``HiddenTap`` (``with_hidden_tap``), keeping layer ``k``'s
+output by cache slot: the level above then starts its verification at layer ``k`` from those hidden
+states instead of recomputing layers ``< k`` (``exit_reuse.py``; docs/design.md, "Early-exit levels").
 """
 
 from __future__ import annotations
@@ -18,19 +19,22 @@ import weakref
 
 import torch
 
-# target -> {k: view}. A view holds the target's modules, not the target itself, so the weak key
+# target -> {(k, reuse): view}. A view holds the target's modules, not the target itself, so the weak key
 # lets the target (and its views) go when the user drops it. Equal arguments give the same view, so
 # its runner and compiled steps serve every later call.
 _VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# view -> (weak reference to its target, k): what `exit_of` reports.
+# view -> (weak reference to its target, k, reuse): what `exit_of` and `reuses_hidden` report.
 _ORIGINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def EarlyExit(target: torch.nn.Module, k: int) -> torch.nn.Module:
+def EarlyExit(target: torch.nn.Module, k: int, *, reuse: bool = True) -> torch.nn.Module:
     """The draft level made of ``target``'s first ``k`` layers (1 <= k < its layer count) followed by
     its final norm and head: put it in ``drafts=`` like any draft model, e.g.
     ``drafts=["lookup", small, hsd_fast.EarlyExit(target, 2)]``; several exits stack smallest ``k``
-    first. Calls with the same target and ``k`` return the same object."""
+    first. ``reuse``: the level above (the target, or a deeper exit) starts its verification from
+    this exit's hidden states where the model allows it (``hsd-fast doctor`` says), instead of
+    recomputing layers ``< k``; False always recomputes. Calls with the same arguments return the
+    same object."""
     layers = num_layers(target)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < layers:
         raise ValueError(
@@ -38,11 +42,12 @@ def EarlyExit(target: torch.nn.Module, k: int) -> torch.nn.Module:
             f"{layers} would be the target itself), got {k!r}"
         )
     views = _VIEWS.setdefault(target, {})
-    if k not in views:
-        view = _exit_view(target, k)
-        _ORIGINS[view] = (weakref.ref(target), k)
-        views[k] = view
-    return views[k]
+    key = (k, bool(reuse))
+    if key not in views:
+        view = layer_view(target, 0, k)
+        _ORIGINS[view] = (weakref.ref(target), k, bool(reuse))
+        views[key] = view
+    return views[key]
 
 
 def exit_of(model: torch.nn.Module) -> tuple[torch.nn.Module, int] | None:
@@ -52,6 +57,13 @@ def exit_of(model: torch.nn.Module) -> tuple[torch.nn.Module, int] | None:
         return None
     target = origin[0]()
     return None if target is None else (target, origin[1])
+
+
+def reuses_hidden(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is an exit view whose hidden states the level above may start from (made
+    with ``reuse=True``, the default)."""
+    origin = _ORIGINS.get(model)
+    return origin is not None and origin[2]
 
 
 def num_layers(model: torch.nn.Module) -> int:
@@ -96,37 +108,86 @@ def check_exit_order(drafts: list) -> None:
         deepest[id(target)] = (i, k)
 
 
-def _exit_view(target: torch.nn.Module, k: int) -> torch.nn.Module:
-    """A copy of ``target``'s module tree down to its decoder-layer list (each module on the path a
-    shallow copy, so the target's own tree is untouched), with the list cut to ``k`` and the copies'
-    config saying ``k`` layers. Modules below the path are the target's objects."""
-    path = decoder_layers_path(target).split(".")
-    config = _exit_config(target.config, k)
-    copies = [_shallow_copy(target)]  # the view, then each module on the path to the layer list
+FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f", "final_norm")
+"""Where a decoder's final norm sits beside its layer list (Llama ``model.norm``, GPT-2
+``transformer.ln_f``, ...): what ``with_hidden_tap`` wraps."""
+
+
+class HiddenTap(torch.nn.Module):
+    """A final norm that first hands its input, the last layer's output ``[B, L, H]``, to
+    ``sink.keep_hidden``: the exit runner, which keeps it by the slots its forward writes K/V to."""
+
+    def __init__(self, norm: torch.nn.Module, sink) -> None:
+        super().__init__()
+        self.norm, self.sink = norm, sink
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        self.sink.keep_hidden(hidden_states)
+        return self.norm(hidden_states, *args, **kwargs)
+
+
+def _decoder(model: torch.nn.Module) -> torch.nn.Module:
+    """The module holding the decoder-layer list (and the final norm beside it)."""
+    return model.get_submodule(decoder_layers_path(model).rpartition(".")[0])
+
+
+def final_norm_name(model: torch.nn.Module) -> str | None:
+    """The name of the decoder's final norm beside its layer list, None if none has a known name."""
+    children = _decoder(model)._modules
+    return next((n for n in FINAL_NORM_NAMES if isinstance(children.get(n), torch.nn.Module)), None)
+
+
+def with_hidden_tap(model: torch.nn.Module, sink) -> torch.nn.Module:
+    """A view of ``model`` (every module its own but those on the path to the decoder, shallow
+    copies) whose final norm is a ``HiddenTap`` handing its input to ``sink``. The runner of an
+    exit calls this copy, so that the exit view a user holds (and the profiler times) stays the
+    plain model. ValueError when the final norm has no known name."""
+    name = final_norm_name(model)
+    if name is None:
+        raise ValueError(f"{type(model).__name__}: no final norm under {FINAL_NORM_NAMES}")
+    path = decoder_layers_path(model).rpartition(".")[0]
+    copies = [_shallow_copy(model)]
+    for part in path.split(".") if path else []:
+        copies.append(_shallow_copy(copies[-1]._modules[part]))
+        copies[-2]._modules[part] = copies[-1]
+    copies[-1]._modules[name] = HiddenTap(copies[-1]._modules[name], sink)
+    return copies[0]
+
+
+def layer_view(model: torch.nn.Module, start: int, stop: int) -> torch.nn.Module:
+    """A copy of ``model``'s module tree down to its decoder-layer list (each module on the path a
+    shallow copy, so the model's own tree is untouched), with the list cut to layers
+    ``[start, stop)`` and the copies' config saying ``stop - start`` layers of their types. Modules
+    below the path are the model's objects; a layer keeps its own index into the cache."""
+    path = decoder_layers_path(model).split(".")
+    config = _cut_config(model.config, start, stop)
+    copies = [_shallow_copy(model)]  # the view, then each module on the path to the layer list
     for name in path[:-1]:
         copies.append(_shallow_copy(copies[-1]._modules[name]))
         copies[-2]._modules[name] = copies[-1]
     parent = copies[-1]
-    parent._modules[path[-1]] = torch.nn.ModuleList(list(parent._modules[path[-1]])[:k])
+    parent._modules[path[-1]] = torch.nn.ModuleList(list(parent._modules[path[-1]])[start:stop])
     for module in copies:
-        if getattr(module, "config", None) is target.config:
+        if getattr(module, "config", None) is model.config:
             module.config = config  # the layer loop and the cache read the layer count here
     return copies[0]
 
 
-def _exit_config(config, k: int):
+def _cut_config(config, start: int, stop: int):
     config = copy.deepcopy(config)
-    config.num_hidden_layers = k
+    config.num_hidden_layers = stop - start
     if isinstance(getattr(config, "layer_types", None), list):
-        config.layer_types = config.layer_types[:k]  # the mask per layer type follows the kept layers
+        config.layer_types = config.layer_types[start:stop]  # the mask per layer type follows the layers
     return config
 
 
 def _shallow_copy(module: torch.nn.Module) -> torch.nn.Module:
     """A new module object of the same class sharing every parameter, buffer and child, with its
-    own registries (replacing a child of the copy leaves the original alone)."""
+    own registries and hook tables (replacing a child of the copy leaves the original alone, and a
+    hook registered on one does not run for the other; hooks the original had run for both)."""
     clone = object.__new__(type(module))
-    clone.__dict__ = dict(module.__dict__)
-    for registry in ("_modules", "_parameters", "_buffers"):
-        clone.__dict__[registry] = dict(module.__dict__[registry])
+    clone.__dict__ = {
+        name: copy.copy(value) if isinstance(value, (dict, set)) else value
+        for name, value in module.__dict__.items()
+    }
     return clone

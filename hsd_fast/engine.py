@@ -107,6 +107,9 @@ class _Chain:
     runners: list[Runner | LookupDraft]
     block_sizes: list[int]
     steps: list[LevelStep | None]
+    # per level: the levels below to catch up, bottom up, before this level verifies from its
+    # exit's hidden states (docs/design.md, "Early-exit levels"); empty where it recomputes
+    catch_up: list[list[tuple[int, LevelStep]]]
 
     @property
     def top(self) -> int:
@@ -251,8 +254,9 @@ def run_hsd(
             )
             for level, runner in enumerate(chain)
         ]
+        catch_up = _reuse_exits(chain, steps, choice, compiled, reuse=adapt is None)
         state.set_tree(tree_buffers.get(choice.tree))
-        return _Chain(choice, chain, choice.block_sizes, steps)
+        return _Chain(choice, chain, choice.block_sizes, steps, catch_up)
 
     if switcher is not None and compiled:  # no switch may wait for a compiler: compile after the run
         state.deferred = set()
@@ -313,6 +317,34 @@ def run_hsd(
     return HSDResult(sequences, (lens - prompt_lens).tolist(), stats, state.outputs)
 
 
+def _reuse_exits(
+    chain: list[Runner | LookupDraft],
+    steps: list[LevelStep | None],
+    choice: Choice,
+    compiled: bool,
+    reuse: bool,
+) -> list[list[tuple[int, LevelStep]]]:
+    """Where a level verifies an early exit of its own model, its step becomes one that starts from
+    the exit's hidden states (``Runner.reuse_of``), and the levels to catch up first are returned
+    at that level: the exit, and below it whatever the exit's own step reads hidden states from
+    (``EarlyExit(t, 1)`` under ``EarlyExit(t, 3)`` under ``t``), bottom up. Not in an adaptive run
+    (the upper level's layers below the exit are not kept, and a later hierarchy would need them),
+    and not where the pair drafts and verifies a token tree (the exit never feeds a tree's
+    leaves)."""
+    catch_up: list[list[tuple[int, LevelStep]]] = [[] for _ in chain]
+    for level in range(1, len(chain) if reuse else 0):
+        lower, upper = chain[level - 1], chain[level]
+        if steps[level - 1] is None or (choice.tree is not None and level == 1):
+            continue
+        reusing = getattr(upper, "reuse_of", None)
+        runner = reusing(lower) if reusing is not None else None
+        if runner is not None:
+            above_lookup = level == 1 and isinstance(chain[0], LookupDraft)
+            steps[level] = LevelStep.of(runner, level, len(chain) - 1, compiled, above_lookup)
+            catch_up[level] = [*catch_up[level - 1], (level - 1, steps[level - 1])]
+    return catch_up
+
+
 ADAPTIVE = ("adaptive",)
 """What stands for the block sizes in the eager-time record of an adaptive run (``compile="auto"``)."""
 
@@ -367,7 +399,13 @@ def _step(
         log.drafted(starts, ends, drawn)
         size = int(drawn.max())
     else:
+        exit_seconds = 0.0
+        if chain.catch_up[level]:  # the exit below feeds what it has not cached of the block
+            cached = ledger.cached_lens()[rows]  # [R, levels]
+            for lower, lower_step in chain.catch_up[level]:
+                exit_seconds += lower_step.feed(state, rows, cached[:, lower], ends)
         result, inside = step(state, rows, starts, ends, outs)
+        inside += exit_seconds
         accepted, is_eos, broken = result[:3]  # [R] each
         # what a draft level emitted from broken logits is kept as point masses (verify_step)
         _check_logits(runners, level, rows, broken, broken_levels)

@@ -24,11 +24,11 @@ from collections.abc import Iterable, Iterator, Sequence
 import torch
 from transformers.cache_utils import Cache
 
-from hsd_fast import attention
+from hsd_fast import attention, exit_reuse
 from hsd_fast.architectures import layer_types, module_source, window
 from hsd_fast.buffer_pool import graph_buffer
 from hsd_fast.compat import embeddable_ids, fit_logits
-from hsd_fast.early_exit import exit_of
+from hsd_fast.early_exit import exit_of, with_hidden_tap
 from hsd_fast.layout import FedBlock, capacity_bucket
 from hsd_fast.positions import check_positions, max_positions
 from hsd_fast.triton_kernels.ops import triton_installed
@@ -52,11 +52,14 @@ class SlotCache(Cache):
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.slots = torch.zeros(rows, 0, dtype=torch.int64)  # [B, L]
         self.calls: list[int] | None = None  # update calls per layer index, counted while probing
+        # An early-exit level's layer-k hidden states [B, 1, S, H] by slot, kept as its K/V are
+        # (HiddenTap, docs/design.md, "Early-exit levels"): allocated at the first keep_hidden.
+        self.hidden: torch.Tensor | None = None
 
     def reset(self) -> None:
         """Zero every buffer for a new run (docs/design.md, "Zero-initialised buffers": a NaN in a
         masked slot would still poison SDPA)."""
-        for buffer in (*self.keys, *self.values):
+        for buffer in (*self.keys, *self.values, self.hidden):
             if buffer is not None:
                 buffer.zero_()
 
@@ -81,6 +84,15 @@ class SlotCache(Cache):
         values[rows, :, self.slots] = value_states.transpose(1, 2)
         return keys, values  # [B, H_k, S, D_k], [B, H_v, S, D_v]
 
+    def keep_hidden(self, hidden_states: torch.Tensor) -> None:
+        """Keep an exit view's layer-k output ``[B, L, H]`` at the slots this forward writes its K/V
+        to: valid exactly where those K/V are, moved with them, so the ledger's cached length of the
+        level says which are valid."""
+        if self.hidden is None:
+            self.hidden = self._zeros(hidden_states[:, None])
+        rows = torch.arange(self.slots.shape[0], device=self.slots.device)[:, None]  # [B, 1]
+        self.hidden[rows, :, self.slots] = hidden_states[:, :, None]
+
     def _zeros(self, states: torch.Tensor) -> torch.Tensor:
         # Zero-initialised: a NaN in a masked slot would still poison SDPA.
         batch, heads, _, dim = states.shape
@@ -91,7 +103,7 @@ class SlotCache(Cache):
         rows ``rows`` [R]): all gathered first, then scattered, so moves that overlap (an accepted
         tree path moving down onto slots it read from) are safe. Unused entries may name the same
         slot as source and target."""
-        for buffer in (*self.keys, *self.values):
+        for buffer in (*self.keys, *self.values, self.hidden):
             if buffer is not None:  # [B, H, S, D]
                 moved = buffer[rows[:, None], :, sources]  # [R, M, H, D]
                 buffer[rows[:, None], :, targets] = moved
@@ -165,6 +177,10 @@ class HFRunner:
         self.fused = self._fused(attention_path)
         if self.fused:
             attention.use_fused(model)
+        self.from_hidden: dict[int, exit_reuse.FromHidden] = {}  # id(lower runner) -> reuse_of's runner
+        # What forward calls: the model, or for an early exit whose hidden states the level above
+        # reads, a copy of it that keeps them (_keep_hidden_states).
+        self.forward_model = model
 
     def _fused(self, path: str | None) -> bool:
         if path is None:
@@ -218,7 +234,37 @@ class HFRunner:
             cache.reset()  # same shapes: reuse the buffers (and what was compiled for them)
         else:
             self.cache = SlotCache(config.num_hidden_layers, num_rows, slots + 1)
+            self._keep_hidden_states()
             self._probe()
+
+    def _keep_hidden_states(self) -> None:
+        """An early-exit level whose target can start from its hidden states runs a copy of its
+        model that keeps them (``keep_hidden``); its probe forward allocates their buffer."""
+        origin = exit_of(self.model)
+        reusable = origin is not None and exit_reuse.refusal(self.model, origin[0]) is None
+        if reusable and self.forward_model is self.model:
+            self.forward_model = with_hidden_tap(self.model, self)
+
+    def keep_hidden(self, hidden_states: torch.Tensor) -> None:
+        """The ``HiddenTap`` sink: layer k's output ``[B, L, H]`` of this forward, into the cache."""
+        assert self.cache is not None
+        self.cache.keep_hidden(hidden_states)
+
+    def reuse_of(self, lower: object) -> exit_reuse.FromHidden | None:
+        """The runner this level verifies with when ``lower`` (the level below) is an early exit of
+        this model whose hidden states it can start from, else None. Its forward reads the hidden
+        states at the block's positions: the caller feeds ``lower`` every position of a block first
+        (docs/design.md, "Early-exit levels")."""
+        model = getattr(lower, "model", None)
+        if not isinstance(model, torch.nn.Module) or exit_reuse.refusal(model, self.model) is not None:
+            return None
+        if getattr(lower.cache, "hidden", None) is None:
+            return None  # its cache keeps none (prepared before its target could take them)
+        key = id(lower)
+        if key not in self.from_hidden or self.from_hidden[key].lower is not lower:
+            depth = exit_reuse.shared_depth(model, self.model)
+            self.from_hidden[key] = exit_reuse.FromHidden(self, lower, depth)
+        return self.from_hidden[key]
 
     def _probe(self) -> None:
         """The cache's first forward: one padding token per row (scratch slot only, no state), which
@@ -261,7 +307,17 @@ class HFRunner:
                 "across layers or keep other state are not supported"
             )
 
-    def forward(self, block: FedBlock, num_outputs: int) -> torch.Tensor:
+    def forward(
+        self,
+        block: FedBlock,
+        num_outputs: int,
+        *,
+        model: torch.nn.Module | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Feed ``block`` and return the logits ``[B, O, V]`` of its last ``num_outputs`` columns.
+        ``model`` and ``inputs_embeds`` ``[B, L, H]``: run that view of this runner's model (its
+        layers from some k on, ``exit_reuse.FromHidden``) from those hidden states instead."""
         cache = self.cache
         assert cache is not None, "prepare() first"
         written = block.positions if block.slots is None else block.slots  # [B, L]
@@ -273,15 +329,30 @@ class HFRunner:
             slot_ids = torch.arange(cache.num_slots, device=block.positions.device)  # [S]
             masks = {t: self._mask(block, slot_ids, w) for t, w in self.windows.items()}  # [B, 1, L, S] each
             mask = masks if len(masks) > 1 else next(iter(masks.values()))
-        out = self.model(
-            input_ids=embeddable_ids(self.model, block.input_ids) if self.stand_in else block.input_ids,
+        if inputs_embeds is not None:
+            inputs = {"inputs_embeds": inputs_embeds}
+        else:
+            ids = embeddable_ids(self.model, block.input_ids) if self.stand_in else block.input_ids
+            inputs = {"input_ids": ids}
+        out = (model or self.forward_model)(
+            **inputs,
             attention_mask=mask,
             position_ids=block.positions,
             use_cache=True,
             **{self.cache_keyword: cache},
-            **({"logits_to_keep": num_outputs} if self.keeps_logits else {}),
+            **({"logits_to_keep": self._logits_to_keep(num_outputs, block)} if self.keeps_logits else {}),
         )
-        return fit_logits(out.logits[:, -num_outputs:], self.vocab_size)  # [B, O, V]
+        logits = out.logits  # [B, O, V_model] (all L columns for a model that keeps every logit)
+        return fit_logits(logits[:, logits.shape[1] - num_outputs :], self.vocab_size)  # [B, O, V]
+
+    @staticmethod
+    def _logits_to_keep(num_outputs: int, block: FedBlock) -> int | torch.Tensor:
+        """HF's ``logits_to_keep``: the last ``num_outputs`` columns; none (an empty index, since 0
+        means all to HF) for a step that only caches its block (a prompt's chunk, an exit caught up),
+        which then runs no LM head."""
+        if num_outputs > 0:
+            return num_outputs
+        return torch.zeros(0, dtype=torch.int64, device=block.positions.device)
 
     def move(self, tree_start: torch.Tensor, nodes: torch.Tensor, lengths: torch.Tensor) -> None:
         """A verified tree's path to the slots of its positions (``Runner.move``): one gather and

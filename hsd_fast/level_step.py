@@ -181,6 +181,31 @@ class LevelStep:
             count += 1
         return count
 
+    def feed(self, state: DecodeState, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> float:
+        """Only cache positions ``[starts, ends)`` of ``rows`` (``[R]`` each; empty spans allowed):
+        an early exit caught up before the level above verifies from its hidden states. No host
+        sync. Returns the seconds spent."""
+        full = np.zeros((5, state.num_rows), dtype=np.int64)
+        full[:, rows] = np.stack([starts, ends, ends, ends > starts, np.zeros_like(rows)])
+        started = time.perf_counter()
+        longest = self._feed_heads(state, full, full[1])
+        if longest > 0:
+            fn = self.choose("feed", bucket(longest), 0, state, prefill=False)
+            fn(state, torch.from_numpy(full).to(state.tokens.device))
+        return time.perf_counter() - started
+
+    def _feed_heads(self, state: DecodeState, full: np.ndarray, span_ends: np.ndarray) -> int:
+        """Feed the heads of spans longer than ``MAX_WIDTH`` (prompts), ``MAX_WIDTH`` at a time,
+        moving their starts (``full[0]``) past them. Returns the longest span left."""
+        longest = int((span_ends - full[0]).max())
+        if longest <= MAX_WIDTH:
+            return longest
+        for head_start, head_end in head_chunks(full[0], span_ends, MAX_WIDTH):
+            chunk = np.stack([head_start, head_end, head_end, head_end > head_start, head_end * 0])
+            self.function("feed", MAX_WIDTH, 0, state)(state, torch.from_numpy(chunk).to(state.tokens.device))
+            full[0] = np.maximum(full[0], head_end)
+        return int((span_ends - full[0]).max())
+
     def _room_for_a_graph(self, device: torch.device) -> bool:
         """Whether memory allows one more compiled graph of this level. On a CPU each graph holds
         its own packed copy of the model's weights (``CPU_INDUCTOR_CONFIG``), so graphs of a large
@@ -249,14 +274,7 @@ class LevelStep:
         started = time.perf_counter()  # the head chunks below are forwards too, not the engine's host work
         # What is fed in chunks: the span, or before a token tree's verification, the span up to
         # the tree (its nodes follow in the step).
-        span_ends = full[2] + 1 if self.tree_below is not None else full[1]
-        longest = int((span_ends - full[0]).max())
-        if longest > MAX_WIDTH:  # long spans (prompts): their heads first, MAX_WIDTH at a time
-            for head_start, head_end in head_chunks(full[0], span_ends, MAX_WIDTH):
-                chunk = np.stack([head_start, head_end, head_end, head_end > head_start, head_end * 0])
-                self.function("feed", MAX_WIDTH, 0, state)(state, torch.from_numpy(chunk).to(device))
-                full[0] = np.maximum(full[0], head_end)
-            longest = int((span_ends - full[0]).max())
+        longest = self._feed_heads(state, full, full[2] + 1 if self.tree_below is not None else full[1])
         prefill = bool((full[0, rows] == 0).any())
         if state.tree is not None and self.level <= 1:  # a token tree: its shape is the tree's
             kind = "tree draft" if self.level == 0 else "tree verify"

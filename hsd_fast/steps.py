@@ -29,7 +29,12 @@ from hsd_fast.triton_kernels.rejection_torch import VerifyResult
 
 
 class Runner(Protocol):
-    """One level of the hierarchy: a model plus its cache."""
+    """One level of the hierarchy: a model plus its cache.
+
+    Optional: ``reuse_of(lower) -> Runner | None``, a runner this level verifies with when the level
+    below (``lower``) is an early exit of its own model: its forward starts from the hidden states
+    ``lower`` kept, so the engine feeds ``lower`` every position of a block before the step
+    (docs/design.md, "Early-exit levels")."""
 
     vocab_size: int
     dtype: torch.dtype  # of the logits it returns
@@ -40,7 +45,7 @@ class Runner(Protocol):
 
     def forward(self, block: FedBlock, num_outputs: int) -> torch.Tensor:
         """Cache the valid tokens of ``block`` and return the raw logits of its last
-        ``num_outputs`` columns, ``[B, num_outputs, V]``."""
+        ``num_outputs`` columns, ``[B, num_outputs, V]`` (0: none, only cache)."""
 
     def move(self, tree_start: torch.Tensor, nodes: torch.Tensor, lengths: torch.Tensor) -> None:
         """After a token tree's verification: per row, copy the cache entries of tree slots
@@ -220,5 +225,6 @@ def keep_emitted(
 
 
 def feed_step(runner: Runner, state: DecodeState, spans: torch.Tensor, *, width: int) -> None:
-    """Only cache a chunk of a long span (a prompt), ``width`` at a time; no outputs are needed."""
-    runner.forward(fed_block(state.tokens, spans[0], spans[1], spans[3].bool(), width), 1)
+    """Only cache a span (a chunk of a prompt, an early exit caught up), ``width`` at a time: no
+    outputs, so no LM head."""
+    runner.forward(fed_block(state.tokens, spans[0], spans[1], spans[3].bool(), width), 0)

@@ -223,3 +223,14 @@ def prefixes_of_the_steps_first_column() -> Iterator[None]:
     ``penalty_history_without_the_blocks_drafts`` does for the penalty)."""
     with _every_output_column_at_the_first("prefixes"):
         yield
+
+
+@contextlib.contextmanager
+def exit_not_caught_up() -> Iterator[None]:
+    """Skip feeding an early exit the block's positions it has not cached before the level above
+    verifies from its hidden states: the exit's last draft (drawn, never fed) is then read from a
+    stale hidden state, one a rejected token left there or none at all."""
+    from hsd_fast.level_step import LevelStep
+
+    with mock.patch.object(LevelStep, "feed", lambda self, state, rows, starts, ends: 0.0):
+        yield

@@ -227,6 +227,27 @@ def test_grid_kinds_name_the_early_exit_hierarchies() -> None:
     assert _grid_kinds(SimpleNamespace(exits={}), names) is GRID_KINDS
 
 
+def test_the_best_single_exit_also_runs_with_the_target_recomputing() -> None:
+    """Beside the best single early exit, the `exits` scenario runs it with ``reuse=False``: what
+    verifying from the exit's hidden states saves (its output is the target's all the same)."""
+    from types import SimpleNamespace
+
+    import torch
+    from hf_models import tiny_model
+
+    from hsd_fast.bench.command import _recomputing_exit
+
+    target = tiny_model("llama", layers=4)
+    scenario = SimpleNamespace(target=target, exits={"exit2": 2})
+    config = _recomputing_exit(scenario, "exit2", (3,), {"do_sample": False}, 12, SimpleNamespace(eager=True))
+    assert config.name.endswith("(best single early exit, the target recomputing layers < k)")
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    sequences, stats = config.generate(ids, torch.ones_like(ids))
+    expected = target.generate(ids, do_sample=False, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
+    assert sequences.tolist() == expected.tolist()
+    assert stats.verified[1] > 0
+
+
 def test_a_checkpoints_generation_config_runs_every_configuration(tmp_path) -> None:
     """``--generation-config qwen2.5-instruct``: every configuration samples with Qwen2.5-Instruct's
     shipped defaults (repetition penalty included), in its own result files."""

@@ -31,7 +31,8 @@ class BrokenRunner:
 
     def forward(self, block, num_outputs: int) -> torch.Tensor:
         logits = self.runner.forward(block, num_outputs)
-        fed = block.positions[:, -num_outputs:], block.input_ids[:, -num_outputs:]  # [B, O] each
+        first = block.positions.shape[1] - num_outputs  # the first output column
+        fed = block.positions[:, first:], block.input_ids[:, first:]  # [B, O] each
         bad = (fed[0] >= self.after) | (fed[1] == self.token)  # [B, O]
         return torch.where(bad[..., None], self.value, logits)
 

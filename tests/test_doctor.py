@@ -48,6 +48,7 @@ def test_doctor_on_admitted_models(checkpoints, capsys) -> None:
     assert f"hierarchy one vocabulary ({VOCAB} tokens) and one device" in said
     layers = tiny_model("mistral").config.num_hidden_layers
     assert f"early exit EarlyExit(target, k) for k in 1..{layers - 1} (layers at model.layers)" in said
+    assert "the target verifies from its hidden states (layers < k not recomputed)" in said
     assert "registers" not in out  # --no-families
     assert "generation its generation_config (HF's defaults): greedy; no logits processor" in said
 

@@ -15,8 +15,9 @@ import pytest
 import torch
 from arch_configs import tiny_model as family_model
 from enumerated import exact_distribution, hsd_samples
+from exit_levels import NEW, deep_model, hsd, prompts
 from hf_models import noisy_copy, tiny_model
-from planted_bugs import residual_stored_as_q
+from planted_bugs import exit_not_caught_up, residual_stored_as_q
 
 import hsd_fast
 from hsd_fast.early_exit import EarlyExit, check_exit_order, decoder_layers_path, exit_of
@@ -24,23 +25,14 @@ from hsd_fast.testing.exactness import pooled_chi_square
 
 pytestmark = pytest.mark.hf
 
-NEW = 24
-
 
 @pytest.fixture(scope="module")
 def deep() -> torch.nn.Module:
-    """A tiny Llama with six layers: room for exits at 1..5."""
-    return tiny_model("llama", layers=6)
+    return deep_model()
 
 
 def _prompts(model, count: int = 3) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(3)
-    return [torch.randint(3, model.config.vocab_size, (1, 8), generator=gen) for _ in range(count)]
-
-
-def _hsd(model, ids, **kwargs):
-    kwargs = {"do_sample": False, "max_new_tokens": NEW, "compile": False, **kwargs}
-    return model.generate(ids, custom_generate=hsd_fast.generate, **kwargs)
+    return prompts(model, count)
 
 
 # ----------------------------------------------------------------------------- the view
@@ -52,6 +44,8 @@ def test_the_view_shares_the_targets_modules_and_leaves_it_alone(deep) -> None:
     assert type(view) is type(deep) and view.config.num_hidden_layers == 2
     assert list(view.model.layers) == layers[:2]  # the same module objects
     assert view.lm_head is deep.lm_head and view.model.norm is deep.model.norm
+    recomputing = EarlyExit(deep, 2, reuse=False)
+    assert recomputing is not view and exit_of(recomputing) == (deep, 2)
     assert view.model.embed_tokens is deep.model.embed_tokens
     assert list(deep.model.layers) == layers and deep.config.to_dict() == config
     ids = torch.tensor([[5, 6, 7, 8]])
@@ -68,7 +62,7 @@ def test_bad_exits_are_refused(deep) -> None:
     with pytest.raises(ValueError, match="smallest k first"):
         check_exit_order([EarlyExit(deep, 3), EarlyExit(deep, 1)])
     with pytest.raises(ValueError, match="smallest k first"):
-        _hsd(deep, _prompts(deep, 1)[0], drafts=[EarlyExit(deep, 3), EarlyExit(deep, 1)], T=[2, 2])
+        hsd(deep, _prompts(deep, 1)[0], drafts=[EarlyExit(deep, 3), EarlyExit(deep, 1)], T=[2, 2])
 
 
 # ----------------------------------------------------------------------------- greedy
@@ -91,7 +85,7 @@ def test_greedy_equals_the_targets_own(deep, hierarchy) -> None:
     runs = []
     for ids in _prompts(deep):
         expected = deep.generate(ids, do_sample=False, max_new_tokens=NEW)
-        out = _hsd(deep, ids, output_hsd_stats=True, **HIERARCHIES[hierarchy](deep, draft))
+        out = hsd(deep, ids, output_hsd_stats=True, **HIERARCHIES[hierarchy](deep, draft))
         assert out.sequences.tolist() == expected.tolist()
         runs.append(out.hsd_stats)
     stats = sum(runs[1:], runs[0])
@@ -104,7 +98,7 @@ def test_greedy_left_padded_batch(deep) -> None:
     mask = (torch.arange(9)[None] >= torch.tensor([[3], [0]])).long()
     kwargs = {"attention_mask": mask, "do_sample": False, "max_new_tokens": NEW}
     expected = deep.generate(ids, **kwargs)
-    out = _hsd(deep, ids, drafts=["lookup", EarlyExit(deep, 1), EarlyExit(deep, 4)], T=[2, 2, 2], **kwargs)
+    out = hsd(deep, ids, drafts=["lookup", EarlyExit(deep, 1), EarlyExit(deep, 4)], T=[2, 2, 2], **kwargs)
     assert out.tolist() == expected.tolist()
 
 
@@ -116,7 +110,7 @@ def test_families(family) -> None:
     assert decoder_layers_path(model) in ("model.layers", "transformer.h")
     ids = torch.randint(3, 64, (1, 8), generator=torch.Generator().manual_seed(0))
     expected = model.generate(ids, do_sample=False, max_new_tokens=16)
-    out = _hsd(model, ids, drafts=[EarlyExit(model, 1), EarlyExit(model, 2)], T=[2, 2], max_new_tokens=16)
+    out = hsd(model, ids, drafts=[EarlyExit(model, 1), EarlyExit(model, 2)], T=[2, 2], max_new_tokens=16)
     assert out.tolist() == expected.tolist()
 
 
@@ -137,9 +131,10 @@ def test_sampled_is_exact_and_the_planted_bug_is_caught(small) -> None:
     samples, stats = hsd_samples(small, drafts, PROMPT, SAMPLES, STEPS)
     assert pooled_chi_square(samples, exact).p_value > 1e-3
     assert all(0 < stats.acceptance_rate(level) < 1 for level in (1, 2)), stats.summary()
-    with residual_stored_as_q():
-        buggy, _ = hsd_samples(small, drafts, PROMPT, SAMPLES, STEPS)
-    assert pooled_chi_square(buggy, exact).p_value < 1e-6
+    for planted in (residual_stored_as_q, exit_not_caught_up):  # the second: the upper level's reuse
+        with planted():
+            buggy, _ = hsd_samples(small, drafts, PROMPT, SAMPLES, STEPS)
+        assert pooled_chi_square(buggy, exact).p_value < 1e-6, planted.__name__
 
 
 # ----------------------------------------------------------------------------- HF's spelling
@@ -148,15 +143,15 @@ def test_hfs_assistant_early_exit_is_an_exit_level(deep) -> None:
     with ``drafts``, the exit just under the target; from the model's generation config too."""
     ids = _prompts(deep, 1)[0]
     expected = deep.generate(ids, do_sample=False, max_new_tokens=NEW).tolist()
-    alone = _hsd(deep, ids, assistant_early_exit=2, output_hsd_stats=True)
+    alone = hsd(deep, ids, assistant_early_exit=2, output_hsd_stats=True)
     assert alone.sequences.tolist() == expected and alone.hsd_stats.num_levels == 2
     assert alone.hsd_stats.verified[1] > 0
     draft = noisy_copy(deep, 0.1, seed=1)
-    stacked = _hsd(deep, ids, drafts=[draft], T=[2], assistant_early_exit=3, output_hsd_stats=True)
+    stacked = hsd(deep, ids, drafts=[draft], T=[2], assistant_early_exit=3, output_hsd_stats=True)
     assert stacked.sequences.tolist() == expected and stacked.hsd_stats.num_levels == 3
     configured = copy.deepcopy(deep)
     configured.generation_config.assistant_early_exit = 2
-    out = _hsd(configured, ids, output_hsd_stats=True)
+    out = hsd(configured, ids, output_hsd_stats=True)
     assert out.sequences.tolist() == expected and out.hsd_stats.num_levels == 2
     with pytest.raises(ValueError, match="k must be an int"):
-        _hsd(deep, ids, assistant_early_exit=6)
+        hsd(deep, ids, assistant_early_exit=6)

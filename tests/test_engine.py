@@ -161,7 +161,7 @@ class _BrokenRunner(TableRunner):
 
     def forward(self, block, num_outputs: int) -> torch.Tensor:
         logits = super().forward(block, num_outputs)
-        late = block.positions[:, -num_outputs:] >= self.after  # [B, O]
+        late = block.positions[:, block.positions.shape[1] - num_outputs :] >= self.after  # [B, O]
         return torch.where(late[..., None], self.value, logits)
 
 

@@ -409,6 +409,11 @@ def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, no
         }
         seen[(chain, selection.T)] = config
         configs.append(config)
+    if "best single early exit" in hierarchies:  # what verifying from its hidden states saves
+        selection, batches = hierarchies["best single early exit"]
+        config = _recomputing_exit(scenario, names[selection.chain[0]], selection.T, sampling, n, args)
+        config.batches = batches
+        configs.append(config)
     # the adaptive engine, steered by the latency model from the smallest batch's profile (its
     # names: the lookup level, the drafts, the target: the candidates in order)
     costs, alpha, profiled = profiles[min(profiles)]
@@ -425,6 +430,17 @@ def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, no
     )
     configs.append(adaptive)
     return configs
+
+
+def _recomputing_exit(scenario, name: str, T, sampling, n, args) -> cfg.Config:
+    """The early exit ``name`` alone under the target, the target recomputing its layers < k
+    (``EarlyExit(target, k, reuse=False)``) instead of starting from the exit's hidden states."""
+    from hsd_fast.early_exit import EarlyExit
+
+    drafts = {name: EarlyExit(scenario.target, scenario.exits[name], reuse=False)}
+    config = cfg.ours(scenario.target, drafts, [name], T, sampling, n, not args.eager)
+    config.name = f"{config.name} (best single early exit, the target recomputing layers < k)"
+    return config
 
 
 def _best_hf_early_exit(scenario, sampling, n, prompts, notes) -> cfg.Config:

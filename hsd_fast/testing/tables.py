@@ -102,6 +102,8 @@ class TableRunner:
         self.slot_positions[rows, slots[rows, cols]] = positions[rows, cols]
         last = torch.where(in_chain, positions, -1).amax(1) + 1  # [B]
         self.held = torch.where(fed, last, self.held)  # positions past the span are stale: rolled back
+        if num_outputs == 0:  # only cached
+            return torch.zeros(len(positions), 0, self.model.vocab_size, device=block.positions.device)
         out_positions = positions[:, -num_outputs:]  # [B, O]
         window = out_positions[..., None] + torch.arange(1 - self.model.order, 1)  # [B, O, order]
         if (window[:, -1][valid[:, -1]] < 0).any():  # the last column's logits are always used
