@@ -38,7 +38,7 @@ from hsd_fast.early_exit import (
     with_hidden_tap,
 )
 
-# upper model -> {k: refusal (None: reuse holds)} for exits with a tap; upper model -> {k: its top view}
+# upper model -> {k: what the probe decided (None: reuse holds)}; upper model -> {k: its top view}
 _REFUSALS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _TOP_VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
