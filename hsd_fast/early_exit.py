@@ -146,10 +146,7 @@ def with_hidden_tap(model: torch.nn.Module, sink) -> torch.nn.Module:
     if name is None:
         raise ValueError(f"{type(model).__name__}: no final norm under {FINAL_NORM_NAMES}")
     path = decoder_layers_path(model).rpartition(".")[0]
-    copies = [_shallow_copy(model)]
-    for part in path.split(".") if path else []:
-        copies.append(_shallow_copy(copies[-1]._modules[part]))
-        copies[-2]._modules[part] = copies[-1]
+    copies = _copy_path(model, path.split(".") if path else [])
     copies[-1]._modules[name] = HiddenTap(copies[-1]._modules[name], sink)
     return copies[0]
 
@@ -161,16 +158,23 @@ def layer_view(model: torch.nn.Module, start: int, stop: int) -> torch.nn.Module
     below the path are the model's objects; a layer keeps its own index into the cache."""
     path = decoder_layers_path(model).split(".")
     config = _cut_config(model.config, start, stop)
-    copies = [_shallow_copy(model)]  # the view, then each module on the path to the layer list
-    for name in path[:-1]:
-        copies.append(_shallow_copy(copies[-1]._modules[name]))
-        copies[-2]._modules[name] = copies[-1]
+    copies = _copy_path(model, path[:-1])
     parent = copies[-1]
     parent._modules[path[-1]] = torch.nn.ModuleList(list(parent._modules[path[-1]])[start:stop])
     for module in copies:
         if getattr(module, "config", None) is model.config:
             module.config = config  # the layer loop and the cache read the layer count here
     return copies[0]
+
+
+def _copy_path(model: torch.nn.Module, names: list[str]) -> list[torch.nn.Module]:
+    """Shallow copies of ``model`` and of each module on the path ``names`` below it, each copy the
+    child of the one before: the view, then the path down to the module to edit."""
+    copies = [_shallow_copy(model)]
+    for name in names:
+        copies.append(_shallow_copy(copies[-1]._modules[name]))
+        copies[-2]._modules[name] = copies[-1]
+    return copies
 
 
 def _cut_config(config, start: int, stop: int):

@@ -127,7 +127,7 @@ class FromHidden:
     engine catches the exit up before each step (``Runner.reuse_of``'s contract)."""
 
     def __init__(self, upper: Any, lower: Any, k: int) -> None:
-        self.upper, self.lower, self.depth = upper, lower, k
+        self.upper, self.lower = upper, lower
         self.top = top_view(upper.forward_model, k)
         self.model = upper.model  # what compile fingerprints and memory checks read
         self.vocab_size, self.dtype = upper.vocab_size, upper.dtype

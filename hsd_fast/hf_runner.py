@@ -177,7 +177,7 @@ class HFRunner:
         self.fused = self._fused(attention_path)
         if self.fused:
             attention.use_fused(model)
-        self.from_hidden: dict[int, exit_reuse.FromHidden] = {}  # id(lower runner) -> reuse_of's runner
+        self.from_hidden: dict[HFRunner, exit_reuse.FromHidden] = {}  # lower runner -> reuse_of's runner
         # What forward calls: the model, or for an early exit whose hidden states the level above
         # reads, a copy of it that keeps them (_keep_hidden_states).
         self.forward_model = model
@@ -260,11 +260,10 @@ class HFRunner:
             return None
         if getattr(lower.cache, "hidden", None) is None:
             return None  # its cache keeps none (prepared before its target could take them)
-        key = id(lower)
-        if key not in self.from_hidden or self.from_hidden[key].lower is not lower:
+        if lower not in self.from_hidden:
             depth = exit_reuse.shared_depth(model, self.model)
-            self.from_hidden[key] = exit_reuse.FromHidden(self, lower, depth)
-        return self.from_hidden[key]
+            self.from_hidden[lower] = exit_reuse.FromHidden(self, lower, depth)
+        return self.from_hidden[lower]
 
     def _probe(self) -> None:
         """The cache's first forward: one padding token per row (scratch slot only, no state), which
