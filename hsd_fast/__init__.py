@@ -15,6 +15,7 @@ except ImportError as err:  # pragma: no cover - exercised only by broken instal
 
 from hsd_fast.engine import HSDResult, run_hsd
 from hsd_fast.lookup import LookupDraft
+from hsd_fast.other_tokenizer import OtherTokenizerDraft
 from hsd_fast.stats import HSDStats
 from hsd_fast.steps import Runner
 from hsd_fast.switching import ExploreThenCommit
@@ -34,6 +35,7 @@ __all__ = [
     "Hierarchy",
     "LookupDraft",
     "Observation",
+    "OtherTokenizerDraft",
     "Runner",
     "Tree",
     "__version__",

@@ -58,8 +58,11 @@ def hierarchy_vocab_size(target: torch.nn.Module, drafts: Sequence[torch.nn.Modu
     if not (padded and same_special and inside):
         raise ValueError(
             f"target and drafts have different vocabularies (logit sizes {sizes}, special-token ids "
-            f"{ids}); they must share one tokenizer: equal sizes, or sizes differing only by "
-            f"embedding padding (<= {VOCAB_PADDING_TOLERANCE:.0%}) with identical special tokens"
+            f"{ids}); model levels must share one tokenizer: equal sizes, or sizes differing only by "
+            f"embedding padding (<= {VOCAB_PADDING_TOLERANCE:.0%}) with identical special tokens. The "
+            "first draft may have a tokenizer of its own: pass draft_tokenizers=[its tokenizer, None, "
+            "...] with target_tokenizer= (hsd_fast.wrap: tokenizer=); HF's tokenizer= and "
+            "assistant_tokenizer= do not reach hsd_fast.generate"
         )
     return sizes[0]
 

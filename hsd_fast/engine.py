@@ -29,8 +29,9 @@ from hsd_fast._C import Ledger
 from hsd_fast.decode_state import DecodeState
 from hsd_fast.layout import capacity_bucket
 from hsd_fast.level_step import LevelStep
-from hsd_fast.lookup import LookupDraft, LookupProposer
+from hsd_fast.lookup import LookupDraft
 from hsd_fast.processors import LogitsTransform
+from hsd_fast.proposal_level import ProposalLevel, Proposer
 from hsd_fast.round_log import RoundLog
 from hsd_fast.sampling_metadata import SamplingMetadata
 from hsd_fast.schedule import draft_count, drafts_wanted
@@ -101,10 +102,10 @@ def speculative_window(block_sizes: Sequence[int], max_new_tokens: int | None = 
 @dataclass
 class _Chain:
     """The levels a run decodes with now (``choice`` over its candidates): their runners, level 0
-    first and the target last, block sizes, and each level's step (None for a lookup level)."""
+    first and the target last, block sizes, and each level's step (None for a proposal level)."""
 
     choice: Choice
-    runners: list[Runner | LookupDraft]
+    runners: list[Runner | ProposalLevel]
     block_sizes: list[int]
     steps: list[LevelStep | None]
     # per level: the levels below to catch up, bottom up, before this level verifies from its
@@ -116,12 +117,12 @@ class _Chain:
         return len(self.runners) - 1
 
     @property
-    def has_lookup(self) -> bool:
-        return isinstance(self.runners[0], LookupDraft)
+    def proposes_from_host(self) -> bool:
+        return isinstance(self.runners[0], ProposalLevel)
 
 
 def run_hsd(
-    runners: Sequence[Runner | LookupDraft],
+    runners: Sequence[Runner | ProposalLevel],
     prompts: Sequence[torch.Tensor],
     *,
     block_sizes: Sequence[int] | None = None,
@@ -141,7 +142,8 @@ def run_hsd(
     outputs: OutputRequest = NO_OUTPUTS,
 ) -> HSDResult:
     """Generate with the hierarchy ``runners`` (level 0 drafts, the last is the target). The first
-    may be a ``LookupDraft``: a model-free level 0 that proposes from each row's own context.
+    may be a proposal level (``ProposalLevel``): a level 0 that proposes from the host, such as a
+    ``LookupDraft`` (continuations found in each row's own context) or an ``OtherTokenizerDraft``.
 
     ``block_sizes[i]`` is T_i: level i+1 verifies once level i has emitted at least T_i tokens.
     ``seeds``: one int (row seeds derived from it) or one int64 per row. ``temperature``: one float
@@ -178,6 +180,9 @@ def run_hsd(
             raise ValueError(
                 "an adaptive run takes its block sizes and trees from adapt=, not block_sizes=/tree="
             )
+        if isinstance(runners[0], ProposalLevel) and not isinstance(runners[0], LookupDraft):
+            kind = type(runners[0]).__name__
+            raise ValueError(f"an adaptive run's candidates can hold a lookup level, not a {kind}")
         for t in adapt.trees:
             _check_tree(t, runners, adaptive=True)
         start, trees, widest = adapt.start, adapt.trees, [adapt.max_T] * len(candidates)
@@ -198,13 +203,13 @@ def run_hsd(
     # 1 keep a pending tree after the prefix (in an adaptive run, any level may be level 0 or 1).
     tree_slots = max((t.num_nodes for t in trees), default=0)
     for level, runner in enumerate(runners):
-        if not isinstance(runner, LookupDraft):
+        if not isinstance(runner, ProposalLevel):
             runner.prepare(num_rows, int(budget_end.max()), tree_slots if adapt or level <= 1 else 0)
     # +1: a bonus drawn past the length budget is written to the token buffer before the ledger drops it
     capacity = int(budget_end.max()) + 1
     positions = capacity_bucket(capacity)  # in every compiled step's shapes: a few sizes only
     transform = transform or LogitsTransform()
-    models = [r for r in runners if not isinstance(r, LookupDraft)]
+    models = [r for r in runners if not isinstance(r, ProposalLevel)]
     # The ring keeps a model level's p for the level above; a lookup level's q is implicit (point
     # masses), and a tree keeps its own q
     keep_q = not greedy and len(models) > (2 if adapt is None and tree is not None else 1)
@@ -227,29 +232,28 @@ def run_hsd(
             stacklevel=2,
         )
         compiled = False
-    lookup = None
-    if isinstance(runners[0], LookupDraft):
-        lookup = LookupProposer(runners[0], num_rows, sampling.eos_ids.tolist())
+    proposer = runners[0].proposer(num_rows, sampling) if isinstance(runners[0], ProposalLevel) else None
 
     switcher = None
     if adapt is not None:  # the policy's first choice, or the given one, checked
-        switcher = Switcher(len(candidates), adapt, lookup is not None, prompt_lens, budget_end, state.tokens)
+        has_lookup = proposer is not None
+        switcher = Switcher(len(candidates), adapt, has_lookup, prompt_lens, budget_end, state.tokens)
         start = switcher.first()
     assert start is not None
 
     def chain_of(choice: Choice) -> _Chain:
         chain = [*(runners[i] for i in choice.drafts), target]
-        above_lookup = 1 if isinstance(chain[0], LookupDraft) else None  # verifies point masses
+        above_proposals = 1 if isinstance(chain[0], ProposalLevel) else None  # verifies point masses
         tree_below = chain[0] if choice.tree is not None else None  # level 1 moves level 0's cache too
         steps = [
             None
-            if isinstance(runner, LookupDraft)
+            if isinstance(runner, ProposalLevel)
             else LevelStep.of(
                 runner,
                 level,
                 len(chain) - 1,
                 compiled,
-                level == above_lookup,
+                level == above_proposals,
                 tree_below if level == 1 else None,
             )
             for level, runner in enumerate(chain)
@@ -273,7 +277,7 @@ def run_hsd(
             round_start = time.perf_counter()
             while (level := ledger.next_level()) >= 0:
                 rows = ledger.rows_for(level)
-                inside, size = _step(chain, level, rows, ledger, state, lookup, budget_end, log, broken)
+                inside, size = _step(chain, level, rows, ledger, state, proposer, budget_end, log, broken)
                 if level == chain.top:
                     if stop is not None:
                         _stop_rows(stop, state.tokens, ledger, rows)
@@ -304,6 +308,7 @@ def run_hsd(
 
     if switcher is None:
         stats = logs[0][1].stats()
+        stats.bridge_seconds = getattr(proposer, "bridge_seconds", 0.0)
     else:
         lifted = [log.stats().lifted(switcher.levels_of(c), len(runners)) for c, log in logs]
         stats = functools.reduce(operator.add, lifted)
@@ -318,7 +323,7 @@ def run_hsd(
 
 
 def _reuse_exits(
-    chain: list[Runner | LookupDraft],
+    chain: list[Runner | ProposalLevel],
     steps: list[LevelStep | None],
     choice: Choice,
     compiled: bool,
@@ -339,8 +344,8 @@ def _reuse_exits(
         reusing = getattr(upper, "reuse_of", None)
         runner = reusing(lower) if reusing is not None else None
         if runner is not None:
-            above_lookup = level == 1 and isinstance(chain[0], LookupDraft)
-            steps[level] = LevelStep.of(runner, level, len(chain) - 1, compiled, above_lookup)
+            above_proposals = level == 1 and isinstance(chain[0], ProposalLevel)
+            steps[level] = LevelStep.of(runner, level, len(chain) - 1, compiled, above_proposals)
             catch_up[level] = [*catch_up[level - 1], (level - 1, steps[level - 1])]
     return catch_up
 
@@ -355,22 +360,22 @@ def _step(
     rows: np.ndarray,  # [R] the rows that want ``level``
     ledger: Ledger,
     state: DecodeState,
-    lookup: LookupProposer | None,
+    proposer: Proposer | None,
     budget_end: np.ndarray,  # [B]
     log: RoundLog,
     broken_levels: set[int],
 ) -> tuple[float, int]:
-    """One step of ``level`` for ``rows``: the lookup level's proposals, a draft step (a chain, or a
+    """One step of ``level`` for ``rows``: a proposal level's proposals, a draft step (a chain, or a
     token tree), or a verification, committed to the ledger. Returns the seconds spent inside the
     step function and the step's size as the latency model counts it: the tokens a draft step drew
-    (a tree: its depth; a lookup call: 0), the widest span a verification fed."""
+    (a tree: its depth; a proposal call: 0), the widest span a verification fed."""
     starts, ends, outs = ledger.spans(level, rows)
     runners, block_sizes, tree = chain.runners, chain.block_sizes, chain.choice.tree
-    if level == 0 and chain.has_lookup:
-        assert lookup is not None
+    if level == 0 and chain.proposes_from_host:
+        assert proposer is not None
         wanted = drafts_wanted(ledger, rows, budget_end, block_sizes)
         started = time.perf_counter()
-        proposals, counts, last_is_eos = lookup.propose(state.tokens, rows, ends, wanted)
+        proposals, counts, last_is_eos = proposer.propose(state.tokens, rows, ends, wanted)
         state.write_proposals(rows, ends, proposals, counts)
         ledger.commit_proposal(rows, counts, last_is_eos)
         log.proposed(counts)
@@ -413,8 +418,8 @@ def _step(
             log.ranked(result[3:])  # [depth, R] the rank of each accepted node
         kept, cascaded = ledger.commit_verify(level, rows, accepted, is_eos)
         log.verified(level, starts, ends, outs, accepted, kept, cascaded)
-        if lookup is not None:  # the emitted token replaced whatever stood at its position
-            lookup.invalidate(rows, outs + 1 + accepted)
+        if proposer is not None:  # the emitted token replaced whatever stood at its position
+            proposer.invalidate(rows, outs + 1 + accepted)
         size = int((ends - starts).max())
     return inside, size
 
@@ -437,27 +442,30 @@ def _output_lens(ledger: Ledger, stop: StopChecker | None) -> np.ndarray:
     return lens if stop is None else np.minimum(lens, stop.limits)
 
 
-def _check_runners(runners: Sequence[Runner | LookupDraft]) -> None:
-    """At least the target; a lookup level only first, under a model; one vocabulary size."""
+def _check_runners(runners: Sequence[Runner | ProposalLevel]) -> None:
+    """At least the target; a proposal level only first, under a model; one vocabulary size."""
     if len(runners) < 1:
         raise ValueError("need at least one runner (the target)")
-    models = runners[1:] if isinstance(runners[0], LookupDraft) else runners  # the levels that run a model
-    if not models or any(isinstance(r, LookupDraft) for r in models):
-        raise ValueError("a LookupDraft can only be the first level, under at least one model")
+    models = runners[1:] if isinstance(runners[0], ProposalLevel) else runners  # the levels that run a model
+    if not models or any(isinstance(r, ProposalLevel) for r in models):
+        raise ValueError(
+            f"a {type(runners[0]).__name__} proposes from the host: it can only be the first level, under "
+            "at least one model"
+        )
     vocab = runners[-1].vocab_size
     if any(r.vocab_size != vocab for r in models):
         raise ValueError(f"runners disagree on vocab_size: {[r.vocab_size for r in models]}")
 
 
-def _check_tree(tree: Tree | None, runners: Sequence[Runner | LookupDraft], adaptive: bool = False) -> None:
+def _check_tree(tree: Tree | None, runners: Sequence[Runner | ProposalLevel], adaptive: bool = False) -> None:
     """A token tree a model at level 0 can draft (of an adaptive run: some choice's level 0), no
     deeper than a block may be."""
     if tree is None:
         return
     if not isinstance(tree, Tree):
         raise TypeError(f"tree must be a hsd_fast.Tree, got {type(tree).__name__}")
-    draft_models = [r for r in runners[:-1] if not isinstance(r, LookupDraft)]
-    if not draft_models or (isinstance(runners[0], LookupDraft) and not adaptive):
+    draft_models = [r for r in runners[:-1] if not isinstance(r, ProposalLevel)]
+    if not draft_models or (isinstance(runners[0], ProposalLevel) and not adaptive):
         raise ValueError("a token tree is drafted by a model at level 0: give at least one draft model")
     if tree.depth > MAX_BLOCK_SIZE:
         raise ValueError(f"a token tree may be at most {MAX_BLOCK_SIZE} deep, got {tree.depth}")
@@ -484,9 +492,9 @@ def _decide_compile(compile: bool | str, runners: Sequence[Runner], block_sizes:
     return compile
 
 
-def _hierarchy_key(runners: Sequence[Runner | LookupDraft], block_sizes: Sequence[int]) -> tuple:
-    # a lookup level by value: `drafts=["lookup"]` makes a new LookupDraft per request
-    return (*(r if isinstance(r, LookupDraft) else id(r) for r in runners[:-1]), *block_sizes)
+def _hierarchy_key(runners: Sequence[Runner | ProposalLevel], block_sizes: Sequence[int]) -> tuple:
+    # a proposal level by value: `drafts=["lookup"]` makes a new LookupDraft per request
+    return (*(r if isinstance(r, ProposalLevel) else id(r) for r in runners[:-1]), *block_sizes)
 
 
 def _count_eager(runners: Sequence[Runner], block_sizes: Sequence[int], seconds: float) -> None:
@@ -496,7 +504,7 @@ def _count_eager(runners: Sequence[Runner], block_sizes: Sequence[int], seconds:
 
 
 def _check_logits(
-    runners: Sequence[Runner | LookupDraft],
+    runners: Sequence[Runner | ProposalLevel],
     level: int,
     rows: np.ndarray,  # [R]
     broken: np.ndarray,  # [R] the step's flags: the row met a NaN or +inf in its logits

@@ -218,14 +218,14 @@ OPTIONS: dict[str, Option] = {
     ),
     "assistant_lookbehind": Option(
         REFUSED,
-        "universal assisted decoding (an assistant with another tokenizer) is "
-        "not supported: every level shares the target's vocabulary",
+        "HF's lookbehind windows tune its own alignment of two tokenizers; a draft with another "
+        "tokenizer (draft_tokenizers=) goes through hsd_fast's byte bridge, which takes no window",
         inactive=(None, 10),
     ),
     "target_lookbehind": Option(
         REFUSED,
-        "universal assisted decoding (an assistant with another tokenizer) is "
-        "not supported: every level shares the target's vocabulary",
+        "HF's lookbehind windows tune its own alignment of two tokenizers; a draft with another "
+        "tokenizer (draft_tokenizers=) goes through hsd_fast's byte bridge, which takes no window",
         inactive=(None, 10),
     ),
     "assistant_ensemble_weight": Option(

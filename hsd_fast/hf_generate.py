@@ -62,6 +62,8 @@ def generate(
     hsd_levels: Levels | None = None,
     stop_strings: str | Sequence[str] | None = None,
     stop_tokenizer=None,
+    target_tokenizer=None,
+    draft_tokenizers: Sequence[Any] | None = None,
     **model_kwargs,
 ) -> torch.Tensor | GenerateDecoderOnlyOutput:
     """Hierarchical speculative decoding with ``drafts`` (smallest first) under ``model``.
@@ -102,6 +104,12 @@ def generate(
     ``stop_strings`` with ``stop_tokenizer``: hsd_fast's own keywords, since HF drops ``tokenizer=``
     before it calls this function (``hsd_fast.wrap(...).generate`` takes ``stop_strings=`` with
     ``tokenizer=``; a direct call takes either spelling).
+
+    Drafts with another tokenizer (docs/design.md, "Drafts with another tokenizer"):
+    ``draft_tokenizers`` gives one tokenizer per draft (None: the tokenizer of the level above), with
+    ``target_tokenizer`` the target's (HF drops ``tokenizer=`` and ``assistant_tokenizer=`` before it
+    calls this function). The first draft may have another tokenizer: it drafts in its own tokens and
+    proposes through a byte bridge, verified as point masses (exact, greedy or sampled).
     """
     dropped = _dropped_by_hf(sys._getframe(1))
     streamer = EndOnce.of(hsd_streamer)
@@ -110,7 +118,10 @@ def generate(
         streamer, prompt_streamed = EndOnce.of(dropped.get("streamer")), True
     try:
         if hsd_levels is None:
-            levels = resolve_levels(drafts, T, tree, hierarchy, adapt, trees, dropped.get("assistant_model"))
+            levels = resolve_levels(
+                drafts, T, tree, hierarchy, adapt, trees, dropped.get("assistant_model"),
+                draft_tokenizers, target_tokenizer,
+            )  # fmt: skip
         else:  # the wrapper's (it refuses assistant_model= per call)
             levels = hsd_levels
         if stop_tokenizer is None:  # a direct call may name it as HF does
@@ -140,7 +151,7 @@ def _run_held(request: Request, model_runners: list[HFRunner], prompt_streamed: 
     levels, streamer = request.levels, request.streamer
     if streamer is not None and not prompt_streamed:
         streamer.put(request.input_ids.cpu())
-    bottom = [] if levels.lookup is None else [levels.lookup]  # a lookup level runs no model
+    bottom = [] if levels.proposal is None else [levels.proposal]  # a proposal level runs no step
     runners = [*bottom, *model_runners]
     stop = None  # only the length budget and EOS: the ledger applies them, no checker
     if request.stopping is not None:

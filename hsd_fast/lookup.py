@@ -19,11 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from hsd_fast._C import LookupLevel
+from hsd_fast.proposal_level import ProposalLevel
+
+if TYPE_CHECKING:
+    from hsd_fast.sampling_metadata import SamplingMetadata
 
 MAX_NGRAM = 64
 """The longest suffix a lookup level matches (``_C.MAX_NGRAM``, checked in C++ too): the index keeps
@@ -32,7 +37,7 @@ per token grows as ``max_ngram ** 2``, while useful suffixes are a few tokens lo
 
 
 @dataclass(frozen=True)
-class LookupDraft:
+class LookupDraft(ProposalLevel):
     """A lookup level, in the place of the smallest draft (``drafts=[LookupDraft(), d0, ...]``, or
     the string ``"lookup"`` for the defaults). ``max_ngram`` / ``min_ngram``: the longest and the
     shortest suffix matched, ``1 <= min_ngram <= max_ngram <= MAX_NGRAM``; the longest that occurred
@@ -51,6 +56,9 @@ class LookupDraft:
                 f"LookupDraft: need 1 <= min_ngram <= max_ngram <= {MAX_NGRAM} (MAX_NGRAM), got "
                 f"min_ngram={self.min_ngram}, max_ngram={self.max_ngram}"
             )
+
+    def proposer(self, num_rows: int, sampling: SamplingMetadata) -> LookupProposer:
+        return LookupProposer(self, num_rows, sampling.eos_ids.tolist())
 
 
 LOOKUP = "lookup"
@@ -78,19 +86,14 @@ class LookupProposer:
     def __init__(self, spec: LookupDraft, num_rows: int, eos_ids: Iterable[int]) -> None:
         self.level = LookupLevel(num_rows, spec.max_ngram, spec.min_ngram, [int(e) for e in eos_ids])
 
-    def invalidate(self, rows: np.ndarray, first_changed: np.ndarray) -> None:
-        """A verification of ``rows`` may have replaced the tokens from ``first_changed`` on ([R])."""
+    def invalidate(self, rows: np.ndarray, first_changed: np.ndarray) -> None:  # see proposal_level.Proposer
         self.level.invalidate(rows, first_changed)
 
     def propose(
-        self,
-        tokens: torch.Tensor,  # [B, S + 1] the run's token buffer (DecodeState.tokens)
-        rows: np.ndarray,  # [R]
-        ends: np.ndarray,  # [R] sequence lengths: the proposals go to ends, ends + 1, ...
-        wanted: np.ndarray,  # [R] the most tokens each row may take
+        self, tokens: torch.Tensor, rows: np.ndarray, ends: np.ndarray, wanted: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The proposals ([R, max(wanted)], row i's first ``counts[i]`` tokens proposed, cut after an
-        EOS), ``counts`` ([R]) and whether the last one is an EOS ([R] bool)."""
+        """``proposal_level.Proposer.propose`` (shapes there): the index reads only the window of
+        each row past its last cut."""
         low, high = self.level.window_start(rows), int(ends.max())
         if tokens.device.type == "cpu":  # the buffer's own memory: a numpy slice costs a third of a tensor op
             window = tokens.numpy()[rows, low:high]  # [R, high - low]

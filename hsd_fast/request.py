@@ -40,8 +40,10 @@ from hsd_fast.engine import MAX_BLOCK_SIZE, check_block_sizes
 from hsd_fast.generation_options import check_generation_options
 from hsd_fast.hierarchy_types import Hierarchy
 from hsd_fast.lookup import LookupDraft, as_lookup, level_identity
+from hsd_fast.other_tokenizer import OtherTokenizerDraft
 from hsd_fast.positions import check_positions, max_positions
 from hsd_fast.processors import LogitsTransform
+from hsd_fast.proposal_level import ProposalLevel
 from hsd_fast.switching_types import Adaptive, Choice, Policy
 from hsd_fast.target_outputs import NO_OUTPUTS, OutputRequest
 from hsd_fast.tree import Tree
@@ -56,12 +58,13 @@ loop and hsd_fast pass as None unless ``output_scores``. Every other criterion i
 
 @dataclass(frozen=True)
 class Levels:
-    """The levels under the target: a lookup level (or None), the draft models smallest first, one
-    block size per level (the lookup level's first), the token tree the first draft drafts, and the
+    """The levels under the target: a proposal level (a lookup level or a draft with another
+    tokenizer; or None), the draft models smallest first, one block size per level (the proposal
+    level's first), the token tree the first draft drafts, and the
     ``Hierarchy`` they came from (None when given as drafts/T/tree). An adaptive request's levels are
     the candidates (``adapt``), with no block sizes or tree of their own."""
 
-    lookup: LookupDraft | None
+    proposal: ProposalLevel | None
     models: tuple[torch.nn.Module, ...]
     T: tuple[int, ...]
     tree: Tree | None = None
@@ -70,9 +73,9 @@ class Levels:
     default_T: bool = False  # T was not given: every block size is DEFAULT_T
 
     @property
-    def drafts(self) -> list[torch.nn.Module | LookupDraft]:
+    def drafts(self) -> list[torch.nn.Module | ProposalLevel]:
         """Every level under the target, smallest first (``"lookup"`` as its ``LookupDraft``)."""
-        return [*([] if self.lookup is None else [self.lookup]), *self.models]
+        return [*([] if self.proposal is None else [self.proposal]), *self.models]
 
 
 @dataclass(frozen=True, eq=False)
@@ -108,16 +111,24 @@ def resolve_levels(
     adapt: bool | Policy | Adaptive = False,
     trees: Sequence[Tree] = (),
     assistant_model: torch.nn.Module | None = None,
+    draft_tokenizers: Sequence[Any] | None = None,
+    target_tokenizer: Any = None,
 ) -> Levels:
     """``drafts``/``T``/``tree``, or ``hierarchy`` (not both), as ``Levels``; a TypeError or
     ValueError naming the argument otherwise. ``T`` defaults to ``DEFAULT_T`` at every level.
     ``assistant_model`` (HF's assisted generation): the one draft, ``drafts=[assistant_model]``.
     ``adapt`` (True, a policy, or an ``Adaptive``): ``drafts`` are candidates, ``trees`` the token
-    trees a round may draft, and ``hierarchy`` (if given) the first round's hierarchy."""
+    trees a round may draft, and ``hierarchy`` (if given) the first round's hierarchy.
+    ``draft_tokenizers`` (one per draft, None: the tokenizer of the level above) with
+    ``target_tokenizer``: a first draft with another tokenizer becomes an ``OtherTokenizerDraft``."""
     if assistant_model is not None:
         if drafts or hierarchy is not None:
             raise ValueError("assistant_model= is the one draft: give it in drafts= (last) instead")
         drafts = [assistant_model]
+    if draft_tokenizers is not None:
+        if adapt is not False or hierarchy is not None:
+            raise ValueError("draft_tokenizers= goes with drafts=; adapt= and hierarchy= do not take it yet")
+        drafts = bridged_drafts(drafts, draft_tokenizers, target_tokenizer)
     if adapt is not False:
         return _adaptive_levels(drafts, T, tree, hierarchy, adapt, trees)
     if trees:
@@ -129,13 +140,13 @@ def resolve_levels(
         if drafts or T is not None or tree is not None:
             raise ValueError("pass either hierarchy= or drafts=/T=/tree=, not both")
         drafts, T, tree = hierarchy.drafts, hierarchy.T, hierarchy.tree
-    lookup, models = check_drafts(drafts)
-    num_drafts = len(models) + (lookup is not None)  # a lookup level sits below the draft models
+    proposal, models = check_drafts(drafts)
+    num_drafts = len(models) + (proposal is not None)  # a proposal level sits below the draft models
     # With a tree, T[0] is checked like any block size and then stands for the tree's depth
     default_T = T is None and hierarchy is None
     T = check_block_sizes([DEFAULT_T] * num_drafts if T is None else T, num_drafts, "T")
-    check_tree(tree, lookup, models)
-    return Levels(lookup, tuple(models), tuple(T), tree, hierarchy, default_T=default_T)
+    check_tree(tree, proposal, models)
+    return Levels(proposal, tuple(models), tuple(T), tree, hierarchy, default_T=default_T)
 
 
 HF_NUM_ASSISTANT_TOKENS = 20
@@ -167,9 +178,14 @@ def with_assisted_generation(levels: Levels, target: torch.nn.Module, config) ->
     if lookup_tokens is None:
         return levels
     _no_choice_made_for_it("prompt_lookup_num_tokens", levels)
-    if levels.lookup is not None:
+    if isinstance(levels.proposal, LookupDraft):
         raise ValueError(
             "prompt_lookup_num_tokens adds a lookup level, and drafts= has one: set its block size in T= only"
+        )
+    if levels.proposal is not None:
+        raise ValueError(
+            f"prompt_lookup_num_tokens adds a lookup level under drafts[0], a "
+            f"{type(levels.proposal).__name__}, which can only be the first level"
         )
     if levels.tree is not None:
         raise ValueError("prompt_lookup_num_tokens with tree=: the lookup level drafts chains, not trees")
@@ -179,7 +195,7 @@ def with_assisted_generation(levels: Levels, target: torch.nn.Module, config) ->
         lookup = LookupDraft(max_ngram=ngram)
     except (TypeError, ValueError) as err:
         raise type(err)(f"max_matching_ngram_size={ngram!r}: {err}") from None
-    return replace(levels, lookup=lookup, T=(*T, *levels.T))
+    return replace(levels, proposal=lookup, T=(*T, *levels.T))
 
 
 HF_MAX_MATCHING_NGRAM = 2
@@ -247,6 +263,8 @@ def _adaptive_levels(drafts, T, tree, hierarchy, adapt, trees) -> Levels:
         if hierarchy.tree is not None and hierarchy.tree not in spec.trees:
             spec = replace(spec, trees=(*spec.trees, hierarchy.tree))
     lookup, models = check_drafts(drafts)
+    if lookup is not None and not isinstance(lookup, LookupDraft):
+        raise ValueError(f"adapt: the candidates can hold a lookup level, not a {type(lookup).__name__}")
     candidates = [*([] if lookup is None else [lookup]), *models]
     if len({id(m) for m in models}) < len(models):
         raise ValueError("adapt: each candidate may appear once in drafts")
@@ -281,16 +299,16 @@ def _start_of(hierarchy: Hierarchy, candidates: list, spec: Adaptive) -> Choice:
     return Choice(tuple(index[k] for k in keys), tuple(hierarchy.T), tree)
 
 
-def check_tree(tree: Tree | None, lookup: LookupDraft | None, models: Sequence[torch.nn.Module]) -> None:
+def check_tree(tree: Tree | None, proposal: ProposalLevel | None, models: Sequence[torch.nn.Module]) -> None:
     """A token tree the first draft model can draft: a ``Tree``, drafted by a model (not under a
-    lookup level), at most ``MAX_BLOCK_SIZE`` deep (its depth is level 0's block)."""
+    proposal level), at most ``MAX_BLOCK_SIZE`` deep (its depth is level 0's block)."""
     if tree is None:
         return
     if not isinstance(tree, Tree):
         raise TypeError(
             f"tree must be a hsd_fast.Tree (Tree.chain, full, spine, ...), got {type(tree).__name__}"
         )
-    if lookup is not None or not models:  # an adaptive run passes no lookup: its trees skip it
+    if proposal is not None or not models:  # an adaptive run passes no lookup: its trees skip it
         raise ValueError("tree: a token tree is drafted by a model at level 0: give at least one draft model")
     if tree.depth > MAX_BLOCK_SIZE:
         raise ValueError(f"tree: a token tree may be at most {MAX_BLOCK_SIZE} deep, got {tree.depth}")
@@ -440,28 +458,79 @@ def _unfilled(config: GenerationConfig, defaults: dict, prompt_length: int) -> b
     return any(v is not None and getattr(config, k, None) is None for k, v in defaults.items())
 
 
-def check_drafts(drafts) -> tuple[LookupDraft | None, list[torch.nn.Module]]:
-    """``drafts`` as its lookup level (``"lookup"`` or a ``LookupDraft``, first only; None without
-    one) and its list of models, or a TypeError / ValueError naming the entry."""
+def check_drafts(drafts) -> tuple[ProposalLevel | None, list[torch.nn.Module]]:
+    """``drafts`` as its proposal level (``"lookup"``, a ``LookupDraft`` or an ``OtherTokenizerDraft``,
+    first only; None without one) and its list of models, or a TypeError / ValueError naming the
+    entry."""
     if isinstance(drafts, (torch.nn.Module, str)) or not isinstance(drafts, Sequence):
         raise TypeError(f"drafts must be a list of models (smallest first), got {type(drafts).__name__}")
     drafts = list(drafts)
-    lookup = None
+    proposal = None
     for i, d in enumerate(drafts):
-        if as_lookup(d) is not None:
+        level = as_lookup(d) or (d if isinstance(d, ProposalLevel) else None)
+        if level is not None:
             if i > 0:
                 raise ValueError(
-                    f"drafts[{i}] is a lookup level: it has no model to verify anything, so it can only "
-                    "be the first (smallest) level"
+                    f"drafts[{i}] is {_level_name(level)}: it proposes from the host and verifies "
+                    "nothing, so it can only be the first (smallest) level"
                 )
-            lookup = as_lookup(d)
+            proposal = level
         elif not isinstance(d, torch.nn.Module):
             raise TypeError(
-                f"drafts[{i}] must be a model (torch.nn.Module), 'lookup' or a LookupDraft, got "
-                f"{type(d).__name__}"
+                f"drafts[{i}] must be a model (torch.nn.Module), 'lookup', a LookupDraft or an "
+                f"OtherTokenizerDraft, got {type(d).__name__}"
             )
     check_exit_order(drafts)
-    return lookup, drafts[1:] if lookup is not None else drafts
+    return proposal, drafts[1:] if proposal is not None else drafts
+
+
+def _level_name(level: ProposalLevel) -> str:
+    return "a lookup level" if isinstance(level, LookupDraft) else f"an {type(level).__name__}"
+
+
+def bridged_drafts(drafts, draft_tokenizers, target_tokenizer) -> list:
+    """``drafts`` with the first one, where ``draft_tokenizers[0]`` differs from the tokenizer of the
+    level above (``draft_tokenizers[1]`` or, up the list, the target's), wrapped as an
+    ``OtherTokenizerDraft``; every other level must share the target's tokenizer (a model level
+    verifies in its own vocabulary: a boundary above level 0 is not supported yet)."""
+    if isinstance(draft_tokenizers, (str, bytes)) or not isinstance(draft_tokenizers, Sequence):
+        kind = type(draft_tokenizers).__name__
+        raise TypeError(
+            f"draft_tokenizers must be a list (one per draft, None: as the level above), got {kind}"
+        )
+    if isinstance(drafts, (torch.nn.Module, str)) or len(draft_tokenizers) != len(drafts):
+        raise ValueError(
+            f"draft_tokenizers needs one entry per draft (None: the tokenizer of the level above): "
+            f"{len(draft_tokenizers)} for {len(drafts) if isinstance(drafts, Sequence) else 1} drafts"
+        )
+    effective = target_tokenizer  # the tokenizer of the level above the one looked at
+    drafts = list(drafts)
+    for i in range(len(drafts) - 1, -1, -1):
+        tok = draft_tokenizers[i]
+        if tok is None or (effective is not None and same_tokenizer(tok, effective)):
+            continue
+        if effective is None:
+            raise ValueError(
+                "draft_tokenizers gives a draft its own tokenizer: the target's is needed too, as "
+                "target_tokenizer= (target.generate(custom_generate=hsd_fast.generate, ...)) or "
+                "tokenizer= (hsd_fast.wrap)"
+            )
+        if i > 0:
+            raise ValueError(
+                f"draft_tokenizers[{i}] differs from the tokenizer of the level above it: only the first "
+                "(smallest) draft may have another tokenizer (it proposes through the byte bridge)"
+            )
+        if not isinstance(drafts[0], torch.nn.Module):
+            raise TypeError(
+                f"draft_tokenizers[0] is given for drafts[0], which is not a model: {drafts[0]!r}"
+            )
+        drafts[0] = OtherTokenizerDraft(drafts[0], tok, effective)
+    return drafts
+
+
+def same_tokenizer(a, b) -> bool:
+    """One object, or two with the same vocabulary (token strings to ids)."""
+    return a is b or a.get_vocab() == b.get_vocab()
 
 
 def check_input_ids(input_ids, model_kwargs: dict) -> None:

@@ -44,6 +44,9 @@ class HSDStats:
     # adaptive runs (levels = the candidates, then the target): every hierarchy used, in order
     hierarchies: list[HierarchyUsed] = field(default_factory=list)
     look_seconds: float = 0.0  # adaptive runs: host seconds of the looks between rounds (policy included)
+    # a draft with another tokenizer: host seconds of its byte bridge (encoding both ways, keeping the
+    # two token domains in step), inside level 0's wall time; its model's forwards are not counted
+    bridge_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         n = self.num_levels
@@ -102,9 +105,10 @@ class HSDStats:
         total = HSDStats(self.num_levels)
         total.hierarchies = [*self.hierarchies, *other.hierarchies]
         total.look_seconds = self.look_seconds + other.look_seconds
+        total.bridge_seconds = self.bridge_seconds + other.bridge_seconds
         for f in fields(self):
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if f.name in ("num_levels", "hierarchies", "look_seconds"):
+            if f.name in ("num_levels", "hierarchies", "look_seconds", "bridge_seconds"):
                 continue
             if mine and isinstance(mine[0], list):
                 setattr(total, f.name, [_summed(a, b) for a, b in zip(mine, theirs, strict=True)])
@@ -154,6 +158,10 @@ class HSDStats:
         lines.append(f"rollbacks by levels cascaded into: {self.cascade_depth}")
         if self.accepted_by_rank:
             lines.append(f"token trees: accepted nodes by rank {self.accepted_by_rank}")
+        if self.bridge_seconds:
+            lines.append(
+                f"byte bridge (another tokenizer at level 0): {self.bridge_seconds:.3f} s of host time"
+            )
         return "\n".join(lines)
 
 

@@ -23,7 +23,7 @@ import torch
 
 from hsd_fast.hf_generate import EndOnce, generate
 from hsd_fast.hierarchy_types import Hierarchy
-from hsd_fast.lookup import LookupDraft
+from hsd_fast.proposal_level import ProposalLevel
 from hsd_fast.request import Levels, check_compile, check_input_ids, resolve_levels
 from hsd_fast.switching_types import Adaptive, Policy
 from hsd_fast.tree import Tree
@@ -44,18 +44,21 @@ class HSDModel:
         adapt: bool | Policy | Adaptive = False,
         trees: Sequence[Tree] = (),
         assistant_model: torch.nn.Module | None = None,
+        tokenizer: Any = None,
+        draft_tokenizers: Sequence[Any] | None = None,
     ) -> None:
         if not isinstance(target, torch.nn.Module):
             raise TypeError(f"target must be a model (torch.nn.Module), got {type(target).__name__}")
         self.target = target
+        self.tokenizer = tokenizer  # the target's: the byte bridge's other side, and stop strings'
         self.levels: Levels = resolve_levels(
-            drafts, T, tree, hierarchy, adapt, trees, assistant_model
+            drafts, T, tree, hierarchy, adapt, trees, assistant_model, draft_tokenizers, tokenizer
         )  # once: every call reuses them
         check_compile(compile)
         self.compile = compile
 
     @property
-    def drafts(self) -> list[torch.nn.Module | LookupDraft]:
+    def drafts(self) -> list[torch.nn.Module | ProposalLevel]:
         """The levels under the target, smallest first (``"lookup"`` as its ``LookupDraft``)."""
         return self.levels.drafts
 
@@ -99,6 +102,8 @@ class HSDModel:
             raise ValueError("HSDModel.generate: pass the tokenizer once, as tokenizer=")
         if kwargs.get("tokenizer") is not None:  # HF would drop it: hsd_fast's own keyword
             kwargs["stop_tokenizer"] = kwargs.pop("tokenizer")
+        elif self.tokenizer is not None and "stop_tokenizer" not in kwargs:
+            kwargs["stop_tokenizer"] = self.tokenizer
         config = kwargs.get("generation_config")
         if kwargs.get("stop_strings") is None and getattr(config, "stop_strings", None) is not None:
             config = copy.deepcopy(config)  # HF would refuse them: moved to hsd_fast's keyword
@@ -128,9 +133,25 @@ def wrap(
     adapt: bool | Policy | Adaptive = False,
     trees: Sequence[Tree] = (),
     assistant_model: torch.nn.Module | None = None,
+    tokenizer: Any = None,
+    draft_tokenizers: Sequence[Any] | None = None,
 ) -> HSDModel:
     """HSD with ``drafts`` (smallest first) under ``target``, or the ``hierarchy`` that
     ``hsd_fast.select_hierarchy`` picked: ``wrap(target, drafts).generate(...)``. ``compile``,
     ``tree``, ``adapt`` and ``trees`` as in ``hsd_fast.generate``; ``assistant_model``, as in HF's
-    assisted generation: ``drafts=[assistant_model]``."""
-    return HSDModel(target, drafts, T, hierarchy, compile, tree, adapt, trees, assistant_model)
+    assisted generation: ``drafts=[assistant_model]``. ``tokenizer``: the target's (the default for
+    ``stop_strings``); with ``draft_tokenizers`` (one per draft, None: the tokenizer of the level
+    above) the first draft may have another tokenizer (``hsd_fast.generate``)."""
+    return HSDModel(
+        target,
+        drafts,
+        T,
+        hierarchy,
+        compile,
+        tree,
+        adapt,
+        trees,
+        assistant_model,
+        tokenizer,
+        draft_tokenizers,
+    )

@@ -234,3 +234,19 @@ def exit_not_caught_up() -> Iterator[None]:
 
     with mock.patch.object(LevelStep, "feed", lambda self, state, rows, starts, ends: 0.0):
         yield
+
+
+@contextlib.contextmanager
+def proposals_verified_as_drafts() -> Iterator[None]:
+    """The level above a proposal level (a draft with another tokenizer, the lookup level) verifies
+    its proposals against the ring's q, as if a model had drafted them, instead of as point masses:
+    that q is whatever the ring holds at those slots, not the proposal's."""
+    from hsd_fast.level_step import LevelStep
+
+    build = LevelStep.of.__func__
+
+    def buggy(cls, runner, level, top, compile=False, point_mass=False, tree_below=None):
+        return build(cls, runner, level, top, compile, False, tree_below)
+
+    with mock.patch.object(LevelStep, "of", classmethod(buggy)):
+        yield

@@ -396,7 +396,8 @@ def test_package_data_is_exactly_what_loading_reads() -> None:
     shipped -= _excluded(_package_data("exclude-package-data"), shipped)
     names = read_manifest(REPO_ZOO)["models"]
     needed = ["manifest.json", "calibration.safetensors", "profile_cpu.json"]
-    needed += [f"tokenizer/{p.name}" for p in (REPO_ZOO / "tokenizer").iterdir()]
+    tokenizers = ["tokenizer", *read_manifest(REPO_ZOO).get("tokenizers", {})]  # shared, then models' own
+    needed += [f"{d}/{p.name}" for d in tokenizers for p in (REPO_ZOO / d).iterdir()]
     needed += [f"{name}/{file}" for name in names for file in ("config.json", "model.safetensors")]
     assert sorted(Path(f).relative_to(REPO_ZOO).as_posix() for f in shipped) == sorted(needed)
     # and the stale-SOURCES.txt route (include-package-data) is closed for what stays in the repository

@@ -5,6 +5,8 @@
 >>> target = zoo.load("s"); drafts = [zoo.load("xxs"), zoo.load("xs")]
 >>> se = zoo.load("se")               # s trained on for early exits: hsd_fast.EarlyExit(se, k)
 >>> tokenizer = zoo.load_tokenizer()
+>>> other = zoo.load("xs4k")          # xs's shape on a tokenizer of its own (4096 entries)...
+>>> other_tokenizer = zoo.load_tokenizer("xs4k")  # ...which it loads by the model's name
 
 ``hsd-fast zoo info`` lists what is there, ``hsd-fast zoo accept`` measures the acceptance matrix,
 ``hsd-fast zoo build`` rebuilds it (corpus, tokenizer, training, int8 storage); see ``zoo/README.md``.
@@ -49,15 +51,22 @@ def manifest() -> dict:
     return content
 
 
+def in_family(record: dict) -> bool:
+    """Whether a manifest record is one of the family's sizes: not a variant (``variant_of``), and on
+    the shared tokenizer (a record naming a ``tokenizer`` directory has its own)."""
+    return "variant_of" not in record and "tokenizer" not in record
+
+
 def names(variants: bool = False) -> list[str]:
     """The zoo's family of sizes, smallest first (the last one: the target by default wherever the
-    zoo is used). With ``variants``, also the models trained on from a size in its own shape for
-    another purpose, each after its size: ``se``, ``s`` trained for early exits
-    (``hsd_fast.EarlyExit``)."""
+    zoo is used; each can draft for the larger ones, token for token). With ``variants``, also every
+    other model, in order of size: those trained on from a size in its own shape for another purpose
+    (``se``, ``s`` trained for early exits: ``hsd_fast.EarlyExit``) and those on a tokenizer of their
+    own (``xs4k``: ``load_tokenizer("xs4k")``), which cannot draft for the family token for token."""
     models = manifest().get("models")
     if not isinstance(models, dict):
         raise ValueError(f"{zoo_dir() / 'manifest.json'} lists no models (no 'models' object)")
-    chosen = [name for name in models if variants or "variant_of" not in models[name]]
+    chosen = [name for name in models if variants or in_family(models[name])]
     return sorted(chosen, key=lambda name: models[name]["params"])
 
 
@@ -75,10 +84,19 @@ def load(name: str, dtype: torch.dtype | None = None, device: str | torch.device
     return model
 
 
-def load_tokenizer() -> PreTrainedTokenizerFast:
+def load_tokenizer(name: str | None = None) -> PreTrainedTokenizerFast:
+    """The tokenizer of zoo model ``name``: the shared one (``zoo/tokenizer``, 8192 entries) for every
+    model but those whose manifest record names a directory of their own (``xs4k``:
+    ``zoo/tokenizer_4096``); without a name, the shared one."""
     from hsd_fast.zoo.tokenizer import load_tokenizer as load_from
 
-    return load_from(zoo_dir() / "tokenizer")
+    directory = "tokenizer"
+    if name is not None:
+        available = names(variants=True)
+        if name not in available:
+            raise ValueError(f"no zoo model {name!r}; the zoo holds {available}")
+        directory = manifest()["models"][name].get("tokenizer", directory)
+    return load_from(zoo_dir() / directory)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,9 +1,10 @@
 """``hsd-fast zoo build``: corpus -> tokenizer -> calibration windows -> one trained model per size ->
 int8 files + manifest.
 
-The committed tokenizer is reused unless ``retrain_tokenizer`` is set. The token corpus is cached in
-``work_dir`` under its hash. The calibration windows (``calibration.safetensors``) are cut from the
-corpus's validation tokens by a fixed rule, so the same corpus gives the same file, byte for byte.
+The committed tokenizers are reused unless ``retrain_tokenizer`` is set. The token corpus (one per
+tokenizer) is cached in ``work_dir`` under its text's hash. The calibration windows
+(``calibration.safetensors``) are cut from the corpus's validation tokens by a fixed rule, so the same
+corpus gives the same file, byte for byte.
 Each model is trained, stored as int8 rows, re-loaded, and its int8 fidelity measured (validation
 loss and argmax agreement against the fp32 weights it came from).
 """
@@ -35,7 +36,7 @@ from hsd_fast.zoo.corpus import (
     tokenize,
     validation_ids,
 )
-from hsd_fast.zoo.models import SIZES, load_int8, num_params, save_int8
+from hsd_fast.zoo.models import SIZES, load_int8, new_model, num_params, save_int8
 from hsd_fast.zoo.tokenizer import load_tokenizer
 from hsd_fast.zoo.tokenizer_training import train_tokenizer
 from hsd_fast.zoo.train import (
@@ -63,11 +64,22 @@ GROWN_FROM = {"xs": "xxs", "sm": "xs", "s": "sm", "m": "s", "l": "m"}
 VARIANTS = {"se": "s"}
 GROWN_FROM |= VARIANTS
 EXIT_WEIGHTS = {"se": linear_exit_weights(SIZES["s"].num_layers, final=0.4)}
+# Models on a tokenizer of their own, for drafting across tokenizers: xs4k, the shape of xs over a
+# byte-level BPE of 4096 entries. Such a tokenizer is trained as the shared one (zoo/tokenizer) was, by
+# `train_tokenizer` on the same training documents with another vocabulary size, and committed in a
+# directory of its own beside zoo/tokenizer (named by its size, not by a model, so further models can share
+# it; the model's manifest record names it). The model is trained from scratch (no zoo model shares its ids
+# to grow from) on the corpus in that tokenizer's ids, and stays out of the family (`zoo.names()`): it
+# cannot draft for the family token for token.
+OWN_TOKENIZER = {"xs4k": "tokenizer_4096"}
+TOKENIZER_VOCAB = {"tokenizer": 8192, "tokenizer_4096": 4096}  # directory under zoo/ -> entries
+SHAPE_OF = {"xs4k": "xs"}
 # Steps of 16 x 256 tokens per size, sized for the 2-core CPU machine (~8 minutes for xxs from scratch;
-# an se step computes the head six times: ~2x an s step).
-CPU_STEPS = {"xxs": 1000, "xs": 250, "sm": 250, "s": 250, "m": 250, "l": 250, "se": 160}
+# an se step computes the head six times: ~2x an s step; an xs4k step: ~0.45 s on 2 threads, 0.7 on 1).
+CPU_STEPS = {"xxs": 1000, "xs": 250, "sm": 250, "s": 250, "m": 250, "l": 250, "se": 160, "xs4k": 500}
 LEARNING_RATES = {"xxs": 3e-3, "xs": 1.5e-3, "sm": 1.5e-3, "s": 1.5e-3, "m": 1e-3, "l": 1e-3, "se": 1e-3}
-DEFAULT_SIZES = ("xxs", "xs", "sm", "s", "se")
+LEARNING_RATES["xs4k"] = 3e-3  # from scratch, as xxs
+DEFAULT_SIZES = ("xxs", "xs", "sm", "s", "se", "xs4k")
 
 
 def read_manifest(zoo_dir: Path) -> dict:
@@ -85,26 +97,47 @@ def tokenize_with(docs: list[Document], tokenizer) -> TokenCorpus:
     return tokenize(docs, lambda texts: [e.ids for e in encode(texts)], tokenizer.eos_token_id)
 
 
+def ensure_tokenizer(directory: Path, docs: list[Document], vocab_size: int, retrain: bool = False):
+    """The tokenizer under ``directory``, trained on the training documents of ``docs`` first where it
+    is missing or ``retrain`` is set."""
+    if retrain or not (directory / "tokenizer.json").is_file():
+        held = validation_ids(docs)
+        tokenizer = train_tokenizer((d.text for d in docs if (d.source, d.doc_id) not in held), vocab_size)
+        tokenizer.save_pretrained(str(directory))
+    return load_tokenizer(directory)
+
+
+def cached_tokens(work_dir: Path, name: str, docs: list[Document], tokenizer) -> tuple[TokenCorpus, Path]:
+    """``docs`` in ``tokenizer``'s ids, from ``work_dir``'s cache (file ``name``) or encoded and cached."""
+    cached = work_dir / name
+    if cached.is_file():
+        return TokenCorpus.load(cached), cached
+    work_dir.mkdir(parents=True, exist_ok=True)
+    corpus = tokenize_with(docs, tokenizer)
+    corpus.save(cached)
+    return corpus, cached
+
+
+def val_bytes_per_token(corpus: TokenCorpus, tokenizer) -> dict[str, float]:
+    """Per source, the bytes of text per predicted token of the validation windows (the targets of
+    ``validation_windows`` under the default ``TrainConfig``), so validation losses of models on
+    different tokenizers compare per byte: nats per byte = nats per token / bytes per token. Byte-level
+    BPE: an entry's string has one character per byte; the special token (EOS) counts none."""
+    lengths = torch.tensor([len(t) for t in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))])
+    lengths[tokenizer.all_special_ids] = 0
+    windows = validation_windows(corpus, TrainConfig("any", steps=1))
+    return {k: round(float(lengths[w[:, 1:]].sum()) / w[:, 1:].numel(), 4) for k, w in windows.items()}
+
+
 def build_corpus(zoo_dir: Path, work_dir: Path, retrain_tokenizer: bool = False) -> TokenCorpus:
     manifest = read_manifest(zoo_dir)
     for name, path in locate_sources().items():
         print(f"corpus source {name}: {path or 'missing'}")
     docs = list(documents())  # raises MissingSourcesError, naming the Debian packages, first
-    tokenizer_dir = zoo_dir / "tokenizer"
-    if retrain_tokenizer or not (tokenizer_dir / "tokenizer.json").is_file():
-        held = validation_ids(docs)
-        tokenizer = train_tokenizer(d.text for d in docs if (d.source, d.doc_id) not in held)
-        tokenizer.save_pretrained(str(tokenizer_dir))
-    tokenizer = load_tokenizer(tokenizer_dir)
+    tokenizer = ensure_tokenizer(zoo_dir / "tokenizer", docs, TOKENIZER_VOCAB["tokenizer"], retrain_tokenizer)
     digest = text_hash(docs)
     recorded = manifest.get("corpus", {})
-    cached = work_dir / f"tokens-{digest[:16]}.npz"
-    if cached.is_file():
-        corpus = TokenCorpus.load(cached)
-    else:
-        work_dir.mkdir(parents=True, exist_ok=True)
-        corpus = tokenize_with(docs, tokenizer)
-        corpus.save(cached)
+    corpus, cached = cached_tokens(work_dir, f"tokens-{digest[:16]}.npz", docs, tokenizer)
     if recorded.get("text_sha256") not in (None, digest):
         print(f"note: this machine's text differs from the recorded corpus ({recorded['text_sha256'][:12]})")
     chars: dict[str, int] = {}
@@ -128,7 +161,40 @@ def build_corpus(zoo_dir: Path, work_dir: Path, retrain_tokenizer: bool = False)
             for name in counts
         },
     }
-    manifest["tokenizer"] = {"vocab_size": len(tokenizer), "eos_id": tokenizer.eos_token_id}
+    manifest["tokenizer"] = {
+        "vocab_size": len(tokenizer),
+        "eos_id": tokenizer.eos_token_id,
+        "val_bytes_per_token": val_bytes_per_token(corpus, tokenizer),
+    }
+    write_manifest(zoo_dir, manifest)
+    return corpus
+
+
+def build_tokenizer_corpus(
+    zoo_dir: Path, work_dir: Path, directory: str, retrain: bool = False
+) -> TokenCorpus:
+    """The corpus in the ids of tokenizer ``directory`` (one of ``TOKENIZER_VOCAB``, trained where
+    missing), recorded in the manifest's ``tokenizers``: its size, how many of its first ids name the same
+    entries as the shared tokenizer's, and its token arrays (hash, counts, bytes per validation token)."""
+    docs = list(documents())  # the text ``build_corpus`` read
+    tokenizer = ensure_tokenizer(zoo_dir / directory, docs, TOKENIZER_VOCAB[directory], retrain)
+    if tokenizer.eos_token_id != 0:  # llama_config's default: the models are built for id 0
+        raise ValueError(f"{zoo_dir / directory}: EOS is id {tokenizer.eos_token_id}, not 0")
+    shared = load_tokenizer(zoo_dir / "tokenizer").convert_ids_to_tokens(list(range(len(tokenizer))))
+    mine = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    same = next((i for i, (a, b) in enumerate(zip(mine, shared, strict=False)) if a != b), len(mine))
+    name = f"tokens-{text_hash(docs)[:16]}-{directory}.npz"
+    corpus, _ = cached_tokens(work_dir, name, docs, tokenizer)
+    manifest = read_manifest(zoo_dir)
+    manifest.setdefault("tokenizers", {})[directory] = {
+        "vocab_size": len(tokenizer),
+        "eos_id": tokenizer.eos_token_id,
+        "same_ids_as_shared": same,  # ids 0..same-1 name the same entries in the shared tokenizer
+        "tokens_sha256": corpus.hash(),
+        "token_file": name,
+        "sources": corpus.summary(),
+        "val_bytes_per_token": val_bytes_per_token(corpus, tokenizer),
+    }
     write_manifest(zoo_dir, manifest)
     return corpus
 
@@ -147,7 +213,8 @@ def build_model(
     zoo_dir: Path, corpus: TokenCorpus, size: str, steps: int | None = None, device: str = "cpu"
 ) -> dict:
     manifest = read_manifest(zoo_dir)
-    vocab_size = manifest["tokenizer"]["vocab_size"]
+    own = OWN_TOKENIZER.get(size)
+    vocab_size = (manifest["tokenizers"][own] if own else manifest["tokenizer"])["vocab_size"]
     parent = GROWN_FROM.get(size) if GROWN_FROM.get(size) in manifest["models"] else None
     if size in VARIANTS and parent is None:
         raise ValueError(f"{size} is trained on from {VARIANTS[size]}: build {VARIANTS[size]} first")
@@ -162,6 +229,8 @@ def build_model(
     if parent:
         init = load_int8(zoo_dir / parent)
         init = init if size in VARIANTS else cost_twin(init, shape=size)
+    elif size in SHAPE_OF:  # what `train` would draw for a size of that name
+        init = new_model(SIZES[SHAPE_OF[size]], vocab_size, seed=config.seed)
     out = zoo_dir / size
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -188,6 +257,7 @@ def build_model(
         + (manifest["models"][parent]["tokens_seen"] if parent else 0),
         "val_loss": records[-1]["val"],
         **({"variant_of": VARIANTS[size]} if size in VARIANTS else {}),
+        **({"tokenizer": own} if own else {}),
         **({"val_loss_exits": records[-1]["val_exits"]} if "val_exits" in records[-1] else {}),
         **int8_fidelity(model, load_int8(out), windows),
         "train_seconds": round(seconds, 1),
@@ -219,7 +289,13 @@ def build(
     tokens: Path | None = None,
 ) -> dict:
     """Build the zoo. ``tokens``: a token file carried from the machine that built the corpus (its
-    hash must equal the manifest's), for machines without the corpus text (the GPU machine)."""
+    hash must equal the manifest's), for machines without the corpus text (the GPU machine); it holds
+    the shared tokenizer's ids only, so models on a tokenizer of their own cannot be built from it."""
+    if tokens is not None and any(size in OWN_TOKENIZER for size in sizes):
+        raise ValueError(
+            f"{[s for s in sizes if s in OWN_TOKENIZER]} train on their own tokenizer's ids, not the shared "
+            f"one's that {tokens} holds: build them where the corpus text is (`hsd-fast zoo sources`)"
+        )
     if tokens is not None:
         expected = read_manifest(zoo_dir).get("corpus", {}).get("tokens_sha256")
         if expected is None:
@@ -228,8 +304,12 @@ def build(
     else:
         corpus = build_corpus(zoo_dir, work_dir, retrain_tokenizer)
     write_calibration(zoo_dir, corpus)
+    corpora = {}
     for size in sizes:
-        card = build_model(zoo_dir, corpus, size, steps, device)
+        own = OWN_TOKENIZER.get(size)
+        if own and own not in corpora:
+            corpora[own] = build_tokenizer_corpus(zoo_dir, work_dir, own, retrain_tokenizer)
+        card = build_model(zoo_dir, corpora[own] if own else corpus, size, steps, device)
         print(f"{size}: {card['params'] / 1e6:.2f} M params, val {card['val_loss']}")
     return read_manifest(zoo_dir)
 

@@ -24,7 +24,9 @@ def exit_table(measured: dict) -> list[str]:
 
 def render(manifest: dict) -> str:
     corpus, models = manifest["corpus"], manifest["models"]
-    names = sorted(models, key=lambda n: models[n]["params"])
+    # the models on the shared tokenizer (the family and its variants); those on their own: own_lines
+    names = sorted((n for n in models if "tokenizer" not in models[n]), key=lambda n: models[n]["params"])
+    others = sorted((n for n in models if "tokenizer" in models[n]), key=lambda n: models[n]["params"])
     sources = list(corpus["sources"])
     out = [
         "# The hsd_fast model zoo",
@@ -32,9 +34,16 @@ def render(manifest: dict) -> str:
         "A family of small Llama-architecture causal LMs sharing one byte-level BPE tokenizer "
         f"({manifest['tokenizer']['vocab_size']} entries, id {manifest['tokenizer']['eos_id']} = "
         "`<|endoftext|>`: BOS, EOS and padding), trained by `hsd-fast zoo build` and stored as int8 rows "
-        "with bf16 scales. Load with `hsd_fast.zoo.load(name)` / `hsd_fast.zoo.load_tokenizer()`. "
-        "These are tiny, briefly trained models: good enough for speculative decoding to have something "
-        "to accept, not for useful text.",
+        "with bf16 scales. Load with `hsd_fast.zoo.load(name)` / `hsd_fast.zoo.load_tokenizer()`"
+        + (
+            f"; {_and([f'`{n}`' for n in others])}, on a tokenizer of "
+            + ("its" if len(others) == 1 else "their")
+            + " own, with `hsd_fast.zoo.load_tokenizer(name)` (below)"
+            if others
+            else ""
+        )
+        + ". These are tiny, briefly trained models: good enough for speculative decoding to have "
+        "something to accept, not for useful text.",
         "",
         "## Models",
         "",
@@ -79,6 +88,7 @@ def render(manifest: dict) -> str:
             "",
         ]
     out += _exit_lines(manifest)
+    out += [line for name in others for line in _own_tokenizer_lines(manifest, name, names)]
     source_rows = [
         [s, info["documents"], f"{info['chars'] / 1e6:.1f} M", *_train_val(info)]
         for s, info in corpus["sources"].items()
@@ -128,11 +138,11 @@ def render(manifest: dict) -> str:
         *_gpu_lines(models),
         "Rebuild (needs `apt-get install " + " ".join(packages) + "`: `hsd-fast zoo sources` "
         "shows what this machine has, `--hash` whether its text is the recorded corpus; reuses the "
-        "committed tokenizer unless `--retrain-tokenizer`):",
+        "committed tokenizers unless `--retrain-tokenizer`):",
         "",
         "```bash",
         "hsd-fast zoo --zoo-dir zoo build --sizes "
-        + " ".join(names)
+        + " ".join([*names, *others])
         + " && hsd-fast zoo --zoo-dir zoo accept --write"
         + (" --exits" if manifest.get("exits") else ""),
         "```",
@@ -201,6 +211,76 @@ def _exit_lines(manifest: dict) -> list[str]:
             "",
         ]
     return out
+
+
+def _own_tokenizer_lines(manifest: dict, name: str, shared: list[str]) -> list[str]:
+    """A section for a model on a tokenizer of its own: that tokenizer, the model's training, and its
+    validation loss per token and per byte beside the shared-tokenizer model of the same shape."""
+    models, record = manifest["models"], manifest["models"][name]
+    directory = record["tokenizer"]
+    mine, theirs = manifest["tokenizers"][directory], manifest["tokenizer"]
+    shape, training = record["shape"], record["training"]
+    peers = [n for n in shared if models[n]["shape"] == shape and "variant_of" not in models[n]]
+    same, size = mine["same_ids_as_shared"], mine["vocab_size"]
+    if same == size:
+        nested = (
+            f"Its ids 0..{size - 1} name the same entries as the shared tokenizer's (BPE learns its merges "
+            f"in the same order from the same text: the smaller vocabulary is the first {size} entries of "
+            "the larger), but it splits text into more, shorter tokens"
+        )
+    else:
+        nested = f"Its first {same} ids name the same entries as the shared tokenizer's; its splits differ"
+    per_byte = "val_bytes_per_token" in theirs
+    if per_byte:
+        nested += (
+            f": {_mean(mine['val_bytes_per_token']):.2f} bytes per validation token against "
+            f"{_mean(theirs['val_bytes_per_token']):.2f} (mean over the sources). Validation losses per "
+            "token do not compare across tokenizers; per byte they do (nats per token / bytes per token; "
+            "below, each source's loss: nats per token / nats per byte)"
+        )
+    sources = list(record["val_loss"])
+    rows = []
+    for n, bytes_per_token in [(name, mine), *((p, theirs) for p in peers)]:
+        card = models[n]
+        losses = card["val_loss"]
+        rows.append([
+            n, bytes_per_token["vocab_size"], f"{card['params'] / 1e6:.2f} M", card["grown_from"] or "-",
+            f"{card['tokens_seen'] / 1e6:.2f} M", f"{card['train_seconds'] / 60:.1f} min", card["device"],
+            *(
+                f"{losses[s]:.3f} / {losses[s] / bytes_per_token['val_bytes_per_token'][s]:.3f}"
+                if per_byte else f"{losses[s]:.3f}"
+                for s in sources
+            ),
+            f"{card['int8_argmax_agreement']:.4f}",
+        ])  # fmt: skip
+    header = ["name", "tokenizer", "params", "grown from", "tokens seen", "train time", "device"]
+    header += [*(f"val loss {s}" for s in sources), "int8 argmax agreement"]
+    counts = mine["sources"].values()
+    return [
+        f"## {name}: a draft on another tokenizer",
+        "",
+        f"`{name}` has the shape of {_and([f'`{p}`' for p in peers]) if peers else 'its own'} (hidden "
+        f"{shape['hidden_size']}, {shape['num_layers']} layers, {shape['num_heads']} x {shape['head_dim']} "
+        f"heads, MLP {shape['intermediate_size']}; {record['params'] / 1e6:.2f} M parameters) over a "
+        f"byte-level BPE tokenizer of its own, {size} entries (`zoo/{directory}`, "
+        f'`hsd_fast.zoo.load_tokenizer("{name}")`; id {mine["eos_id"]} = `<|endoftext|>`), trained as the '
+        "shared one was (`train_tokenizer`) on the same training documents. It is trained from scratch "
+        f"(no zoo model shares its ids to grow from) for {record['steps']} steps at a peak rate of "
+        f"{training['lr']}, otherwise as the family (below), on the corpus in its tokenizer's ids "
+        f"({sum(c['train'] for c in counts) / 1e6:.2f} M training tokens, "
+        f"{sum(c['val'] for c in counts) / 1e3:.1f} k validation; token arrays sha256 "
+        f"`{mine['tokens_sha256']}`). It is not in `zoo.names()` (it cannot draft for the family token for "
+        "token; `names(variants=True)` lists it). " + nested + ".",
+        "",
+        *markdown_table(header, rows),
+        "",
+        f"Acceptance of `{name}` drafting for the family across tokenizers: not measured yet.",
+        "",
+    ]
+
+
+def _mean(values: dict[str, float]) -> float:
+    return sum(values.values()) / len(values)
 
 
 def _variant_lines(models: dict) -> list[str]:

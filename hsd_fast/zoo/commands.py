@@ -22,11 +22,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--hash", action="store_true", help="read the text and compare its sha256 with the recorded corpus's"
     )
     build = actions.add_parser("build", help="corpus -> tokenizer -> train -> int8 files (long)")
-    build.add_argument("--sizes", nargs="+", default=["xxs", "xs", "sm", "s", "se"])
+    build.add_argument("--sizes", nargs="+", default=["xxs", "xs", "sm", "s", "se", "xs4k"])
     build.add_argument("--steps", type=int, help="training steps per size (default: per-size CPU budget)")
     build.add_argument("--device", default="cpu", help="cpu or cuda")
     build.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "hsd_fast" / "zoo")
-    build.add_argument("--retrain-tokenizer", action="store_true", help="replace the committed tokenizer")
+    build.add_argument("--retrain-tokenizer", action="store_true", help="replace the committed tokenizers")
     build.add_argument(
         "--tokens", type=Path, help="train on this token file (hash checked) instead of building the corpus"
     )
@@ -50,10 +50,16 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
     if args.action == "sources":
         return _sources(zoo_dir, args.hash)
     if args.action == "build":
-        from hsd_fast.zoo.build import build
+        from hsd_fast.zoo.build import OWN_TOKENIZER, build
 
+        own = [size for size in args.sizes if size in OWN_TOKENIZER]
+        if args.tokens is not None and own:  # --tokens carries the shared tokenizer's ids only
+            message = f"--tokens: {' '.join(own)} train on another tokenizer; leave them out of --sizes"
+            if parser is None:
+                raise SystemExit(f"hsd-fast zoo: error: {message}")
+            parser.error(message)
         if args.retrain_tokenizer and (zoo_dir / "tokenizer").exists():
-            print("retraining the tokenizer: every existing model of this zoo must be rebuilt")
+            print("retraining the tokenizers: every existing model of this zoo must be rebuilt")
         try:
             build(
                 zoo_dir,
@@ -88,7 +94,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
                 if parser is None:
                     raise SystemExit(f"hsd-fast zoo: error: {message}")
                 parser.error(message)
-    family = [n for n in names if "variant_of" not in manifest["models"][n]]
+    family = [n for n in names if zoo.in_family(manifest["models"][n])]
     result = measure_acceptance(zoo_dir, family)
     for key in ("greedy", "sum_min_t1"):
         print(f"\n{key}:")

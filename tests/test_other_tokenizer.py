@@ -1,0 +1,237 @@
+"""Drafts with another tokenizer (hsd_fast/other_tokenizer.py, hsd_fast/bridge.py): the byte bridge
+spells ids as bytes and back; greedy output equals the target's own on both API paths (a random
+draft that rarely agrees, and zoo ``xs`` behind a permuted vocabulary, which must agree as often as
+``xs`` itself does); sampled output matches the target's exact distribution on a 4-token vocabulary,
+and verifying the bridged proposals as if a model had drafted them fails the same test; bad
+arguments are refused with errors that name them."""
+
+from __future__ import annotations
+
+import copy
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from enumerated import exact_distribution
+from hf_models import tiny_model
+from planted_bugs import proposals_verified_as_drafts
+
+import hsd_fast
+from hsd_fast import zoo
+from hsd_fast.bridge import TokenBytes, complete_prefix
+from hsd_fast.testing.exactness import pooled_chi_square
+
+pytestmark = pytest.mark.hf
+
+
+def byte_level_tokenizer(pieces: list[str], merges: list[tuple[str, str]] = (), eos: str | None = None):
+    """A byte-level BPE tokenizer over ``pieces`` (ids in order), as HF's fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(vocab={p: i for i, p in enumerate(pieces)}, merges=list(merges)))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=eos)
+
+
+def _printable() -> list[str]:
+    """The 96 bytes 32..127 in the byte-level alphabet (space is written 'Ġ')."""
+    tok = byte_level_tokenizer(["a"])  # any: only its pre-tokenizer's alphabet is read
+    return [tok.backend_tokenizer.pre_tokenizer.pre_tokenize_str(chr(b))[0][0] for b in range(32, 128)]
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    """A target tokenizer of single characters (96 ids) and a draft one that also merges pairs."""
+    chars = _printable()
+    pairs = [("Ġ", "t"), ("h", "e"), ("e", "r"), ("i", "n"), ("Ġ", "a"), ("o", "n"), ("r", "e"), ("a", "t")]
+    return byte_level_tokenizer(chars), byte_level_tokenizer(chars + [a + b for a, b in pairs], pairs)
+
+
+def test_token_bytes_spell_the_text_back() -> None:
+    tok = zoo.load_tokenizer()
+    table = TokenBytes.of(tok)
+    text = "def f(x):\n    return x * 2  # héllo ✓\n"
+    ids = tok(text, add_special_tokens=False).input_ids
+    assert table.bytes_of(ids) == text.encode()
+    assert table.encode(text.encode()) == ids
+    assert table.bytes_of([tok.eos_token_id]) == b""  # a special token has no text
+    assert table.encode("é".encode()[:1]) is None  # not text: nothing the bridge could place
+
+
+def test_complete_prefix_stops_at_an_unfinished_or_broken_character() -> None:
+    check = "a✓".encode()  # 1 + 3 bytes
+    assert [complete_prefix(check[:n]) for n in range(5)] == [0, 1, 1, 1, 4]
+    assert complete_prefix(b"ab\xffcd") == 2
+
+
+def _greedy(model, ids, **kwargs):
+    kwargs.setdefault("attention_mask", torch.ones_like(ids))  # id 0 is a character here, not padding
+    return model.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None, **kwargs)
+
+
+def test_greedy_equals_the_target_with_a_random_draft_on_both_paths(tokenizers) -> None:
+    target_tok, draft_tok = tokenizers
+    target = tiny_model("llama", vocab_size=len(target_tok), lm_head_scale=2.0)
+    draft = tiny_model("llama", vocab_size=len(draft_tok), layers=2, seed=3)
+    ids = torch.tensor([target_tok("the cat sat on the mat").input_ids])
+    expected = _greedy(target, ids)
+    out = _greedy(
+        target, ids, custom_generate=hsd_fast.generate, drafts=[draft], T=[4], target_tokenizer=target_tok,
+        draft_tokenizers=[draft_tok], output_hsd_stats=True,
+    )  # fmt: skip
+    assert out.sequences.tolist() == expected.tolist()
+    assert out.hsd_stats.drafted[0] > 0, out.hsd_stats.summary()  # the bridge proposed
+    wrapped = hsd_fast.wrap(target, [draft], T=[4], tokenizer=target_tok, draft_tokenizers=[draft_tok])
+    assert isinstance(wrapped.drafts[0], hsd_fast.OtherTokenizerDraft)
+    assert _greedy(wrapped, ids).tolist() == expected.tolist()
+
+
+def test_greedy_in_a_padded_batch_with_an_eos_under_a_second_draft(tokenizers) -> None:
+    target_tok, draft_tok = tokenizers
+    target = tiny_model("llama", vocab_size=len(target_tok), lm_head_scale=2.0)
+    middle = tiny_model("llama", vocab_size=len(target_tok), layers=2, seed=5)
+    draft = tiny_model("llama", vocab_size=len(draft_tok), layers=2, seed=3)
+    texts = ["the cat sat on the mat", "in there", "at the end of the line we stop"]
+    rows = [target_tok(t).input_ids for t in texts]
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    free = _greedy(target, ids, attention_mask=mask)
+    eos = int(free[1, width + 5])  # row 1 stops there (or earlier)
+    kwargs = {"attention_mask": mask, "eos_token_id": eos, "pad_token_id": 0}
+    expected = target.generate(ids, do_sample=False, max_new_tokens=24, **kwargs)
+    out = target.generate(
+        ids, do_sample=False, max_new_tokens=24, custom_generate=hsd_fast.generate, drafts=[draft, middle],
+        T=[3, 2], target_tokenizer=target_tok, draft_tokenizers=[draft_tok, None], **kwargs,
+    )  # fmt: skip
+    assert out.tolist() == expected.tolist()
+
+
+def _permuted(tok, model):
+    """``tok`` with every id but 0 renumbered (i -> V - i), and ``model`` with its embedding and
+    head rows moved to match: the same draft, behind another vocabulary."""
+    spec = json.loads(tok.backend_tokenizer.to_str())
+    size = len(tok)
+    spec["model"]["vocab"] = {piece: (size - i) % size for piece, i in spec["model"]["vocab"].items()}
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    permuted_tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)))
+    order = torch.tensor([(size - i) % size for i in range(size)])  # an involution: its own inverse
+    permuted = copy.deepcopy(model)
+    with torch.no_grad():
+        permuted.get_input_embeddings().weight.copy_(model.get_input_embeddings().weight[order])
+        permuted.get_output_embeddings().weight.copy_(model.get_output_embeddings().weight[order])
+    return permuted_tok, permuted
+
+
+def test_a_draft_behind_a_permuted_vocabulary_agrees_as_often_as_itself() -> None:
+    """Zoo ``xs`` under ``s``, directly and through the bridge with its vocabulary renumbered: the
+    bridge must hand ``s`` the same text, so about as many proposals are accepted (the bridge holds
+    back the last target token of each draft, which may still grow)."""
+    tok, target, xs = zoo.load_tokenizer(), zoo.load("s"), zoo.load("xs")
+    permuted_tok, permuted = _permuted(tok, xs)
+    ids = tok("def parse(line):\n    fields = line.split(',')\n", return_tensors="pt").input_ids
+    expected = _greedy(target, ids)
+    direct = _greedy(
+        target, ids, custom_generate=hsd_fast.generate, drafts=[xs], T=[4], output_hsd_stats=True
+    )
+    bridged = _greedy(
+        target, ids, custom_generate=hsd_fast.generate, drafts=[permuted], T=[4], target_tokenizer=tok,
+        draft_tokenizers=[permuted_tok], output_hsd_stats=True,
+    )  # fmt: skip
+    assert bridged.sequences.tolist() == expected.tolist() == direct.sequences.tolist()
+    assert bridged.hsd_stats.accepted[1] >= 0.7 * direct.hsd_stats.accepted[1] > 0, (
+        bridged.hsd_stats.summary(),
+        direct.hsd_stats.summary(),
+    )
+
+
+# ------------------------------------------------------------------------------ sampled, exact
+VOCAB, STEPS = 4, 3
+
+
+def _sampled(target, draft, middle, target_tok, draft_tok, samples: int):
+    prompt = torch.tensor(target_tok("abcda").input_ids)
+    ids = prompt.expand(samples, -1)
+    out = target.generate(
+        ids, attention_mask=torch.ones_like(ids), custom_generate=hsd_fast.generate, drafts=[draft, middle],
+        T=[2, 2], target_tokenizer=target_tok, draft_tokenizers=[draft_tok, None], do_sample=True, top_k=None,
+        max_new_tokens=STEPS, eos_token_id=None, seed=0, compile=False, output_hsd_stats=True,
+    )  # fmt: skip
+    samples = [tuple(row) for row in out.sequences[:, len(prompt) :].tolist()]
+    return samples, exact_distribution(target, prompt, VOCAB, STEPS), out.hsd_stats
+
+
+class BigramDraft(torch.nn.Module):
+    """A draft whose next-token logits depend on the last id alone (a random table): an HF-shaped
+    forward at a fraction of a tiny transformer's cost, so the sampled test can run thousands of
+    rows, each bridged on its own. Its cache argument is taken and left empty (nothing to keep)."""
+
+    def __init__(self, vocab: int, eos: int, seed: int) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        self.table = torch.nn.Parameter(2.0 * torch.randn(vocab, vocab, generator=generator))
+        self.generation_config = SimpleNamespace(eos_token_id=eos)
+
+    def forward(self, input_ids, use_cache=True, logits_to_keep=1, past_key_values=None, cache=None):
+        return SimpleNamespace(logits=self.table[input_ids[:, -1:]])  # [1, 1, V]
+
+
+@pytest.fixture(scope="module")
+def four_letters():
+    """A 4-token target (a-d), a middle level on its tokens, and a draft with merges and an EOS
+    (``<e>``, id 0)."""
+    target_tok = byte_level_tokenizer(list("abcd"))
+    draft_tok = byte_level_tokenizer(
+        ["<e>", *"abcd", "ab", "ca", "dd"], [("a", "b"), ("c", "a"), ("d", "d")], "<e>"
+    )
+    target = tiny_model("llama", vocab_size=VOCAB, layers=2, lm_head_scale=3.0, seed=2)
+    middle = tiny_model("llama", vocab_size=VOCAB, layers=2, lm_head_scale=3.0, seed=7)
+    draft = BigramDraft(len(draft_tok), eos=0, seed=4)
+    return target, draft, middle, target_tok, draft_tok
+
+
+def test_sampling_through_the_bridge_is_exact(four_letters) -> None:
+    target, draft, middle, target_tok, draft_tok = four_letters
+    samples, exact, stats = _sampled(target, draft, middle, target_tok, draft_tok, 4000)
+    assert pooled_chi_square(samples, exact).p_value > 1e-3
+    assert stats.drafted[0] > 0 and stats.accepted[1] > 0 and stats.corrections[1] > 0, stats.summary()
+
+
+def test_bridged_proposals_verified_as_drafts_fail_the_same_test(four_letters) -> None:
+    target, draft, middle, target_tok, draft_tok = four_letters
+    with proposals_verified_as_drafts():
+        samples, exact, _ = _sampled(target, draft, middle, target_tok, draft_tok, 4000)
+    assert pooled_chi_square(samples, exact).p_value < 1e-6
+
+
+# ------------------------------------------------------------------------------ refusals
+def test_bad_tokenizer_arguments_are_refused(tokenizers) -> None:
+    target_tok, draft_tok = tokenizers
+    target = tiny_model("llama", vocab_size=len(target_tok))
+    draft = tiny_model("llama", vocab_size=len(draft_tok), layers=2)
+    ids = torch.tensor([target_tok("the cat").input_ids])
+    call = {"custom_generate": hsd_fast.generate, "max_new_tokens": 4, "do_sample": False}
+    with pytest.raises(ValueError, match="target_tokenizer="):
+        target.generate(ids, drafts=[draft], draft_tokenizers=[draft_tok], **call)
+    with pytest.raises(ValueError, match="one entry per draft"):
+        target.generate(
+            ids, drafts=[draft], draft_tokenizers=[draft_tok, None], target_tokenizer=target_tok, **call
+        )
+    with pytest.raises(ValueError, match=r"draft_tokenizers\[1\] differs"):
+        target.generate(
+            ids,
+            drafts=[target, draft],
+            draft_tokenizers=[None, draft_tok],
+            target_tokenizer=target_tok,
+            **call,
+        )
+    with pytest.raises(ValueError, match="adapt"):
+        hsd_fast.wrap(target, [draft], adapt=True, tokenizer=target_tok, draft_tokenizers=[draft_tok])
+    # the same vocabulary is no boundary: the draft stays a plain model level
+    same = hsd_fast.wrap(target, [target], tokenizer=target_tok, draft_tokenizers=[copy.deepcopy(target_tok)])
+    assert same.drafts == [target]
