@@ -274,7 +274,11 @@ def _own_tokenizer_lines(manifest: dict, name: str, shared: list[str]) -> list[s
         "",
         *markdown_table(header, rows),
         "",
-        f"Acceptance of `{name}` drafting for the family across tokenizers: not measured yet.",
+        f"Acceptance of `{name}` drafting for the family across tokenizers (through hsd_fast's byte bridge, "
+        "`hsd_fast.OtherTokenizerDraft`): the share of its proposals the target passes and the target's "
+        "tokens per forward, greedy and at temperature 0.8, in `bench/results/other_tokenizer_*.md` "
+        "(`python bench/bench_other_tokenizer.py`); not in this card's teacher-forced matrix, which "
+        "compares ids position by position.",
         "",
     ]
 
