@@ -43,10 +43,10 @@ def test_num_assistant_tokens_is_the_block_size_under_the_target(target, drafts)
 
 def test_prompt_lookup_num_tokens_adds_the_lookup_level(target, drafts) -> None:
     alone = _levels(target, GenerationConfig(prompt_lookup_num_tokens=5))
-    assert (alone.lookup, alone.T) == (LookupDraft(max_ngram=2), (5,))  # HF's default n-gram: 2
+    assert (alone.proposal, alone.T) == (LookupDraft(max_ngram=2), (5,))  # HF's default n-gram: 2
     config = GenerationConfig(prompt_lookup_num_tokens=5, max_matching_ngram_size=1, num_assistant_tokens=3)
     under = _levels(target, config, drafts=drafts[1:])
-    assert (under.lookup, under.models, under.T) == (LookupDraft(max_ngram=1), tuple(drafts[1:]), (5, 3))
+    assert (under.proposal, under.models, under.T) == (LookupDraft(max_ngram=1), tuple(drafts[1:]), (5, 3))
     with pytest.raises(ValueError, match="drafts= has one"):
         _levels(target, config, drafts=["lookup", drafts[1]])
     with pytest.raises(ValueError, match="prompt_lookup_num_tokens with tree="):
