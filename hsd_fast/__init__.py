@@ -15,7 +15,6 @@ except ImportError as err:  # pragma: no cover - exercised only by broken instal
 
 from hsd_fast.engine import HSDResult, run_hsd
 from hsd_fast.lookup import LookupDraft
-from hsd_fast.other_tokenizer import OtherTokenizerDraft
 from hsd_fast.stats import HSDStats
 from hsd_fast.steps import Runner
 from hsd_fast.switching import ExploreThenCommit
@@ -57,6 +56,8 @@ def __getattr__(name: str):
         from hsd_fast import hierarchy as module
     elif name == "EarlyExit":
         from hsd_fast import early_exit as module
+    elif name == "OtherTokenizerDraft":
+        from hsd_fast import other_tokenizer as module
     elif name == "Hierarchy":
         from hsd_fast import hierarchy_types as module
     else:
