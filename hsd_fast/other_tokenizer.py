@@ -66,9 +66,8 @@ class OtherTokenizerDraft(ProposalLevel):
 class _Row:
     """One row's two token domains (see the module's terms)."""
 
-    target_ids: list[int] = field(default_factory=list)
     stream: bytearray = field(default_factory=bytearray)
-    target_ends: list[int] = field(default_factory=list)  # byte offset after each target id
+    target_ends: list[int] = field(default_factory=list)  # byte offset after each target id it spells
     draft_ids: list[int] = field(default_factory=list)
     draft_stream: bytearray = field(default_factory=bytearray)
     draft_ends: list[int] = field(default_factory=list)  # byte offset after each draft id
@@ -82,6 +81,7 @@ class BridgedProposer:
 
     def __init__(self, spec: OtherTokenizerDraft, num_rows: int, sampling: SamplingMetadata) -> None:
         self.model = spec.model
+        self.device = next(spec.model.parameters()).device
         self.draft = TokenBytes.of(spec.tokenizer)
         self.target = TokenBytes.of(spec.target_tokenizer)
         # ids the draft's tokenizer puts before a text (a BOS): the draft's context starts with them
@@ -97,10 +97,7 @@ class BridgedProposer:
 
     def invalidate(self, rows: np.ndarray, first_changed: np.ndarray) -> None:
         for r, n in zip(rows.tolist(), first_changed.tolist(), strict=True):
-            row = self.rows[r]
-            if n < len(row.target_ids):
-                del row.target_ids[n:], row.target_ends[n:]
-                del row.stream[row.target_ends[-1] if row.target_ends else 0 :]
+            _cut(self.rows[r], n)
 
     def propose(
         self, tokens: torch.Tensor, rows: np.ndarray, ends: np.ndarray, wanted: np.ndarray
@@ -122,13 +119,11 @@ class BridgedProposer:
 
     def _catch_up_stream(self, row: _Row, tokens: torch.Tensor, r: int, end: int) -> None:
         """The row's stream extended to its ids ``[0, end)`` (those past the last cut only)."""
-        known = len(row.target_ids)
-        if known > end:  # shorter than the stream: cut as a verification would have
-            self.invalidate(np.array([r]), np.array([end]))
-        if known >= end:
+        _cut(row, end)  # a row shorter than its stream: cut as a verification would have
+        known = len(row.target_ends)
+        if known == end:
             return
         new = tokens[r, known:end].tolist()
-        row.target_ids += new
         offset = row.target_ends[-1] if row.target_ends else 0
         for n in self.target.lengths(new):
             offset += n
@@ -140,7 +135,7 @@ class BridgedProposer:
         tail = bytes(row.stream[-4:])  # a character the row has not finished ends within 3 bytes
         if complete_prefix(tail) < len(tail) or not self._follow_stream(row):
             return [], False  # a character is unfinished, or the draft cannot spell the stream
-        ratio = len(row.draft_ids) / max(len(row.target_ids), 1)  # draft ids per target id so far
+        ratio = len(row.draft_ids) / max(len(row.target_ends), 1)  # draft ids per target id so far
         steps = min(math.ceil((want + 1) * max(ratio, 0.5)) + 1, 4 * want + 4)
         drafted, eos = self._decode(row, steps)
         text = self.draft.bytes_of(drafted)
@@ -155,14 +150,14 @@ class BridgedProposer:
         """The draft's ids spell the row's stream again: the ids that still do are kept, minus the
         last (more bytes could merge into it), and the window after them is re-encoded; the KV cache
         keeps the ids that did not change. False where the draft's tokenizer cannot spell it."""
-        stream, old = bytes(row.stream), bytes(row.draft_stream)
+        stream, old = row.stream, row.draft_stream
         common = _common_prefix(old, stream)
         keep = bisect.bisect_right(row.draft_ends, common)  # ids wholly inside the common prefix
         if common < len(old) or common < len(stream):
             keep = max(keep - 1, 0)
         keep = max(keep, len(self.lead)) if row.draft_ids else 0
         start = row.draft_ends[keep - 1] if keep else 0
-        window = self.draft.encode(stream[start:])
+        window = self.draft.encode(bytes(stream[start:]))
         if window is None:
             return False
         lead = [] if keep else self.lead
@@ -173,7 +168,9 @@ class BridgedProposer:
         fed = min(row.fed, _common_prefix(row.draft_ids, new_ids))
         if row.cache is not None and fed < row.fed:
             _keep(row.cache, fed)
-        row.draft_ids, row.draft_ends, row.draft_stream, row.fed = new_ids, offsets, bytearray(stream), fed
+        del old[common:]  # the draft's stream becomes the row's: only what differs is copied
+        old += stream[common:]
+        row.draft_ids, row.draft_ends, row.fed = new_ids, offsets, fed
         return bool(new_ids)
 
     def _decode(self, row: _Row, steps: int) -> tuple[list[int], bool]:
@@ -202,8 +199,7 @@ class BridgedProposer:
         if row.fed >= len(row.draft_ids):  # every id is cached (the draft ended its text last
             row.fed = len(row.draft_ids) - 1  # round): the last is fed again for its logits
             _keep(row.cache, row.fed)
-        device = next(self.model.parameters()).device
-        ids = torch.tensor([row.draft_ids[row.fed :]], device=device)  # [1, n]
+        ids = torch.tensor([row.draft_ids[row.fed :]], device=self.device)  # [1, n]
         out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self.cache_keyword: row.cache})
         row.fed = len(row.draft_ids)
         return out.logits[0, -1]
@@ -214,6 +210,14 @@ class BridgedProposer:
         draft's q passes less often (and needs no randomness of its own)."""
         vocab = len(self.draft.table)
         return int(logits[:vocab].argmax())  # a padded head's extra rows are never drafted
+
+
+def _cut(row: _Row, n: int) -> None:
+    """The row's stream cut back to its first ``n`` target ids (a verification may have replaced
+    the rest)."""
+    if n < len(row.target_ends):
+        del row.target_ends[n:]
+        del row.stream[row.target_ends[-1] if row.target_ends else 0 :]
 
 
 def _keep(cache, length: int) -> None:

@@ -489,10 +489,10 @@ def _level_name(level: ProposalLevel) -> str:
 
 
 def bridged_drafts(drafts, draft_tokenizers, target_tokenizer) -> list:
-    """``drafts`` with the first one, where ``draft_tokenizers[0]`` differs from the tokenizer of the
-    level above (``draft_tokenizers[1]`` or, up the list, the target's), wrapped as an
-    ``OtherTokenizerDraft``; every other level must share the target's tokenizer (a model level
-    verifies in its own vocabulary: a boundary above level 0 is not supported yet)."""
+    """``drafts`` with the first one wrapped as an ``OtherTokenizerDraft`` where
+    ``draft_tokenizers[0]`` is not the target's; every level above it must share the target's
+    tokenizer (None, or one with its vocabulary): a model level verifies in its own vocabulary, and
+    a boundary above level 0 is not supported yet."""
     if isinstance(draft_tokenizers, (str, bytes)) or not isinstance(draft_tokenizers, Sequence):
         kind = type(draft_tokenizers).__name__
         raise TypeError(
@@ -503,13 +503,12 @@ def bridged_drafts(drafts, draft_tokenizers, target_tokenizer) -> list:
             f"draft_tokenizers needs one entry per draft (None: the tokenizer of the level above): "
             f"{len(draft_tokenizers)} for {len(drafts) if isinstance(drafts, Sequence) else 1} drafts"
         )
-    effective = target_tokenizer  # the tokenizer of the level above the one looked at
     drafts = list(drafts)
-    for i in range(len(drafts) - 1, -1, -1):
+    for i in reversed(range(len(drafts))):  # top down: the highest offending level is named
         tok = draft_tokenizers[i]
-        if tok is None or (effective is not None and same_tokenizer(tok, effective)):
+        if tok is None or (target_tokenizer is not None and same_tokenizer(tok, target_tokenizer)):
             continue
-        if effective is None:
+        if target_tokenizer is None:
             raise ValueError(
                 "draft_tokenizers gives a draft its own tokenizer: the target's is needed too, as "
                 "target_tokenizer= (target.generate(custom_generate=hsd_fast.generate, ...)) or "
@@ -524,7 +523,7 @@ def bridged_drafts(drafts, draft_tokenizers, target_tokenizer) -> list:
             raise TypeError(
                 f"draft_tokenizers[0] is given for drafts[0], which is not a model: {drafts[0]!r}"
             )
-        drafts[0] = OtherTokenizerDraft(drafts[0], tok, effective)
+        drafts[0] = OtherTokenizerDraft(drafts[0], tok, target_tokenizer)
     return drafts
 
 
