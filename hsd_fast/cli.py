@@ -21,6 +21,12 @@ def main(argv: list[str] | None = None) -> int:
         "--eager", action="store_true", help="HSD uncompiled (default: compiled first, 1-2 min on a CPU)"
     )
     demo.add_argument(
+        "--adapt",
+        action="store_true",
+        help="let the hierarchy change while it decodes (the latency controller over every zoo draft, "
+        "from the pick); the summary lists each hierarchy used",
+    )
+    demo.add_argument(
         "--tables", action="store_true", help="instead: sampled HSD on table models vs the exact distribution"
     )
     demo.add_argument(
@@ -69,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         check_length(prompt, args.max_new_tokens)
     except ValueError as err:
         demo.error(str(err))
-    return zoo_demo(prompt, args.max_new_tokens, args.threads, compile=not args.eager)
+    return zoo_demo(prompt, args.max_new_tokens, args.threads, compile=not args.eager, adapt=args.adapt)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,23 @@ matrix, measured on calibration text in another process. The run corrects both a
   process and the batch change a cost's scale far more than its shape.
 - **Acceptance**: every verification of the active pairs (``Observation.verified / accepted``),
   counted as Bernoulli trials up to the first rejection, per block position, on top of the prior
-  as ``PRIOR_TOKENS`` pseudo-trials; older rounds fade (``FADE`` per look), so the estimate follows
-  the text. Pairs that do not run keep what they had.
+  as ``PRIOR_TOKENS`` pseudo-trials; older rounds fade (``FADE`` per round), so the estimate follows
+  the text. Pairs that do not run keep what they had, except what probes tell.
+- **Probes** (greedy runs): at a look, while the probes' seconds stay under ``probe_share`` of the
+  wall time it has seen, the idle model candidate probed longest ago (at most once every
+  ``probe_every`` looks) is fed the committed tokens it lacks and scored on them
+  (``probes.py``); its agreement with the target's tokens counts as trials of the pair
+  (candidate, target), so a draft that sits out is still judged on this request's text.
 
-Every ``every`` rounds it scores the current hierarchy and its neighbours (each block size one up or
-down, a candidate added or removed, the level-0 draft swapped) and the selector's last runner-ups
-with the exact latency model on the current estimates, and switches when the best is predicted
-faster by more than ``margin`` (hysteresis: an estimate's noise must not make it flap). The full
-selector runs at the start and every ``resolve_every`` rounds.
+It looks every ``every`` rounds (``look_every``: the run shows it nothing in between, so a look's
+host work is paid once per ``every`` rounds) and scores the current hierarchy and its neighbours
+(each block size one up or down, a candidate added or removed, the level-0 draft swapped) and the
+selector's last runner-ups with the exact latency model on the current estimates, and switches when
+the best is predicted faster by more than ``margin`` (hysteresis: an estimate's noise must not make
+it flap). The full selector runs at the start and every ``resolve_every`` looks (counted over every
+request the controller serves). Decisions and probes each keep within a share of the wall time the
+controller has seen (``decide_share``, ``probe_share``): a look that would exceed it keeps the
+current hierarchy.
 
 Only what the switching machinery shows a policy is used: its exactness argument holds for any
 policy, this one included (docs/design.md, "Switching hierarchies").
@@ -29,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,7 +64,7 @@ PRIOR_TOKENS = 32.0
 """Pseudo-trials the prior acceptance rate counts as: a pair's own rate outweighs it after a few
 dozen verified drafts."""
 FADE = 0.9
-"""What a pair's counted trials keep at each look: about the last ten rounds dominate."""
+"""What a pair's counted trials keep per round: about the last ten rounds dominate."""
 RECENT_STEPS = 48
 """Steps per candidate whose measured / predicted ratio the cost scale is the median of."""
 
@@ -90,7 +100,10 @@ class LatencyController:
 
     ``costs``: the prior step costs of the candidates and the target (the target last);
     ``alpha``: the prior acceptance matrix over them; ``max_T``: the largest block size chosen;
-    ``every``: rounds between decisions; ``margin``: the predicted gain a switch needs."""
+    ``every``: rounds between looks (each may decide); ``margin``: the predicted gain a switch needs;
+    ``probe_share``: the share of wall time probes may take (0: never probe); ``probe_every``: looks
+    between two probes of one candidate; ``decide_share``: the share of wall time decisions may take
+    (a decision look is skipped while they have taken more)."""
 
     def __init__(
         self,
@@ -99,13 +112,21 @@ class LatencyController:
         max_T: int = 8,
         every: int = 4,
         margin: float = 0.05,
-        resolve_every: int = 64,
+        resolve_every: int = 128,
+        probe_share: float = 0.03,
+        probe_every: int = 4,
+        decide_share: float = 0.02,
     ) -> None:
         n = len(costs)
         if n < 1 or len(alpha) != n or any(len(row) != n for row in alpha):
             raise ValueError(f"need costs for the candidates and the target and an {n} x {n} alpha matrix")
         self.prior_costs, self.prior_alpha = list(costs), [list(row) for row in alpha]
         self.max_T, self.every, self.margin, self.resolve_every = max_T, every, margin, resolve_every
+        self.probe_share, self.probe_every, self.decide_share = probe_share, probe_every, decide_share
+        self.looks = self.resolved_at = 0  # looks seen, over every request; the look of the last resolve
+        self.decide_seconds = 0.0  # of the decisions: scoring, resolving
+        self.wall = self.probe_seconds = 0.0  # seconds of the rounds seen, and of their probes
+        self.last_probe: dict[int, int] = {}  # candidate -> (request's) round of its last probe
         self.ratios: list[list[float]] = [[] for _ in costs]  # measured / predicted, per candidate
         self.trials: dict[tuple[int, int], np.ndarray] = {}  # per pair, per block position: [2, P]
         self.shortlist: list[Choice] = []
@@ -148,6 +169,11 @@ class LatencyController:
             kept[key] = cls.from_hierarchy(hierarchy, candidates, **kwargs)
         return kept[key]
 
+    @property
+    def look_every(self) -> int:
+        """Round ends between two looks (``switching_types.Policy``)."""
+        return self.every
+
     # ------------------------------------------------------------------ estimates
     @property
     def target(self) -> int:
@@ -183,6 +209,12 @@ class LatencyController:
 
     def learn(self, seen: Observation) -> None:
         """Fold the round ``seen`` reports into the estimates."""
+        self.wall += seen.round_seconds
+        for found in seen.probes:
+            self.probe_seconds += found.seconds
+            if found.positions:
+                pair = (found.candidate, self.target)
+                self._count(pair, np.array([found.agreed]), np.array([found.positions]))
         if seen.choice is None:
             return
         levels = [*seen.choice.drafts, self.target]
@@ -195,7 +227,7 @@ class LatencyController:
                     self.ratios[model].append(s / predicted)
             del self.ratios[model][:-RECENT_STEPS]
         for trials in self.trials.values():
-            trials *= FADE
+            trials *= FADE**self.every
         for level, (drafts, accepted) in enumerate(zip(seen.verified, seen.accepted, strict=True), start=1):
             pair = (levels[level - 1], levels[level])
             width = int(drafts.max(initial=0))
@@ -204,12 +236,78 @@ class LatencyController:
             positions = np.arange(width)  # block position p: the (p + 1)-th draft
             tried = (positions[None, :] < np.minimum(drafts, accepted + 1)[:, None]).sum(0)
             passed = (positions[None, :] < accepted[:, None]).sum(0)
-            old = self.trials.get(pair, np.zeros((2, 0)))
-            grown = np.zeros((2, max(width, old.shape[1])))
-            grown[:, : old.shape[1]] += old
-            grown[0, :width] += passed
-            grown[1, :width] += tried
-            self.trials[pair] = grown
+            self._count(pair, passed, tried)
+
+    def _count(self, pair: tuple[int, int], passed: np.ndarray, tried: np.ndarray) -> None:
+        """Add trials of ``pair``, per block position (``[P]`` each; a probe's are position 0's)."""
+        width = len(passed)
+        old = self.trials.get(pair, np.zeros((2, 0)))
+        grown = np.zeros((2, max(width, old.shape[1])))
+        grown[:, : old.shape[1]] += old
+        grown[0, :width] += passed
+        grown[1, :width] += tried
+        self.trials[pair] = grown
+
+    def wants_probes(self, seen: Observation) -> list[int]:
+        """At a look, the idle model candidate considered longest ago, if a probe could change the
+        decision (``_worth_probing``) and probes stay within their share of the wall time (module
+        doc)."""
+        if self.probe_share <= 0 or self.current is None or seen.round == 0:
+            return []  # round 0: nothing generated yet to score
+        if self.probe_seconds > self.probe_share * self.wall:
+            return []
+        if seen.round < max(self.last_probe.values(), default=0):  # a new request: rounds restart
+            self.last_probe = {}
+        idle = [
+            m
+            for m in self._cost_order()
+            if m not in self.current.drafts and not level_zero_only(self.prior_costs[m])
+            and seen.round - self.last_probe.get(m, -self.probe_every) >= self.probe_every
+        ]  # fmt: skip
+        if not idle:
+            return []
+        started = time.perf_counter()  # the gate's own time counts as probing
+        considered = min(idle, key=lambda m: self.last_probe.get(m, -self.probe_every))
+        self.last_probe[considered] = seen.round  # considered: probed or not, not again for a while
+        worth = self._worth_probing(considered, self.costs(), self.alpha())
+        self.probe_seconds += time.perf_counter() - started
+        return [considered] if worth else []
+
+    def _worth_probing(self, m: int, costs: Sequence[Cost], alpha) -> bool:
+        """Whether what a probe of ``m`` could find might change the decision: with its acceptance
+        by the target at the upper end of what the estimate allows (two standard errors over the
+        trials behind it, the prior's included), a hierarchy next to the current one that holds
+        ``m`` would be chosen."""
+        assert self.current is not None
+        rate = _mean_rate(alpha[m][self.target])
+        counted = self.trials.get((m, self.target))
+        trials = PRIOR_TOKENS + (0.0 if counted is None else counted[1].sum())
+        optimistic = [list(row) for row in alpha]
+        optimistic[m][self.target] = min(1.0, rate + 2 * (rate * (1 - rate) / trials) ** 0.5)
+        now = self.predicted(self.current, costs, alpha)
+        holding = [c for c in self._neighbours(self.current) if m in c.drafts]
+        return any(self.predicted(c, costs, optimistic) < (1 - self.margin) * now for c in holding)
+
+    def describe(self, names: Sequence[str]) -> list[str]:
+        """The controller's view in lines of text: each candidate's cost scale (measured /
+        predicted), each pair's acceptance, prior and now, with the trials behind it, and its last
+        decisions. ``names``: the candidates', then the target's."""
+        costs, alpha = self.costs(), self.alpha()
+        lines = ["cost scale (measured / profiled), per level:"]
+        for m, name in enumerate(names):
+            scale = costs[m].factor if isinstance(costs[m], Scaled) else 1.0
+            lines.append(f"  {name}: {scale:.2f} ({len(self.ratios[m])} recent steps)")
+        lines.append("acceptance, per pair that ran or was probed: prior -> now (trials, faded)")
+        for (i, j), counts in sorted(self.trials.items()):
+            lines.append(
+                f"  {names[i]} > {names[j]}: {_mean_rate(self.prior_alpha[i][j]):.2f} -> "
+                f"{_mean_rate(alpha[i][j]):.2f} ({counts[1].sum():.0f})"
+            )
+        lines.append(f"decisions: {len(self.decisions)}; the last (round: hierarchy, predicted ms/token):")
+        for round_, choice, seconds in self.decisions[-5:]:
+            chain = " > ".join(names[m] for m in (*choice.drafts, self.target))
+            lines.append(f"  {round_}: {chain} T={list(choice.T)}, {seconds * 1e3:.2f}")
+        return lines
 
     # ------------------------------------------------------------------ decisions
     def predicted(self, choice: Choice, costs: Sequence[Cost], alpha) -> float:
@@ -220,25 +318,25 @@ class LatencyController:
 
     def __call__(self, seen: Observation) -> Choice:
         self.learn(seen)
-        if self.current is not None and seen.round % self.every:
+        self.looks += 1
+        if self.current is not None and self.decide_seconds > self.decide_share * self.wall:
             return self.current
+        started = time.perf_counter()
         costs, alpha = self.costs(), self.alpha()
-        if self.current is None or seen.round % self.resolve_every == 0:
+        if self.current is None or self.looks - self.resolved_at >= self.resolve_every:
             self._resolve(costs, alpha)
         options = {*self.shortlist, *self._neighbours(self.current or self.shortlist[0])}
-        scored = sorted(options, key=lambda c: self.predicted(c, costs, alpha))
-        best = scored[0]
-        if self.current is None:
+        scores = {c: self.predicted(c, costs, alpha) for c in options}
+        best = min(scores, key=scores.get)
+        if self.current is None or scores[best] < (1 - self.margin) * scores[self.current]:
             self.current = best
-        elif best != self.current:
-            now = self.predicted(self.current, costs, alpha)
-            if self.predicted(best, costs, alpha) < (1 - self.margin) * now:
-                self.current = best
-        self.decisions.append((seen.round, self.current, self.predicted(self.current, costs, alpha)))
+        self.decisions.append((seen.round, self.current, scores[self.current]))
+        self.decide_seconds += time.perf_counter() - started
         return self.current
 
     def _resolve(self, costs: Sequence[Cost], alpha) -> None:
         """The selector's pick and runner-ups on the current estimates become the shortlist."""
+        self.resolved_at = self.looks
         selection = select(costs, alpha, self.max_T)
         self.shortlist = [Choice(tuple(s.chain[:-1]), tuple(s.T)) for s in (selection, *selection.runner_ups)]
 
@@ -276,6 +374,11 @@ class LatencyController:
     def _valid(self, choice: Choice) -> bool:
         lookups = [i for i, m in enumerate(choice.drafts) if level_zero_only(self.prior_costs[m])]
         return lookups in ([], [0]) and len(set(choice.drafts)) == len(choice.drafts)
+
+
+def _mean_rate(rate: Acceptance) -> float:
+    """One number for a pair's acceptance: a lookup level's per-position rates averaged."""
+    return float(np.mean(rate)) if isinstance(rate, tuple) else float(rate)
 
 
 def _pooled(passed: np.ndarray, tried: np.ndarray, prior: float) -> float:

@@ -30,6 +30,7 @@ from hsd_fast.decode_state import DecodeState
 from hsd_fast.layout import capacity_bucket
 from hsd_fast.level_step import LevelStep
 from hsd_fast.lookup import LookupDraft
+from hsd_fast.probes import probe
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.proposal_level import ProposalLevel, Proposer
 from hsd_fast.round_log import RoundLog
@@ -39,7 +40,7 @@ from hsd_fast.stats import HSDStats
 from hsd_fast.steps import Runner
 from hsd_fast.stopping import StopChecker
 from hsd_fast.switching import Switcher
-from hsd_fast.switching_types import Adaptive, Choice
+from hsd_fast.switching_types import Adaptive, Choice, Probe
 from hsd_fast.target_outputs import NO_OUTPUTS, OutputRequest, TargetOutputs
 from hsd_fast.tree import Tree
 from hsd_fast.tree_plan import TreeBuffers, TreePlan
@@ -237,7 +238,10 @@ def run_hsd(
     switcher = None
     if adapt is not None:  # the policy's first choice, or the given one, checked
         has_lookup = proposer is not None
-        switcher = Switcher(len(candidates), adapt, has_lookup, prompt_lens, budget_end, state.tokens)
+        prober = None
+        if greedy and not trees:  # a probe scores argmax agreement (docs/design.md, "Probes")
+            prober = functools.partial(_probe_candidate, runners, state, prompt_lens)
+        switcher = Switcher(len(candidates), adapt, has_lookup, prompt_lens, budget_end, state.tokens, prober)
         start = switcher.first()
     assert start is not None
 
@@ -286,8 +290,10 @@ def run_hsd(
                         for r in np.flatnonzero(lens > emitted):
                             on_commit(int(r), state.tokens[r, emitted[r] : lens[r]])
                         emitted = np.maximum(emitted, lens)
-                    if switcher is not None:  # these rows' round ends: they wait for the others'
-                        ledger.hold(rows)
+                    if switcher is not None:  # these rows' round ends: at a look they wait for the others
+                        held = switcher.rounds_ended(rows)
+                        if len(held):
+                            ledger.hold(held)
                 round_end = time.perf_counter()
                 log.timed(level, round_end - round_start, inside, size)
                 round_start = round_end
@@ -313,6 +319,7 @@ def run_hsd(
         lifted = [log.stats().lifted(switcher.levels_of(c), len(runners)) for c, log in logs]
         stats = functools.reduce(operator.add, lifted)
         stats.hierarchies, stats.look_seconds = switcher.used, switcher.look_seconds
+        stats.probe_seconds = switcher.probe_seconds
     if compiled:
         LevelStep.compile_progress_done()
     elif compile == "auto":
@@ -422,6 +429,20 @@ def _step(
             proposer.invalidate(rows, outs + 1 + accepted)
         size = int((ends - starts).max())
     return inside, size
+
+
+def _probe_candidate(
+    runners: Sequence[Runner | ProposalLevel],
+    state: DecodeState,
+    prompt_lens: np.ndarray,
+    candidate: int,
+    rows: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+) -> Probe:
+    runner = runners[candidate]
+    assert not isinstance(runner, ProposalLevel), "only model candidates are probed"
+    return probe(runner, candidate, state, rows, starts, ends, prompt_lens)
 
 
 def _stop_rows(stop: StopChecker, tokens: torch.Tensor, ledger: Ledger, rows: np.ndarray) -> None:

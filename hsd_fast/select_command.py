@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import time
 from pathlib import Path
 
 import torch
@@ -69,6 +70,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="select for compiled steps (what generate runs once warm; each step is compiled to be timed)",
     )
     p.add_argument("--measure", action="store_true", help="run every listed hierarchy with the engine")
+    p.add_argument(
+        "--adapt",
+        action="store_true",
+        help="also run the prompts adaptively from the pick and print the latency controller's view "
+        "(the hierarchies it used, its estimates against the profile's, its decisions)",
+    )
     p.add_argument(
         "--text",
         choices=list(TEXT_SETS),
@@ -300,6 +307,8 @@ def run(args: argparse.Namespace) -> int:
             "fastest measured."
         )
     print("\n".join(table))
+    if args.adapt:
+        print("\n".join(_adaptive_view(models, target_name, candidate_names, pick, prompts, measured_run)))
     if args.json:
         meta = run_metadata(
             args.device,
@@ -314,6 +323,29 @@ def run(args: argparse.Namespace) -> int:
         )
         write_report(args.json, "hsd-fast select", meta, table, {"rows": rows})  # a stem: run.v2 stays
     return 0
+
+
+def _adaptive_view(
+    models: dict, target_name: str, candidate_names: list[str], pick, prompts: torch.Tensor, run: dict
+) -> list[str]:
+    """Run ``prompts`` adaptively from ``pick`` over every candidate and describe what the latency
+    controller did (docs/design.md §8.9)."""
+    from hsd_fast.controller import LatencyController
+    from hsd_fast.hf_generate import generate
+
+    candidates = [models.get(n, n) for n in candidate_names]  # "lookup" as it is
+    run = {k: v for k, v in run.items() if k != "batch"}
+    start = time.perf_counter()
+    out = models[target_name].generate(
+        prompts, custom_generate=generate, drafts=candidates, hierarchy=pick, adapt=True,
+        output_hsd_stats=True, eos_token_id=None, **run,
+    )  # fmt: skip
+    seconds = time.perf_counter() - start
+    new = (out.sequences.shape[1] - prompts.shape[1]) * len(prompts)
+    controller = LatencyController.kept_for(pick, candidates)
+    lines = [f"\nAdaptive from the pick, every candidate: {new / seconds:.1f} tok/s over {len(prompts)} rows"]
+    lines += [line for line in out.hsd_stats.summary().splitlines() if line.startswith(("hierarchies", "  "))]
+    return lines + controller.describe([*candidate_names, target_name])
 
 
 def _calibration_and_prompts(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, str]:

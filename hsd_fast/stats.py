@@ -44,6 +44,7 @@ class HSDStats:
     # adaptive runs (levels = the candidates, then the target): every hierarchy used, in order
     hierarchies: list[HierarchyUsed] = field(default_factory=list)
     look_seconds: float = 0.0  # adaptive runs: host seconds of the looks between rounds (policy included)
+    probe_seconds: float = 0.0  # adaptive runs: of the looks, seconds of probing idle candidates
     # a draft with another tokenizer: host seconds of its byte bridge (encoding both ways, keeping the
     # two token domains in step), inside level 0's wall time; its model's forwards are not counted
     bridge_seconds: float = 0.0
@@ -105,10 +106,11 @@ class HSDStats:
         total = HSDStats(self.num_levels)
         total.hierarchies = [*self.hierarchies, *other.hierarchies]
         total.look_seconds = self.look_seconds + other.look_seconds
+        total.probe_seconds = self.probe_seconds + other.probe_seconds
         total.bridge_seconds = self.bridge_seconds + other.bridge_seconds
         for f in fields(self):
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if f.name in ("num_levels", "hierarchies", "look_seconds", "bridge_seconds"):
+            if f.name in ("num_levels", "hierarchies", "look_seconds", "probe_seconds", "bridge_seconds"):
                 continue
             if mine and isinstance(mine[0], list):
                 setattr(total, f.name, [_summed(a, b) for a, b in zip(mine, theirs, strict=True)])
@@ -158,6 +160,22 @@ class HSDStats:
         lines.append(f"rollbacks by levels cascaded into: {self.cascade_depth}")
         if self.accepted_by_rank:
             lines.append(f"token trees: accepted nodes by rank {self.accepted_by_rank}")
+        if self.hierarchies:  # an adaptive run: its levels are the candidates, then the target
+            lines.append(
+                "hierarchies used (levels: the candidates, the target last); looks "
+                f"{self.look_seconds:.3f} s, of which probes {self.probe_seconds:.3f} s"
+            )
+            top = self.num_levels - 1
+            for used in self.hierarchies:
+                choice = used.choice
+                chain = " > ".join(str(level) for level in (*choice.drafts, top))
+                shape = f" T={list(choice.T)}" if choice.T else ""
+                tree = " (token tree)" if choice.tree is not None else ""
+                lines.append(
+                    f"  from round {used.from_round:>4}: {chain}{shape}{tree}: {used.rounds} rounds, "
+                    f"{used.committed} tokens, {used.seconds:.3f} s; switch "
+                    f"{used.switch_seconds * 1e3:.2f} ms, {used.catch_up_tokens} catch-up tokens"
+                )
         if self.bridge_seconds:
             lines.append(
                 f"byte bridge (another tokenizer at level 0): {self.bridge_seconds:.3f} s of host time"

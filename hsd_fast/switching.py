@@ -24,7 +24,7 @@ of each row, the ledger reconfigured in one operation) and the built-in policy; 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -32,7 +32,11 @@ import torch
 from hsd_fast._C import Ledger
 from hsd_fast.round_log import RoundLog
 from hsd_fast.sampling_metadata import SamplingMetadata
-from hsd_fast.switching_types import Adaptive, Choice, HierarchyUsed, Observation
+from hsd_fast.switching_types import Adaptive, Choice, HierarchyUsed, Observation, Probe
+
+Prober = Callable[[int, np.ndarray, np.ndarray, np.ndarray], Probe]
+"""(candidate, rows, cached starts, ends) -> what feeding it those committed positions found
+(``probes.probe`` bound to the run: docs/design.md, "Probes")."""
 
 
 class Switcher:
@@ -49,10 +53,16 @@ class Switcher:
         prompt_lens: np.ndarray,  # [B]
         budget_end: np.ndarray,  # [B] where each row's length budget ends
         tokens: torch.Tensor,  # [B, S] the run's token buffer
+        prober: Prober | None = None,  # None: this run does not probe (sampled, or token trees offered)
     ) -> None:
         self.candidates, self.adapt, self.lookup_first, self.tokens = candidates, adapt, lookup_first, tokens
+        self.prober, self.probes = prober, ()  # probes wait for the next observation
+        self.probe_seconds = 0.0
         self.budget_end = budget_end
         self.policy = adapt.policy if adapt.policy is not None else ExploreThenCommit()
+        # a policy may look only every few rounds: a row's round end holds it only at that count
+        self.look_every = max(1, int(getattr(self.policy, "look_every", 1)))
+        self.rounds_since_look = np.zeros(len(prompt_lens), dtype=np.int64)  # [B]
         self.cached = np.zeros((candidates + 1, len(prompt_lens)), dtype=np.int64)  # [candidates + 1, B]
         self.epoch = self.round = 0
         self.look_seconds = 0.0  # host time of the looks: the policy, the epoch, the reconfiguration
@@ -77,6 +87,12 @@ class Switcher:
         self.used.append(HierarchyUsed(0, choice))
         self.last_look = time.perf_counter()
 
+    def rounds_ended(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` each ended a round: those of them to hold for the next look (the policy's
+        ``look_every``-th round end since the last look; the others go on in the same hierarchy)."""
+        self.rounds_since_look[rows] += 1
+        return rows[self.rounds_since_look[rows] >= self.look_every]
+
     def round_end(self, ledger: Ledger, choice: Choice, log: RoundLog) -> Choice:
         """Every unfinished row has ended its round (held): show the policy what happened, start a new
         epoch, and reconfigure the ledger for the hierarchy it chose (the same one included: the
@@ -87,7 +103,7 @@ class Switcher:
         finished = (ledger.eos_positions() >= 0) | (committed >= self.budget_end)
         self.keep_caches(choice, ledger.cached_lens())
         current = self.used[-1]
-        current.rounds += 1
+        current.rounds += int(self.rounds_since_look.max(initial=1))
         current.committed += int((committed - self.committed).sum())
         current.seconds += now - self.last_look
         self.round += 1
@@ -97,6 +113,7 @@ class Switcher:
         self.sampling.start_epoch(self.epoch)
         cached = self.caches_for(chosen, committed)  # [levels, B]
         ledger.reconfigure(chosen.block_sizes, cached.T.reshape(-1).tolist())
+        self.probes = self._probe(seen, chosen, committed, finished)
         if chosen != choice:
             joining = [i for i, c in enumerate(self.levels_of(chosen)) if c not in self.levels_of(choice)]
             catch_up = int((committed[None, :] - cached[joining]).sum())
@@ -104,8 +121,28 @@ class Switcher:
                 HierarchyUsed(self.round, chosen, catch_up_tokens=catch_up)
             )  # timed by the engine
         self.committed, self.last_look = committed, now
+        self.rounds_since_look[:] = 0
         self.marks = log.marks() if chosen == choice else None
         return chosen
+
+    def _probe(self, seen: Observation, chosen: Choice, committed: np.ndarray, finished: np.ndarray) -> tuple:
+        """Run the probes the policy wants at this look (``Policy``): idle model candidates only,
+        each fed the committed tokens its cache lacks in the unfinished rows."""
+        wants = getattr(self.policy, "wants_probes", None)
+        if self.prober is None or wants is None:
+            return ()
+        rows = np.flatnonzero(~finished)
+        idle = set(range(int(self.lookup_first), self.candidates)) - set(chosen.drafts)
+        found = []
+        for candidate in dict.fromkeys(int(c) for c in wants(seen)):
+            if candidate not in idle or not len(rows):
+                continue
+            ends = np.maximum(committed[rows] - 1, 0)
+            starts = np.minimum(self.cached[candidate, rows], ends)
+            found.append(self.prober(candidate, rows, starts, ends))
+            self.cached[candidate, rows] = ends
+            self.probe_seconds += found[-1].seconds
+        return tuple(found)
 
     def _observation(self, choice, finished, logged: dict, committed=None, now=None) -> Observation:
         committed = self.committed if committed is None else committed
@@ -121,6 +158,7 @@ class Switcher:
             tokens=self.tokens,
             round_tokens=int((committed - self.committed).sum()),
             round_seconds=0.0 if now is None else now - self.last_look,
+            probes=self.probes,
             **logged,
         )
 

@@ -48,7 +48,11 @@ class Adaptive:
 
 
 Policy = Callable[["Observation"], Choice]
-"""A function from what the run has seen to the hierarchy of the next round."""
+"""A function from what the run has seen to the hierarchy of the next round. A policy object may
+also have ``look_every``, an int: the run shows it a row's rounds only every that many round ends
+(1 by default; the rounds between are decoded in the same hierarchy and reported together at the
+next look), and ``wants_probes(seen: Observation) -> Sequence[int]``: the idle candidates to probe
+at this look, after its choice (their results come with the next observation; greedy runs only)."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class Observation:
     """What the run shows its policy at a round's end. Everything here was decided by randomness
     the run will not use again (docs/design.md, "Switching hierarchies")."""
 
-    round: int  # rounds decoded so far (0: nothing yet, the policy picks the first hierarchy)
+    round: int  # looks so far (0: nothing decoded yet, the policy picks the first hierarchy)
     epoch: int  # the epoch whose keys the levels below the target used in those rounds
     choice: Choice | None  # the hierarchy of the round that just ended (None before the first)
     num_candidates: int
@@ -73,6 +77,21 @@ class Observation:
     accepted: tuple[np.ndarray, ...] = ()  # per level >= 1: accepted drafts of each verification
     step_sizes: tuple[np.ndarray, ...] = ()  # per level: each step's tokens drawn (level 0) or widest fed
     step_seconds: tuple[np.ndarray, ...] = ()  # per level: each step's seconds inside its step function
+    probes: tuple[Probe, ...] = ()  # what the probes the policy asked for at the last look found
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A probe of an idle candidate (docs/design.md, "Probes"): at a look, the candidate was fed the
+    committed tokens its cache lacked (which also keeps its cache current) and scored at the
+    ``positions`` of them whose next token the target generated: ``agreed`` of those next tokens
+    were its argmax. In a greedy run that is the candidate's acceptance rate as the draft under
+    the target, on this request's own text."""
+
+    candidate: int
+    positions: int  # scored positions, all rows
+    agreed: int  # of them, where the candidate's argmax was the committed next token
+    seconds: float  # the probe's forwards, host clock
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """`hsd-fast demo`: greedy HSD over the committed zoo next to the target's own greedy decoding.
 
 The hierarchy comes from ``select_hierarchy`` with the zoo's committed CPU profile (no re-profiling
-when the models match it); the two outputs must be identical token for token. HSD runs compiled by
+when the models match it); with ``adapt`` it is the first round's, and the latency controller changes
+it as the request decodes. The two outputs must be identical token for token. HSD runs compiled by
 default: a first call compiles its steps (reported apart), and the timed call runs them; HF's
 ``generate`` is timed as users call it (eager).
 """
@@ -51,7 +52,11 @@ def check_length(prompt: str, max_new_tokens: int) -> None:
 
 
 def main(
-    prompt: str = PROMPT, max_new_tokens: int = 128, threads: int | None = None, compile: bool = True
+    prompt: str = PROMPT,
+    max_new_tokens: int = 128,
+    threads: int | None = None,
+    compile: bool = True,
+    adapt: bool = False,
 ) -> int:
     check_length(prompt, max_new_tokens)  # before loading anything large
     if threads:
@@ -81,6 +86,8 @@ def main(
     ar_seconds = time.perf_counter() - start
     hsd_kwargs = {"custom_generate": hsd_generate, "hierarchy": pick, "output_hsd_stats": True}
     hsd_kwargs["compile"] = compile
+    if adapt:  # every zoo draft a candidate; the pick's profile steers (docs/design.md §8.9)
+        hsd_kwargs.update(adapt=True, drafts=models[:-1])
     if compile:
         print("compiling HSD's steps (once per process) ...", flush=True)
     start = time.perf_counter()
@@ -97,7 +104,7 @@ def main(
     print("-" * 72)
     new = out.sequences.shape[1] - ids.shape[1]
     print(f"target alone (HF generate): {new / ar_seconds:7.1f} tok/s")
-    how = "compiled steps" if compile else "eager"
+    how = ("compiled steps" if compile else "eager") + (", adaptive" if adapt else "")
     print(
         f"HSD over the zoo ({how}): {new / hsd_seconds:7.1f} tok/s  ({ar_seconds / hsd_seconds:.2f}x)"
         + (f"; the first call (compiling) took {compile_seconds:.0f} s" if compile else "")

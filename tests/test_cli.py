@@ -8,6 +8,7 @@ from printed import table_rows
 from hsd_fast import zoo
 from hsd_fast.cli import main
 from hsd_fast.hierarchy import MODEL_ERROR
+from hsd_fast.lookup import LOOKUP
 from hsd_fast.profile import model_identity
 
 pytestmark = pytest.mark.hf
@@ -120,3 +121,17 @@ def test_select_prints_and_measures_the_best_hierarchies(
     report_json = json.loads(report.read_text())
     assert report_json["meta"]["batch"] == 3
     assert all(r["predicted_tok_s"] > 0 for r in report_json["rows"])
+
+
+def test_select_adapt_prints_the_controllers_view(tmp_path, capsys) -> None:
+    cache = tmp_path / "cache.json"  # the committed profile answers as a fallback
+    args = ["select", "--cache", str(cache), "--max-T", "4", "--max-new-tokens", "24", "--prompt-len", "16"]
+    assert main([*args, "--adapt"]) == 0
+    out = capsys.readouterr().out
+    view = out[out.index("Adaptive from the pick") :]
+    assert "hierarchies used" in view and "  from round    0: " in view  # the stretches it decoded
+    names = [LOOKUP, *zoo.names()]
+    scales = [line for line in view.splitlines() if line.startswith(tuple(f"  {n}: " for n in names))]
+    assert len(scales) == len(names)  # one cost scale per level: the candidates and the target
+    assert " > " + zoo.names()[-1] + ": " in view  # a pair that ran, its prior and its estimate
+    assert "decisions: " in view

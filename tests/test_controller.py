@@ -4,6 +4,8 @@ target's with it in charge."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -47,16 +49,16 @@ def seen(round_: int, choice: Choice | None, verified=(), accepted=(), sizes=(),
 
 
 def test_acceptance_follows_the_verifications_of_the_pair_that_ran() -> None:
-    control = LatencyController(COSTS, alpha(0.8))
+    control = LatencyController(COSTS, alpha(0.8), every=2)  # a look every two rounds
     small = Choice((1,), (4,))
     for r in range(1, 21):  # the target rejects nearly every token of the small draft
         control.learn(
             seen(r, small, verified=[[4, 4, 4, 4]], accepted=[[0, 0, 1, 0]], sizes=[[], []], seconds=[[], []])
         )
     rate = control.alpha()[1][3]
-    assert rate < 0.5  # from 0.8: one success in five trials per round, twenty rounds, outweigh the prior
+    assert rate < 0.6  # from 0.8: one success in five trials per look, twenty looks, move it most of the way
     assert control.alpha()[2][3] == 0.9  # a pair that did not run keeps its prior
-    expected_trials = sum(5 * 0.9**k for k in range(20))
+    expected_trials = sum(5 * 0.9 ** (2 * k) for k in range(20))  # the counts fade by 0.9 a round
     assert control.trials[(1, 3)][1].sum() == pytest.approx(expected_trials)
     assert rate == pytest.approx(
         (expected_trials / 5 + PRIOR_TOKENS * 0.8) / (expected_trials + PRIOR_TOKENS)
@@ -77,7 +79,7 @@ def test_costs_scale_by_what_the_run_measured() -> None:
 
 
 def test_it_switches_when_the_estimates_say_so_and_not_for_a_small_gain() -> None:
-    control = LatencyController(COSTS, alpha(0.95), every=1)
+    control = LatencyController(COSTS, alpha(0.95), every=1, decide_share=math.inf)  # no time budget
     first = control(seen(0, None))
     assert 1 in first.drafts  # the small draft is accepted at 0.95 by the target: it is in the pick
     # the text changes: the target now rejects nearly everything the small draft proposes
@@ -91,9 +93,18 @@ def test_it_switches_when_the_estimates_say_so_and_not_for_a_small_gain() -> Non
         )
     assert 1 not in choice.drafts
     # hysteresis: a decision within the margin keeps the current hierarchy
-    stay = LatencyController(COSTS, alpha(0.95), every=1, margin=10.0)
+    stay = LatencyController(COSTS, alpha(0.95), every=1, margin=10.0, decide_share=math.inf)
     start = stay(seen(0, None))
     assert all(stay(seen(r, start)) == start for r in range(1, 5))
+
+
+def test_decisions_keep_within_their_share_of_the_wall_time() -> None:
+    control = LatencyController(COSTS, alpha(0.95), every=1, decide_share=0.02)
+    control(seen(0, None))  # the first decision always runs (and resolves: the costliest)
+    for r in range(1, 200):  # rounds of 10 ms each
+        control(seen(r, control.current))
+    assert 1 < len(control.decisions) < 200  # some looks were skipped, and not every one
+    assert control.decide_seconds <= 0.02 * control.wall + control.decide_seconds / len(control.decisions)
 
 
 def test_neighbours_and_the_shortlist_are_valid_hierarchies() -> None:
@@ -116,7 +127,7 @@ def test_sampled_with_the_controller_is_the_target_distribution() -> None:
     steps, rows = 6, 30_000
     costs = [AffineCost(1e-4, 1e-5), AffineCost(4e-4, 4e-5), AffineCost(1e-3, 1e-4)]
     prior = [[0.5, 0.6, 0.5], [0.6, 0.5, 0.7], [0.5, 0.7, 0.5]]
-    control = LatencyController(costs, prior, max_T=3, every=1, margin=0.0)
+    control = LatencyController(costs, prior, max_T=3, every=2, margin=0.0, decide_share=math.inf)
     result = run_hsd(
         [TableRunner(m) for m in FAMILY], [PROMPT] * rows, max_new_tokens=steps, seeds=11,
         adapt=Adaptive(control, max_T=3),
@@ -137,7 +148,7 @@ def test_greedy_with_the_controller_is_the_targets_own() -> None:
         AffineCost(2e-3, 2e-4),
         AffineCost(4e-3, 4e-4),
     ]
-    control = LatencyController(costs, alpha(0.7), every=2)
+    control = LatencyController(costs, alpha(0.7), every=2, decide_share=math.inf)  # decide often
     gen = torch.Generator().manual_seed(4)
     for _ in range(3):
         ids = torch.randint(3, target.config.vocab_size, (2, 8), generator=gen)

@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
       "target_outputs")),
     ("engine", "the HSD loop over the levels, driven by the ledger; switching hierarchies between rounds; "
      "stopping criteria replayed on committed tokens",
-     ("engine", "round_log", "stopping", "switching")),
+     ("engine", "round_log", "stopping", "switching", "probes")),
     ("hf", "Hugging Face models as runners; generate's arguments as one request; the drop-in API",
      ("architectures", "compat", "attention", "early_exit", "exit_reuse", "hf_runner", "generation_options",
       "bridge", "other_tokenizer", "request", "hf_generate", "wrapper")),

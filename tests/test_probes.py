@@ -1,0 +1,105 @@
+"""Probes of idle candidates in an adaptive run (docs/design.md, "Probes"): what a probe counts is
+the candidate's argmax agreement with the generated tokens (checked against a teacher-forced
+forward of the whole output), the output stays the target's, and a probed candidate joins with its
+cache current."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hf_models import derived_drafts, tiny_model
+
+import hsd_fast
+from hsd_fast.switching_types import Choice, Observation
+
+pytestmark = pytest.mark.hf
+
+
+class ProbeEveryLook:
+    """Decodes ``schedule[round]`` (the last entry after it) and probes ``probed`` at every look,
+    keeping what each look saw."""
+
+    def __init__(self, schedule: list[Choice], probed: list[int]) -> None:
+        self.schedule, self.probed = schedule, probed
+        self.seen: list[Observation] = []
+        self.probed_to: list[np.ndarray] = []  # per look: [B] where its probes ended (0: row finished)
+
+    def __call__(self, seen: Observation) -> Choice:
+        self.seen.append(seen)
+        return self.schedule[min(seen.round, len(self.schedule) - 1)]
+
+    def wants_probes(self, seen: Observation) -> list[int]:
+        self.probed_to.append(np.where(seen.finished, 0, seen.committed - 1))
+        return self.probed
+
+
+@pytest.fixture(scope="module")
+def family() -> tuple[torch.nn.Module, list[torch.nn.Module]]:
+    target = tiny_model("llama")
+    return target, derived_drafts(target, 2)
+
+
+def test_a_probe_counts_where_the_candidates_argmax_is_the_generated_token(family) -> None:
+    target, drafts = family
+    ids = torch.randint(3, target.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(2))
+    policy = ProbeEveryLook([Choice((0,), (3,))], probed=[1])  # drafts[0] decodes, drafts[1] is probed
+    out = target.generate(
+        ids, custom_generate=hsd_fast.generate, drafts=drafts, adapt=policy, do_sample=False,
+        max_new_tokens=40, output_hsd_stats=True, compile=False,
+    )  # fmt: skip
+    assert out.sequences.tolist() == target.generate(ids, do_sample=False, max_new_tokens=40).tolist()
+    probes = [p for s in policy.seen for p in s.probes]
+    assert probes and all(p.candidate == 1 for p in probes)
+    # the last look's probes are never shown: the earlier ones fed each row up to
+    last_end = np.max(policy.probed_to[:-1], axis=0)  # [B]
+    with torch.no_grad():
+        logits = drafts[1](out.sequences).logits  # [B, L, V] teacher-forced over the whole output
+    expected_agreed = expected_scored = 0
+    for row in range(ids.shape[0]):
+        positions = np.arange(ids.shape[1] - 1, last_end[row])  # next token generated, fed by a probe
+        predicted = logits[row, positions].argmax(-1)
+        expected_agreed += int((predicted == out.sequences[row, positions + 1]).sum())
+        expected_scored += len(positions)
+    assert sum(p.positions for p in probes) == expected_scored
+    assert sum(p.agreed for p in probes) == expected_agreed
+    assert 0 < expected_agreed < expected_scored  # a count that can be wrong either way
+    assert out.hsd_stats.probe_seconds > 0
+
+
+def test_a_probed_candidate_joins_with_its_cache_current(family) -> None:
+    target, drafts = family
+    ids = torch.randint(3, target.config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(5))
+    schedule = [Choice()] * 6 + [Choice((0,), (3,))]  # six rounds without drafts, then drafts[0] joins
+    catch_up = {}
+    for probed in ([], [0]):
+        policy = ProbeEveryLook(schedule, probed)
+        out = target.generate(
+            ids, custom_generate=hsd_fast.generate, drafts=drafts, adapt=policy,
+            do_sample=False, max_new_tokens=30, output_hsd_stats=True, compile=False,
+        )  # fmt: skip
+        joined = out.hsd_stats.hierarchies[1]
+        assert joined.choice == Choice((0,), (3,))
+        catch_up[bool(probed)] = joined.catch_up_tokens
+    committed = [int(s.committed[0]) for s in policy.seen]  # at each look
+    assert catch_up[False] == committed[6]  # the whole prefix: it never ran
+    # probed at the look before: it lacks that look's last token and what the last round committed
+    assert catch_up[True] == committed[6] - committed[5] + 1
+
+
+def test_sampled_runs_and_the_lookup_level_are_not_probed(family) -> None:
+    target, drafts = family
+    ids = torch.randint(3, target.config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(6))
+    # lookup (0) and the active draft (1) are not probed
+    policy = ProbeEveryLook([Choice((0, 1), (2, 2))], probed=[0, 1, 2])
+    target.generate(
+        ids, custom_generate=hsd_fast.generate, drafts=["lookup", *drafts], adapt=policy, do_sample=False,
+        max_new_tokens=20, compile=False,
+    )  # fmt: skip
+    assert {p.candidate for s in policy.seen for p in s.probes} == {2}
+    policy = ProbeEveryLook([Choice((0,), (2,))], probed=[1])
+    target.generate(
+        ids, custom_generate=hsd_fast.generate, drafts=drafts, adapt=policy, do_sample=True,
+        max_new_tokens=20, compile=False,
+    )  # fmt: skip
+    assert not any(s.probes for s in policy.seen)  # argmax agreement is not the sampled acceptance
