@@ -332,8 +332,11 @@ def _adaptive_view(
     controller did (docs/design.md §8.9)."""
     from hsd_fast.controller import LatencyController
     from hsd_fast.hf_generate import generate
+    from hsd_fast.switching_types import Adaptive
 
     candidates = [models.get(n, n) for n in candidate_names]  # "lookup" as it is
+    batch = run["batch"]  # the rows the pick was selected for (the measured prompts, cycled)
+    prompts = prompts.repeat((batch + len(prompts) - 1) // len(prompts), 1)[:batch]
     run = {k: v for k, v in run.items() if k != "batch"}
     start = time.perf_counter()
     out = models[target_name].generate(
@@ -342,9 +345,10 @@ def _adaptive_view(
     )  # fmt: skip
     seconds = time.perf_counter() - start
     new = (out.sequences.shape[1] - prompts.shape[1]) * len(prompts)
-    controller = LatencyController.kept_for(pick, candidates)
+    controller = LatencyController.kept_for(pick, candidates, max_T=Adaptive(None).max_T)  # the run's
     lines = [f"\nAdaptive from the pick, every candidate: {new / seconds:.1f} tok/s over {len(prompts)} rows"]
-    lines += [line for line in out.hsd_stats.summary().splitlines() if line.startswith(("hierarchies", "  "))]
+    used = ("hierarchies used", "  from round")
+    lines += [line for line in out.hsd_stats.summary().splitlines() if line.startswith(used)]
     return lines + controller.describe([*candidate_names, target_name])
 
 

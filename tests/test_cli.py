@@ -133,5 +133,6 @@ def test_select_adapt_prints_the_controllers_view(tmp_path, capsys) -> None:
     names = [LOOKUP, *zoo.names()]
     scales = [line for line in view.splitlines() if line.startswith(tuple(f"  {n}: " for n in names))]
     assert len(scales) == len(names)  # one cost scale per level: the candidates and the target
-    assert " > " + zoo.names()[-1] + ": " in view  # a pair that ran, its prior and its estimate
-    assert "decisions: " in view
+    assert "acceptance, per pair that ran or was probed" in view
+    decisions = int(view.split("decisions: ")[1].split(";")[0])
+    assert decisions >= 1  # the run's own controller, not a fresh one
