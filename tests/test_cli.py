@@ -125,7 +125,7 @@ def test_select_prints_and_measures_the_best_hierarchies(
 
 def test_select_adapt_prints_the_controllers_view(tmp_path, capsys) -> None:
     cache = tmp_path / "cache.json"  # the committed profile answers as a fallback
-    args = ["select", "--cache", str(cache), "--max-T", "4", "--max-new-tokens", "24", "--prompt-len", "16"]
+    args = ["select", "--cache", str(cache), "--max-T", "4", "--max-new-tokens", "48", "--prompt-len", "16"]
     assert main([*args, "--adapt"]) == 0
     out = capsys.readouterr().out
     view = out[out.index("Adaptive from the pick") :]

@@ -4,7 +4,9 @@ target's with it in charge."""
 
 from __future__ import annotations
 
+import itertools
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -98,13 +100,17 @@ def test_it_switches_when_the_estimates_say_so_and_not_for_a_small_gain() -> Non
     assert all(stay(seen(r, start)) == start for r in range(1, 5))
 
 
-def test_decisions_keep_within_their_share_of_the_wall_time() -> None:
+def test_decisions_keep_within_their_share_of_the_wall_time(monkeypatch) -> None:
+    clock = itertools.count(step=1e-3)  # every reading of the controller's clock: 1 ms later
+    monkeypatch.setattr("hsd_fast.controller.time", SimpleNamespace(perf_counter=lambda: next(clock)))
     control = LatencyController(COSTS, alpha(0.95), every=1, decide_share=0.02)
-    control(seen(0, None))  # the first decision always runs (and resolves: the costliest)
-    for r in range(1, 200):  # rounds of 10 ms each
+    control(seen(0, None))  # the first decision always runs: 1 ms
+    for r in range(1, 200):  # looks of 10 ms each: a 1 ms decision fits every fifth
         control(seen(r, control.current))
-    assert 1 < len(control.decisions) < 200  # some looks were skipped, and not every one
-    assert control.decide_seconds <= 0.02 * control.wall + control.decide_seconds / len(control.decisions)
+    # after k more decisions, look r (whose wall is 10 ms * (r + 1)) may decide once 1 ms * k fits 2 %
+    assert len(control.decisions) == 1 + 200 // 5
+    assert control.decide_seconds == pytest.approx(0.001 * len(control.decisions))
+    assert control.decide_seconds <= 0.02 * control.wall + 0.001
 
 
 def test_neighbours_and_the_shortlist_are_valid_hierarchies() -> None:
