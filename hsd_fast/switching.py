@@ -132,12 +132,11 @@ class Switcher:
         if self.prober is None or wants is None:
             return ()
         rows = np.flatnonzero(~finished)
+        ends = np.maximum(committed[rows] - 1, 0)  # [R]
         idle = set(range(int(self.lookup_first), self.candidates)) - set(chosen.drafts)
+        wanted = dict.fromkeys(int(c) for c in wants(seen))  # asked every look: the policy keeps its schedule
         found = []
-        for candidate in dict.fromkeys(int(c) for c in wants(seen)):
-            if candidate not in idle or not len(rows):
-                continue
-            ends = np.maximum(committed[rows] - 1, 0)
+        for candidate in (c for c in wanted if c in idle and len(rows)):
             starts = np.minimum(self.cached[candidate, rows], ends)
             found.append(self.prober(candidate, rows, starts, ends))
             self.cached[candidate, rows] = ends
