@@ -9,7 +9,15 @@ matrix, measured on calibration text in another process. The run corrects both a
 - **Costs**: every step the run times (``Observation.step_seconds``) against what the prior predicts
   for it (a draft step of k tokens, a verification over n fed tokens, a lookup call): the median
   ratio over the recent steps of a candidate scales all its costs (``Scaled``). The machine, the
-  process and the batch change a cost's scale far more than its shape.
+  process and the batch change a cost's scale most; what its shape misses shows in the chain's
+  delivered seconds (below).
+- **A lookup level's proposals**: how many tokens a call proposes (``LookupCost.lengths``, the
+  share of calls that match nothing above all) depends on the text more than anything: every
+  verification of its proposals tells a row's proposal length (censored at the block size: a
+  proposal of T tokens says only "at least T"), counted on top of the prior's lengths as
+  ``PRIOR_CALLS`` pseudo-calls and faded like the trials; the lengths are the product-limit
+  estimate over them. At batch B the verification is padded to the widest of B proposals, so a
+  text where few rows match makes the lookup level cost more than it gains.
 - **Acceptance**: every verification of the active pairs (``Observation.verified / accepted``),
   counted as Bernoulli trials up to the first rejection, per block position, on top of the prior
   as ``PRIOR_TOKENS`` pseudo-trials; older rounds fade (``FADE`` per round), so the estimate follows
@@ -19,6 +27,19 @@ matrix, measured on calibration text in another process. The run corrects both a
   ``probe_every`` looks) is fed the committed tokens it lacks and scored on them
   (``probes.py``); its agreement with the target's tokens counts as trials of the pair
   (candidate, target), so a draft that sits out is still judged on this request's text.
+
+- **What the model misses**: a run's seconds per token also hold what the latency model leaves
+  out: a batch's rows that finish apart (the batch pays for the rows that still decode), the
+  engine's host work between steps, a verification's cost growing faster with its width than the
+  profile's. Each look compares the seconds per token the hierarchy that ran delivered (the
+  look's wall time x rows / tokens committed) with what the model predicts for it, except the
+  first look of a request or after a draft model joined (it holds a prefill or the joining model's
+  catch-up: costs of starting, not of running). The ratio, kept per chain (its levels, whatever
+  the block sizes) and faded per look (``CORRECTION_FADE``), multiplies the chain's predictions,
+  shrunk by ``CORRECTION_PRIOR`` tokens per row towards the ratio pooled over every drafting chain
+  that ran (what misleads the model about one draft mostly misleads it about all: a chain not yet
+  run is priced like those that did), and that towards 1. Plain decoding has its own. A chain the
+  run left drifts back to the model's prediction and is tried again if the model still prefers it.
 
 It looks every ``every`` rounds (``look_every``: the run shows it nothing in between, so a look's
 host work is paid once per ``every`` rounds) and scores the current hierarchy and its neighbours
@@ -41,7 +62,7 @@ import statistics
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -49,6 +70,7 @@ from hsd_fast.hierarchy_types import Hierarchy
 from hsd_fast.latency import (
     Acceptance,
     Cost,
+    LookupCost,
     decode_seconds,
     draft_seconds,
     expected_latency,
@@ -63,8 +85,19 @@ _KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # hierarchy -> {
 PRIOR_TOKENS = 32.0
 """Pseudo-trials the prior acceptance rate counts as: a pair's own rate outweighs it after a few
 dozen verified drafts."""
+PRIOR_CALLS = 32.0
+"""Pseudo-calls the prior proposal lengths of a lookup level count as (``PRIOR_TOKENS``'s
+counterpart)."""
 FADE = 0.9
 """What a pair's counted trials keep per round: about the last ten rounds dominate."""
+CORRECTION_PRIOR = 4.0
+"""Tokens per row (about a look's) the model's own prediction counts as in a chain's correction."""
+CORRECTION_FADE = 0.98
+"""What a chain's measurements keep per look: they halve every 34 looks. What they correct (a batch's
+tail, host work, a cost curve's shape) belongs to the setting more than to the text, which the
+acceptance and proposal estimates follow; and a chain the run left is tried again only once its
+measurements have faded enough for the model's preference to win, every few hundred looks where
+the model errs by 2x."""
 RECENT_STEPS = 48
 """Steps per candidate whose measured / predicted ratio the cost scale is the median of."""
 
@@ -129,6 +162,17 @@ class LatencyController:
         self.last_probe: dict[int, int] = {}  # candidate -> (request's) round of its last probe
         self.ratios: list[list[float]] = [[] for _ in costs]  # measured / predicted, per candidate
         self.trials: dict[tuple[int, int], np.ndarray] = {}  # per pair, per block position: [2, P]
+        # per lookup candidate, per proposal length (the prior's lengths): [2, L], calls whose
+        # proposal ended there, and calls cut there by the block size (at least that long)
+        self.proposals: dict[int, np.ndarray] = {}
+        self.rows = 1  # rows of the run last seen: a lookup level's verification pads to their widest
+        # per chain (drafts, tree): measured seconds per token x tokens per row, the model's
+        # prediction x tokens per row, and tokens per row, faded; and what awaits a prediction
+        self.measured: dict[tuple, np.ndarray] = {}
+        self.unpredicted: dict[Choice, np.ndarray] = {}  # choice -> [seconds x rows, tokens, per row]
+        self.measured_at = 0  # the look of the last fold: older measurements fade from there
+        self.drafting = 1.0  # the correction pooled over the drafting chains, at the last fold
+        self.last_chain: tuple | None = None  # the chain of the last look's rounds
         self.shortlist: list[Choice] = []
         self.current: Choice | None = None
         self.decisions: list[tuple[int, Choice, float]] = []  # (round, choice, predicted seconds/token)
@@ -182,15 +226,39 @@ class LatencyController:
     def costs(self) -> list[Cost]:
         """The prior costs, each scaled by the median measured / predicted ratio of its recent steps;
         a candidate that has not run yet by the median over every step measured (what moved every
-        cost, the machine or the process, most likely moved its too)."""
+        cost, the machine or the process, most likely moved its too). A lookup level's with the
+        proposal lengths of ``lengths`` and the run's rows."""
+        bases = [
+            replace(c, lengths=self.lengths(m), rows=self.rows) if isinstance(c, LookupCost) else c
+            for m, c in enumerate(self.prior_costs)
+        ]
         every = [x for r in self.ratios for x in r[-RECENT_STEPS:]]
         if not every:
-            return list(self.prior_costs)
+            return bases
         overall = statistics.median(every)
         return [
             Scaled(c, statistics.median(r[-RECENT_STEPS:]) if r else overall)
-            for c, r in zip(self.prior_costs, self.ratios, strict=True)
+            for c, r in zip(bases, self.ratios, strict=True)
         ]
+
+    def lengths(self, m: int) -> tuple[float, ...]:
+        """Lookup candidate ``m``'s proposal lengths (``LookupCost.lengths``): the product-limit
+        estimate over the calls its verifications showed and the prior's as ``PRIOR_CALLS``
+        pseudo-calls. A length's hazard (the share of proposals at least that long that end there)
+        counts the calls that ended there over those that reached it uncut; a call cut by the
+        block size says nothing past it, so lengths beyond every block size run keep the prior's
+        hazards."""
+        prior = np.asarray(self.prior_costs[m].lengths)  # type: ignore[attr-defined]
+        ended, cut = PRIOR_CALLS * prior, np.zeros_like(prior)
+        if m in self.proposals:
+            ended, cut = ended + self.proposals[m][0], self.proposals[m][1]
+        reached = ended[::-1].cumsum()[::-1] + np.append(cut[::-1].cumsum()[::-1][1:], 0.0)
+        out, survive = [], 1.0
+        for b in range(len(prior) - 1):
+            hazard = ended[b] / reached[b] if reached[b] > 0 else 0.0
+            out.append(survive * hazard)
+            survive *= 1.0 - hazard
+        return (*(float(p) for p in out), float(survive))
 
     def alpha(self) -> list[list[Acceptance]]:
         """The prior acceptance matrix, every pair that ran corrected by what it accepted."""
@@ -210,6 +278,7 @@ class LatencyController:
     def learn(self, seen: Observation) -> None:
         """Fold the round ``seen`` reports into the estimates."""
         self.wall += seen.round_seconds
+        self.rows = max(1, int((~seen.finished).sum()))
         for found in seen.probes:
             self.probe_seconds += found.seconds
             if found.positions:
@@ -217,6 +286,14 @@ class LatencyController:
                 self._count(pair, np.array([found.agreed]), np.array([found.positions]))
         if seen.choice is None:
             return
+        joined = set(seen.choice.drafts) - set(self.last_chain[0] if self.last_chain else ())
+        # a request's first look holds its prefill, a model's first after joining its catch-up
+        starting = seen.round <= 1 or any(not isinstance(self.prior_costs[m], LookupCost) for m in joined)
+        self.last_chain = _chain(seen.choice)
+        if seen.round_tokens > 0 and not starting:  # seconds x rows / tokens, modelled at the next decision
+            rows = len(seen.committed)
+            waiting = self.unpredicted.setdefault(seen.choice, np.zeros(3))
+            waiting += (seen.round_seconds * rows, seen.round_tokens, seen.round_tokens / rows)
         levels = [*seen.choice.drafts, self.target]
         costs_before = self.prior_costs
         for level, (sizes, seconds) in enumerate(zip(seen.step_sizes, seen.step_seconds, strict=True)):
@@ -226,8 +303,10 @@ class LatencyController:
                 if predicted > 0 and s > 0:
                     self.ratios[model].append(s / predicted)
             del self.ratios[model][:-RECENT_STEPS]
-        for trials in self.trials.values():
-            trials *= FADE**self.every
+        for counts in (*self.trials.values(), *self.proposals.values()):
+            counts *= FADE**self.every
+        if seen.verified and isinstance(self.prior_costs[levels[0]], LookupCost):
+            self._count_proposals(levels[0], seen.verified[0], seen.choice.T[0])
         for level, (drafts, accepted) in enumerate(zip(seen.verified, seen.accepted, strict=True), start=1):
             pair = (levels[level - 1], levels[level])
             width = int(drafts.max(initial=0))
@@ -247,6 +326,18 @@ class LatencyController:
         grown[0, :width] += passed
         grown[1, :width] += tried
         self.trials[pair] = grown
+
+    def _count_proposals(self, m: int, blocks: np.ndarray, T: int) -> None:
+        """Add the calls of lookup candidate ``m`` whose verifications checked ``blocks`` ``[N]``
+        tokens, proposed at block size ``T``: a block of T (or of the prior's longest length) was
+        cut there, a shorter one ended there. (A row near its length budget wants fewer than T: its
+        last call counts as ended, a small bias towards shorter proposals.)"""
+        longest = len(self.prior_costs[m].lengths) - 1  # type: ignore[attr-defined]
+        blocks = np.minimum(blocks, longest)
+        was_cut = blocks >= min(T, longest)
+        counts = self.proposals.setdefault(m, np.zeros((2, longest + 1)))
+        np.add.at(counts[0], blocks[~was_cut], 1.0)
+        np.add.at(counts[1], blocks[was_cut], 1.0)
 
     def wants_probes(self, seen: Observation) -> list[int]:
         """At a look, the idle model candidate considered longest ago, if a probe could change the
@@ -303,6 +394,17 @@ class LatencyController:
                 f"  {names[i]} > {names[j]}: {_mean_rate(self.prior_alpha[i][j]):.2f} -> "
                 f"{_mean_rate(alpha[i][j]):.2f} ({counts[1].sum():.0f})"
             )
+        for m, counts in sorted(self.proposals.items()):
+            prior, now = self.prior_costs[m].lengths, self.lengths(m)  # type: ignore[attr-defined]
+            lines.append(
+                f"  {names[m]}'s proposals: nothing matched {prior[0]:.2f} -> {now[0]:.2f}, mean length "
+                f"{_mean_length(prior):.1f} -> {_mean_length(now):.1f} ({counts.sum():.0f} calls, faded)"
+            )
+        lines.append("measured / modelled seconds per token, per chain that ran (tokens per row, faded):")
+        for chain, (measured, modelled, tokens) in sorted(self.measured.items(), key=str):
+            drafts, tree = chain
+            names_of = " > ".join(names[m] for m in (*drafts, self.target)) + (" (tree)" if tree else "")
+            lines.append(f"  {names_of}: {measured / modelled:.2f} ({tokens:.0f})")
         lines.append(f"decisions: {len(self.decisions)}; the last (round: hierarchy, predicted ms/token):")
         for round_, choice, seconds in self.decisions[-5:]:
             chain = " > ".join(names[m] for m in (*choice.drafts, self.target))
@@ -311,10 +413,37 @@ class LatencyController:
 
     # ------------------------------------------------------------------ decisions
     def predicted(self, choice: Choice, costs: Sequence[Cost], alpha) -> float:
-        """Seconds per committed token of ``choice`` under the estimates (the exact recursion)."""
+        """Seconds per committed token of ``choice`` under the estimates (the exact recursion),
+        times its chain's correction (``correction``)."""
+        return self.modelled(choice, costs, alpha) * self.correction(choice)
+
+    def modelled(self, choice: Choice, costs: Sequence[Cost], alpha) -> float:
+        """The latency model's seconds per committed token of ``choice`` under the estimates."""
         levels = [*choice.drafts, self.target]
         pairs = [alpha[a][b] for a, b in itertools.pairwise(levels)]
         return expected_latency([costs[m] for m in levels], pairs, list(choice.block_sizes))
+
+    def correction(self, choice: Choice) -> float:
+        """Measured / modelled seconds per token of the hierarchies over ``choice``'s chain that
+        ran (module doc), shrunk by ``CORRECTION_PRIOR`` tokens per row towards the drafting
+        chains' pooled correction (plain decoding: towards 1)."""
+        towards = self.drafting if choice.drafts else 1.0
+        measured, modelled, tokens = self.measured.get(_chain(choice), (0.0, 0.0, 0.0))
+        return _shrunk(measured, modelled, tokens, towards)
+
+    def _measure(self, costs: Sequence[Cost], alpha) -> None:
+        """Fold the seconds per token delivered since the last decision (``unpredicted``) into
+        their chains' corrections, against the model's prediction on the current estimates."""
+        for counts in self.measured.values():
+            counts *= CORRECTION_FADE ** (self.looks - self.measured_at)
+        self.measured_at = self.looks
+        for choice, (seconds_rows, tokens, per_row) in self.unpredicted.items():
+            delivered = seconds_rows / tokens  # seconds per token of a row
+            counts = self.measured.setdefault(_chain(choice), np.zeros(3))
+            counts += (delivered * per_row, self.modelled(choice, costs, alpha) * per_row, per_row)
+        self.unpredicted = {}
+        drafting = [counts for (drafts, _), counts in self.measured.items() if drafts]
+        self.drafting = _shrunk(*np.sum(drafting, axis=0), 1.0) if drafting else 1.0
 
     def __call__(self, seen: Observation) -> Choice:
         self.learn(seen)
@@ -323,6 +452,7 @@ class LatencyController:
             return self.current
         started = time.perf_counter()
         costs, alpha = self.costs(), self.alpha()
+        self._measure(costs, alpha)
         if self.current is None or self.looks - self.resolved_at >= self.resolve_every:
             self._resolve(costs, alpha)
         options = {*self.shortlist, *self._neighbours(self.current or self.shortlist[0])}
@@ -379,6 +509,23 @@ class LatencyController:
 def _mean_rate(rate: Acceptance) -> float:
     """One number for a pair's acceptance: a lookup level's per-position rates averaged."""
     return float(np.mean(rate)) if isinstance(rate, tuple) else float(rate)
+
+
+def _shrunk(measured: float, modelled: float, tokens: float, towards: float) -> float:
+    """The ratio ``measured / modelled`` over ``tokens`` tokens per row, shrunk towards ``towards``
+    as if ``CORRECTION_PRIOR`` more had measured that."""
+    if tokens <= 0 or modelled <= 0:
+        return towards
+    return (measured / modelled * tokens + towards * CORRECTION_PRIOR) / (tokens + CORRECTION_PRIOR)
+
+
+def _chain(choice: Choice) -> tuple:
+    """What a correction is kept per: the levels (a token tree or none), whatever the block sizes."""
+    return choice.drafts, choice.tree
+
+
+def _mean_length(lengths: Sequence[float]) -> float:
+    return float(np.dot(np.arange(len(lengths)), lengths))
 
 
 def _pooled(passed: np.ndarray, tried: np.ndarray, prior: float) -> float:

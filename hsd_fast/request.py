@@ -276,6 +276,8 @@ def _adaptive_levels(drafts, T, tree, hierarchy, adapt, trees) -> Levels:
         spec = replace(spec, start=_start_of(hierarchy, candidates, spec))
         if adapt is True and hierarchy.profile is not None:  # the latency model steers, from its profile
             spec = replace(spec, policy=LatencyController.kept_for(hierarchy, candidates, max_T=spec.max_T))
+        if isinstance(spec.policy, LatencyController) and spec.policy.current is not None:
+            spec = replace(spec, start=None)  # it served earlier requests: it starts where they left it
     return Levels(lookup, tuple(models), (), None, hierarchy, spec)
 
 

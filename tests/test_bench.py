@@ -51,6 +51,35 @@ def test_quick_bench_writes_its_files_with_every_field(tmp_path) -> None:
     assert (tmp_path / "e2e_tiny_cpu.png").is_file() == (importlib.util.find_spec("matplotlib") is not None)
 
 
+def test_the_mixed_scenario_serves_one_stream_static_and_adaptive(tmp_path) -> None:
+    argv = [
+        "--scenario",
+        "tiny",
+        "--quick",
+        "--mixed",
+        "--out",
+        str(tmp_path),
+        "--cache",
+        str(tmp_path / "p.json"),
+    ]
+    assert _bench(*argv, "--batch", "1", "2") == 0
+    for stem in ("e2e_tiny_mixed_cpu", "e2e_tiny_mixed_b2_cpu"):
+        report = json.loads((tmp_path / f"{stem}.json").read_text())
+        rows = {r["config"]: r for r in report["rows"]}
+        assert report["meta"]["requests"].startswith("3 x 16 prompt tokens: random, random, random > random")
+        static = [c for c in rows if not c.startswith("adaptive")]
+        assert "no draft" in static and any(c.startswith("static pick: ") for c in static)
+        assert {"lookup > target T=6", "first1 > target T=4", "lookup > first1 > target T=6,3"} <= set(static)
+        adaptive = [rows[c] for c in rows if c.startswith("adaptive")]
+        assert len(adaptive) == 3  # the built-in policy, the controller with and without probes (greedy)
+        assert all(0 <= r["look_share"] < 1 and r["probe_share"] is not None for r in adaptive)
+        assert max(r["x_best_static"] for r in rows.values() if r["config"] in static) == 1.0
+        for row in rows.values():
+            assert row["tok_s"] > 0 and row["same_output"] is True, row["config"]
+            assert row["random tok_s"] > 0 and row["register switches tok_s"] > 0
+        assert "Best static configuration over the whole stream" in (tmp_path / f"{stem}.md").read_text()
+
+
 def test_a_larger_batch_gets_its_own_pick_and_predictions(tmp_path) -> None:
     """With batch 3 asked for, step costs are also timed at 3 rows (stored apart), the predictions
     in batch 3's tables come from them, and the selector's pick for batch 3 runs there only, or is

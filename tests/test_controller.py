@@ -14,8 +14,9 @@ import torch
 from hf_models import derived_drafts, tiny_model
 
 import hsd_fast
-from hsd_fast.controller import PRIOR_TOKENS, LatencyController
+from hsd_fast.controller import CORRECTION_PRIOR, PRIOR_CALLS, PRIOR_TOKENS, LatencyController
 from hsd_fast.engine import run_hsd
+from hsd_fast.hierarchy_types import Selection
 from hsd_fast.latency import AffineCost, LookupCost
 from hsd_fast.switching_types import Adaptive, Choice, Observation
 from hsd_fast.testing.exactness import pooled_chi_square
@@ -40,11 +41,13 @@ def alpha(small_to_target: float = 0.8) -> list[list]:
     return a
 
 
-def seen(round_: int, choice: Choice | None, verified=(), accepted=(), sizes=(), seconds=()) -> Observation:
+def seen(
+    round_: int, choice: Choice | None, verified=(), accepted=(), sizes=(), seconds=(), wall=0.01, tokens=4
+) -> Observation:
     return Observation(
         round=round_, epoch=round_, choice=choice, num_candidates=3, lookup_first=True, trees=(),
         committed=np.array([100]), finished=np.array([False]), tokens=torch.zeros(1, 1, dtype=torch.int64),
-        round_tokens=4, round_seconds=0.01, verified=tuple(map(np.array, verified)),
+        round_tokens=tokens, round_seconds=wall, verified=tuple(map(np.array, verified)),
         accepted=tuple(map(np.array, accepted)), step_sizes=tuple(map(np.array, sizes)),
         step_seconds=tuple(map(np.array, seconds)),
     )  # fmt: skip
@@ -80,6 +83,52 @@ def test_costs_scale_by_what_the_run_measured() -> None:
     assert costs[2](3) == pytest.approx(2 * COSTS[2](3))  # not run: the overall scale
 
 
+def test_the_lookup_levels_proposal_lengths_follow_its_verifications() -> None:
+    control = LatencyController(COSTS, alpha(), every=1)
+    lookup = Choice((0,), (2,))
+    # nothing matches in 6 of 8 calls; the other two are cut at T = 2 (at least 2 tokens)
+    control.learn(
+        seen(1, lookup, verified=[[0] * 6 + [2, 2]], accepted=[[0] * 8], sizes=[[], []], seconds=[[], []])
+    )
+    prior = COSTS[0].lengths  # (0.5, 0.2, 0.1, 0.1, 0.1)
+    now = control.lengths(0)
+    assert now[0] == pytest.approx((PRIOR_CALLS * 0.5 + 6) / (PRIOR_CALLS + 8))
+    assert now[1] == pytest.approx(
+        (1 - now[0]) * PRIOR_CALLS * 0.2 / (PRIOR_CALLS * 0.5 + 2)
+    )  # cut calls reach 1
+    # past the cut nothing was seen: the prior's hazards there (P(2 | >= 2) = 0.1 / 0.3, ...)
+    assert now[2] / sum(now[2:]) == pytest.approx(prior[2] / sum(prior[2:]))
+    assert now[3] / now[4] == pytest.approx(prior[3] / prior[4]) and sum(now) == pytest.approx(1.0)
+    assert control.costs()[0].lengths == now  # what the decisions price
+    assert any("nothing matched 0.50 -> " in line for line in control.describe(["l", "a", "b", "t"]))
+
+
+def test_a_chain_that_delivers_slower_than_modelled_is_priced_as_measured() -> None:
+    control = LatencyController(COSTS, alpha(0.95), every=1, decide_share=math.inf)
+    first = control(seen(0, None))
+    assert first.drafts  # the model prefers drafting
+    # every hierarchy with a draft delivers a token 10x as slowly as the model says (as a batch's rows
+    # finishing apart would): after one measured look (a request's first holds its prefill and is not
+    # measured) the controller decodes without a draft, every drafting chain priced as that one was
+    choice = first
+    for r in (1, 2):
+        wall = 10.0 * control.modelled(choice, control.costs(), control.alpha()) * 4
+        choice = control(seen(r, choice, wall=wall, tokens=4))
+        assert choice == (first if r == 1 else Choice())
+    measured, modelled, tokens = control.measured[(first.drafts, None)]
+    assert measured / modelled == pytest.approx(10.0) and tokens == 4  # one look of 4 tokens
+    pooled = (10 * tokens + CORRECTION_PRIOR) / (tokens + CORRECTION_PRIOR)  # over the chains that ran
+    assert control.drafting == pytest.approx(pooled)
+    assert control.correction(first) == pytest.approx(
+        (10 * tokens + pooled * CORRECTION_PRIOR) / (tokens + CORRECTION_PRIOR)
+    )
+    other_T = Choice(first.drafts, tuple(t + 1 for t in first.T))
+    assert control.correction(other_T) == control.correction(first)  # per chain, whatever T
+    never_ran = Choice((1,), (2,), hsd_fast.Tree.chain(2))
+    assert control.correction(never_ran) == pytest.approx(pooled)
+    assert control.correction(Choice()) == 1.0  # plain decoding has its own: not measured yet
+
+
 def test_it_switches_when_the_estimates_say_so_and_not_for_a_small_gain() -> None:
     control = LatencyController(COSTS, alpha(0.95), every=1, decide_share=math.inf)  # no time budget
     first = control(seen(0, None))
@@ -90,9 +139,9 @@ def test_it_switches_when_the_estimates_say_so_and_not_for_a_small_gain() -> Non
         drafts = choice.drafts
         verified = [[choice.T[i]] * 2 for i in range(len(drafts))]
         accepted = [[0, 0] if drafts[i] == 1 else [choice.T[i], choice.T[i]] for i in range(len(drafts))]
-        choice = control(
-            seen(r, choice, verified, accepted, [[]] * (len(drafts) + 1), [[]] * (len(drafts) + 1))
-        )
+        as_modelled = control.modelled(choice, control.costs(), control.alpha()) * 4  # 4 tokens a look
+        none = [[]] * (len(drafts) + 1)
+        choice = control(seen(r, choice, verified, accepted, none, none, wall=as_modelled))
     assert 1 not in choice.drafts
     # hysteresis: a decision within the margin keeps the current hierarchy
     stay = LatencyController(COSTS, alpha(0.95), every=1, margin=10.0, decide_share=math.inf)
@@ -165,3 +214,29 @@ def test_greedy_with_the_controller_is_the_targets_own() -> None:
         )  # fmt: skip
         assert out.tolist() == expected.tolist()
     assert len(control.decisions) > 10 and any(r for r in control.ratios)  # it measured and decided
+
+
+@pytest.mark.hf
+def test_a_controller_that_served_a_request_starts_the_next_where_it_left_it() -> None:
+    target = tiny_model("llama")
+    drafts = derived_drafts(target, 2)
+    costs = [AffineCost(1e-3, 1e-4), AffineCost(2e-3, 2e-4), AffineCost(4e-3, 4e-4)]
+    prior = [[1.0, 0.85, 0.7], [0.85, 1.0, 0.8], [0.7, 0.8, 1.0]]
+    control = LatencyController(costs, prior, every=2, decide_share=math.inf)
+    pick = hsd_fast.Hierarchy(drafts=(drafts[1],), T=(3,), selection=Selection((1, 2), (3,), 1.0))
+    ids = torch.randint(3, target.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(2))
+    expected = target.generate(ids, do_sample=False, max_new_tokens=24)
+
+    def run():
+        return target.generate(
+            ids, custom_generate=hsd_fast.generate, drafts=drafts, hierarchy=pick, adapt=control,
+            do_sample=False, max_new_tokens=24, compile=False, output_hsd_stats=True,
+        )  # fmt: skip
+
+    first = run()
+    assert first.hsd_stats.hierarchies[0].choice == Choice((1,), (3,))  # a fresh controller: the pick's
+    decided = len(control.decisions)
+    second = run()
+    assert second.sequences.tolist() == first.sequences.tolist() == expected.tolist()
+    round_, choice, _ = control.decisions[decided]  # asked before the first round: its choice is it
+    assert round_ == 0 and second.hsd_stats.hierarchies[0].choice == choice

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ from tqdm.auto import tqdm
 from hsd_fast.batch_latency import chain_latency, select_for_batch
 from hsd_fast.bench import configs as cfg
 from hsd_fast.bench import measuring
+from hsd_fast.bench.mixed import measure_mixed, mixed_grid, mixed_requests, write_mixed
 from hsd_fast.bench.results import write
 from hsd_fast.bench.scenarios import SCENARIOS, Scenario
 from hsd_fast.bench.timing import CpuMeter
@@ -35,7 +37,7 @@ from hsd_fast.cli_args import output_folder, positive_float, positive_int
 from hsd_fast.controller import LatencyController
 from hsd_fast.hf_generate import generate
 from hsd_fast.hierarchy import with_lookup_level
-from hsd_fast.hierarchy_types import Hierarchy, Selection
+from hsd_fast.hierarchy_types import Hierarchy, Profile, Selection
 from hsd_fast.latency import decode_seconds
 from hsd_fast.lookup import LOOKUP, LookupDraft, as_lookup
 from hsd_fast.positions import COMMAND_FORM, check_positions, fewest_positions
@@ -94,6 +96,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=output_folder, default="bench/results", help="folder for the result files")
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="profile cache for the selector")
     p.add_argument(
+        "--mixed", action="store_true",
+        help="serve the prompt sets as one stream of requests, static hierarchies against adaptive ones "
+        "(batch default: 1)",
+    )  # fmt: skip
+    p.add_argument(
         "--profile-only", action="store_true",
         help="measure and cache the selector's step costs and acceptance for every batch, then exit",
     )  # fmt: skip
@@ -105,7 +112,7 @@ def _defaults(args: argparse.Namespace) -> argparse.Namespace:
     quick = args.quick
     args.eager = args.eager or quick
     chosen = {
-        "batch": [1] if quick else [1, 4, 16],
+        "batch": [1] if quick or args.mixed else [1, 4, 16],
         "max_new_tokens": 32 if quick else 128,
         "passes": 1 if quick else 3,
         "prompts_per_set": 2 if quick else 8,
@@ -135,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
     if args.profile_only:
         print(f"profiles cached in {args.cache}")
         return 0
+    if args.mixed:
+        return _mixed(scenario, sampling, args, profiles)
     costs, alpha, names = profiles[1]
     pick = select(costs, alpha, max_T=GRID_MAX_T)
     hierarchies = {"selector's pick": (pick, None)}
@@ -241,6 +250,49 @@ def _label(sampling: dict) -> str:
     if not sampling.get("do_sample"):
         return "greedy"
     return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sampling.items() if k != "do_sample")
+
+
+def _mixed(scenario: Scenario, sampling: dict, args: argparse.Namespace, profiles: dict) -> int:
+    """``--mixed``: the scenario's prompt sets served as one stream of requests (``mixed.py``), for
+    each batch: no draft, the selector's pick and a grid against the adaptive engine."""
+    candidates = {LOOKUP: LOOKUP, **scenario.drafts}
+    levels = (LookupDraft(), *scenario.drafts.values(), scenario.target)  # the profiles' candidates
+    sets = {name: torch.stack(prompts) for name, prompts in scenario.prompt_sets.items()}
+    device = str(next(scenario.target.parameters()).device)
+    different = False
+    for batch in args.batch:
+        costs, alpha, _ = profiles[batch]
+        selection = select_for_batch(costs, alpha, batch, GRID_MAX_T, args.max_new_tokens)
+        profile = Profile(levels, tuple(costs), tuple(tuple(row) for row in alpha))
+        pick = replace(Hierarchy.bind(selection, levels, batch), profile=profile)
+        work = mixed_requests(sets, batch)
+        print(
+            f"batch {batch}: {len(work)} requests, {len(work) * (args.passes + 1)} with the warm-up, each way"
+        )
+        result = measure_mixed(
+            scenario.target, candidates, pick, mixed_grid(list(scenario.drafts)), work, sampling,
+            args.max_new_tokens, args.passes, compile=not args.eager,
+        )  # fmt: skip
+        meta = run_metadata(
+            device, scenario=scenario.name, models=scenario.description, sampling_label=_label(sampling),
+            sampling=sampling, compiled=not args.eager, batch=batch,
+            requests=f"{len(work)} x {work[0].ids.shape[1]} prompt tokens: "
+            + ", ".join(r.group for r in work),
+            max_new_tokens=args.max_new_tokens, passes=args.passes, redone_passes=result.redone,
+        )  # fmt: skip
+        at = "" if batch == 1 else f"_b{batch}"
+        stem = args.out / f"e2e_{scenario.name}_mixed{at}{_stem_suffix(args)}_{torch.device(device).type}"
+        notes = [
+            f"Scenario {scenario.name}: {scenario.description}; batch {batch}. One pass serves every "
+            "request in turn; medians of interleaved passes after warm-up. The latency controller keeps "
+            "its estimates across requests and passes (as a process serving a stream would).",
+        ]
+        write_mixed(stem, f"hsd-fast bench --mixed: {scenario.name}, {_label(sampling)}", notes, result, meta)
+        print(f"wrote {stem}.md")
+        different |= any(r.get("same_output") is False for r in result.rows)
+    if different:
+        print("ERROR: greedy output differs from no draft's in the mixed scenario")
+    return int(different)
 
 
 def _stem_suffix(args: argparse.Namespace) -> str:
@@ -414,20 +466,14 @@ def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, no
         config = _recomputing_exit(scenario, names[selection.chain[0]], selection.T, sampling, n, args)
         config.batches = batches
         configs.append(config)
-    # the adaptive engine, steered by the latency model from the smallest batch's profile (its
-    # names: the lookup level, the drafts, the target: the candidates in order)
-    costs, alpha, profiled = profiles[min(profiles)]
-    control = LatencyController(costs, alpha, max_T=GRID_MAX_T)
+    # the adaptive engine, steered by the latency model: one controller per batch, from that batch's
+    # profile (its names: the lookup level, the drafts, the target: the candidates in order)
+    controls = {batch: LatencyController(c, a, max_T=GRID_MAX_T) for batch, (c, a, _) in profiles.items()}
+    profiled = profiles[min(profiles)][2]
     adaptive = cfg.ours_adaptive(
-        scenario.target,
-        scenario.drafts,
-        profiled[:-1],
-        sampling,
-        n,
-        not args.eager,
-        control,
+        scenario.target, scenario.drafts, profiled[:-1], sampling, n, not args.eager, controls,
         "latency controller",
-    )
+    )  # fmt: skip
     configs.append(adaptive)
     return configs
 

@@ -150,13 +150,14 @@ def ours_adaptive(
 ) -> Config:
     """Our engine choosing its hierarchy round by round over ``candidates`` (smallest first) with
     ``policy`` (``adapt=``: True for the built-in one, or a policy such as a ``LatencyController``,
-    which keeps what it learns from one call to the next)."""
+    which keeps what it learns from one call to the next; a dict: one per batch size)."""
     kwargs = _hf_kwargs(sampling, max_new_tokens) | {"compile": compile, "output_hsd_stats": True, "seed": 0}
     models = [as_lookup(d) or drafts[d] for d in candidates]
 
     def run(ids, mask):
+        adapt = policy[len(ids)] if isinstance(policy, dict) else policy
         out = target.generate(
-            ids, attention_mask=mask, custom_generate=hsd_generate, drafts=models, adapt=policy, **kwargs
+            ids, attention_mask=mask, custom_generate=hsd_generate, drafts=models, adapt=adapt, **kwargs
         )
         return out.sequences, out.hsd_stats
 
