@@ -21,10 +21,11 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-import hsd_fast
 from hsd_fast.bench.timing import CpuMeter, interleaved
 from hsd_fast.controller import LatencyController
+from hsd_fast.hf_generate import generate
 from hsd_fast.hierarchy_types import Hierarchy
+from hsd_fast.lookup import LookupDraft
 from hsd_fast.report import markdown_table, write_report
 
 REGISTER_SWITCHES = "register switches"
@@ -102,7 +103,7 @@ def measure_mixed(
             for i, request in enumerate(work):
                 start = time.perf_counter()
                 out = target.generate(
-                    request.ids, custom_generate=hsd_fast.generate, seed=i, output_hsd_stats=True,
+                    request.ids, custom_generate=generate, seed=i, output_hsd_stats=True,
                     **common, **kwargs,
                 )  # fmt: skip
                 secs.append(time.perf_counter() - start)
@@ -124,7 +125,7 @@ def measure_mixed(
         "adaptive, latency controller", drafts=levels, adapt=True, hierarchy=pick
     )
     if greedy:  # probes serve greedy runs only: the same controller without them
-        resolved = [hsd_fast.LookupDraft() if c == "lookup" else c for c in levels]
+        resolved = [LookupDraft() if c == "lookup" else c for c in levels]
         unprobed = LatencyController.from_hierarchy(pick, resolved, probe_share=0.0)
         runs["adaptive, latency controller, no probes"] = run_of(
             "adaptive, latency controller, no probes", drafts=levels, adapt=unprobed, hierarchy=pick
