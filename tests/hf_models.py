@@ -58,8 +58,7 @@ def tiny_model(
         eos_token_id=2,
         pad_token_id=0,
         attn_implementation=attn,
-        **shape,
-        **overrides,
+        **(shape | overrides),
     )
     torch.manual_seed(seed)
     model = model_cls(config).eval()

@@ -51,6 +51,7 @@ def test_quick_bench_writes_its_files_with_every_field(tmp_path) -> None:
     assert (tmp_path / "e2e_tiny_cpu.png").is_file() == (importlib.util.find_spec("matplotlib") is not None)
 
 
+@pytest.mark.slow
 def test_the_mixed_scenario_serves_one_stream_static_and_adaptive(tmp_path) -> None:
     argv = [
         "--scenario",
@@ -80,6 +81,7 @@ def test_the_mixed_scenario_serves_one_stream_static_and_adaptive(tmp_path) -> N
         assert "Best static configuration over the whole stream" in (tmp_path / f"{stem}.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_larger_batch_gets_its_own_pick_and_predictions(tmp_path) -> None:
     """With batch 3 asked for, step costs are also timed at 3 rows (stored apart), the predictions
     in batch 3's tables come from them, and the selector's pick for batch 3 runs there only, or is
@@ -117,6 +119,7 @@ def test_a_larger_batch_gets_its_own_pick_and_predictions(tmp_path) -> None:
     assert all(r["predicted_tok_s"] > 0 for r in fixed)  # the adaptive engine has no prediction
 
 
+@pytest.mark.slow
 def test_profiles_measured_by_profile_only_serve_the_bench(tmp_path, monkeypatch) -> None:
     """``--profile-only`` (what a compiled bench runs in a child process first) caches everything the
     bench's selector needs, for every batch: a bench run on that cache then measures no step cost
@@ -277,6 +280,7 @@ def test_the_best_single_exit_also_runs_with_the_target_recomputing() -> None:
     assert stats.verified[1] > 0
 
 
+@pytest.mark.slow
 def test_a_checkpoints_generation_config_runs_every_configuration(tmp_path) -> None:
     """``--generation-config qwen2.5-instruct``: every configuration samples with Qwen2.5-Instruct's
     shipped defaults (repetition penalty included), in its own result files."""

@@ -69,6 +69,7 @@ def zoo_without_profile(tmp_path, monkeypatch):
     return copy
 
 
+@pytest.mark.slow
 def test_select_prints_and_measures_the_best_hierarchies(
     zoo_without_profile, tmp_path, capsys, monkeypatch
 ) -> None:

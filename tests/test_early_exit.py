@@ -125,6 +125,7 @@ def small() -> torch.nn.Module:
     return tiny_model("llama", vocab_size=V, layers=6, lm_head_scale=4.0)
 
 
+@pytest.mark.slow
 def test_sampled_is_exact_and_the_planted_bug_is_caught(small) -> None:
     exact = exact_distribution(small, PROMPT, V, STEPS)
     drafts = [EarlyExit(small, 2), EarlyExit(small, 4)]

@@ -47,6 +47,7 @@ def test_generate_samples_the_target_distribution(models, exact) -> None:
     assert all(0 < out.hsd_stats.acceptance_rate(lvl) < 1 for lvl in (1, 2))
 
 
+@pytest.mark.slow
 def test_residual_as_q_fails_the_same_test(models, exact) -> None:
     *drafts, target = models
     # eager: the planted bug indexes by a data-dependent mask, which torch.compile cannot trace, and

@@ -148,6 +148,39 @@ def test_costs_timed_where_the_anchor_ran_at_another_speed_are_timed_again(monke
     assert len(calls) == 2 and next(iter(elsewhere.entries.values()))["anchor"] == 0.6e-4
 
 
+def test_a_shipped_profile_timed_at_another_speed_is_scaled_not_timed_again(monkeypatch, tmp_path) -> None:
+    """A fallback (the zoo's committed profile) read on a machine running the anchor 1.7x faster: its
+    costs come scaled by the anchor's ratio, without timing a step (the demo used to time every
+    model's compiled steps again, for minutes, on each run); a cost the user's own cache holds under
+    the same key is still timed again."""
+    calls = []
+    monkeypatch.setattr(cache_module, "forward_costs", lambda *a, **k: calls.append(1) or COST)
+    speed = {"anchor": 1e-4}
+    monkeypatch.setattr(cache_module, "anchor_seconds", lambda device, clock=None: speed["anchor"])
+    model = torch.nn.Linear(2, 2)
+    shipped = tmp_path / "shipped.json"
+    timed = ProfileCache(shipped)
+    timed.costs(model, 8)
+    timed.save()
+    assert len(calls) == 1
+
+    speed["anchor"] = 0.6e-4
+    here = ProfileCache(tmp_path / "mine.json", fallbacks=[shipped])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to say: no timing, no warning
+        costs = here.costs(model, 8)
+    assert len(calls) == 1 and not here.changed
+    assert costs.seconds == pytest.approx([0.6 * t for t in COST.seconds])
+    assert costs.draft_seconds == pytest.approx([0.6 * t for t in COST.draft_seconds])
+    assert costs.spans == COST.spans
+
+    (tmp_path / "mine.json").write_text(shipped.read_text())  # the same entry, in the user's own cache
+    own = ProfileCache(tmp_path / "mine.json", fallbacks=[shipped])
+    with pytest.warns(ProfileCacheWarning, match="timing the steps again"):
+        own.costs(model, 8)
+    assert len(calls) == 2
+
+
 COST = CostProfile((1, 2), (0.01, 0.02), (1,), (0.005,))
 
 

@@ -197,6 +197,7 @@ SAMPLED = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SAMPLED))
 def test_sampled_chain_is_exact_and_the_planted_bug_is_caught(small, name) -> None:
     *drafts, target = small

@@ -122,6 +122,7 @@ def test_a_lookup_that_never_matches_decodes_as_level_one_alone(target) -> None:
     assert stats.drafted[0] == 0 and stats.verified[1] == 0 and stats.bonus[1] == 20, stats.summary()
 
 
+@pytest.mark.slow
 @pytest.mark.hf
 def test_sampling_on_a_tiny_hf_model_is_exact() -> None:
     vocab, steps = 6, 3

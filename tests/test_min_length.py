@@ -125,6 +125,7 @@ def _samples(target, eos: int, **levels) -> list[tuple[int, ...]]:
     return [tuple(row) for row in out[:, len(PROMPT) :].tolist()]
 
 
+@pytest.mark.slow
 def test_sampled_chain_is_exact_and_the_planted_bug_is_caught(small) -> None:
     *drafts, target = small
     eos = _eos(target)

@@ -231,6 +231,7 @@ def test_the_penalty_bites_in_the_sampled_test(small) -> None:
     assert sum(abs(without[k] - with_[k]) for k in with_) > 0.3  # total variation * 2
 
 
+@pytest.mark.slow
 def test_sampled_chain_is_exact_and_the_planted_bug_is_caught(small, exact) -> None:
     *drafts, target = small
     result = pooled_chi_square(_samples(target, drafts=drafts, T=[2, 2]), exact)
@@ -240,6 +241,7 @@ def test_sampled_chain_is_exact_and_the_planted_bug_is_caught(small, exact) -> N
     assert pooled_chi_square(buggy, exact).p_value < 1e-6
 
 
+@pytest.mark.slow
 def test_sampled_tree_is_exact_and_the_planted_bug_is_caught(small, exact) -> None:
     *drafts, target = small
     levels = {"drafts": drafts[1:], "T": [3], "tree": hsd_fast.Tree.spine(3, 2)}

@@ -177,6 +177,7 @@ def test_greedy_tree_hsd_on_hf_models(arch: str) -> None:
         assert out.hsd_stats.accepted[1] > 0, out.hsd_stats.summary()
 
 
+@pytest.mark.slow
 @pytest.mark.hf
 def test_sampled_tree_hsd_on_a_tiny_hf_model_is_exact() -> None:
     vocab, steps = 6, 3

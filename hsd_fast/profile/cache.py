@@ -3,7 +3,9 @@
 Keys name what was measured: a cost by model identity (a hash of the weights), device, dtype,
 context length and the timing environment (``costs.timing_environment``: the entry's version, the
 torch release, the CPU threads or the GPU), and a cost entry holds the anchor workload's time
-(``costs.anchor_seconds``), so that one timed on a machine running at another speed is timed again;
+(``costs.anchor_seconds``), so that one timed on a machine running at another speed is timed again
+(a fallback's entry, shipped and timed elsewhere, is scaled by the anchor's ratio instead: re-timing
+every model's compiled steps on each run that reads it would cost minutes and store nothing);
 rates measured on the text a run meets (``run_text``: the target's continuations of the
 calibration ids, as long as the run) by what they compare and by that text (the target's identity,
 the sampling transform, the hash of the calibration ids, the length when not the default): an
@@ -121,6 +123,14 @@ def _cost_profile(entry: dict) -> CostProfile:
     return CostProfile(*(tuple(entry[field]) for field in COST_FIELDS), entry["noise"])
 
 
+def _scaled(profile: CostProfile, ratio: float) -> CostProfile:
+    return replace(
+        profile,
+        seconds=tuple(t * ratio for t in profile.seconds),
+        draft_seconds=tuple(t * ratio for t in profile.draft_seconds),
+    )
+
+
 def read_entries(path: Path) -> dict:
     """The entries of a cache file; ``ValueError`` (saying what is wrong) if it is not one: not
     JSON, or not ``{"entries": {str: ...}}``. Entries are checked where they are used."""
@@ -143,6 +153,7 @@ class ProfileCache:
         self.writable = self.path is not None  # False where the file must be left alone
         self._texts: dict[str, torch.Tensor] = {}  # the run's text per _text_key, generated once
         self._anchors: dict[str, float] = {}  # anchor_seconds per device type, timed once
+        self._shipped: set[str] = set()  # keys whose entry comes from a fallback
         for source in fallbacks:
             self._read(Path(source), fallback=True)
         if self.path is not None:
@@ -174,6 +185,10 @@ class ProfileCache:
             _warn(f"the profile cache {source} is unusable ({err}); moved it to {aside}, starting empty")
             return
         self.entries.update(entries)
+        if fallback:
+            self._shipped.update(entries)
+        else:
+            self._shipped.difference_update(entries)
 
     def save(self) -> None:
         """Write the entries to ``path`` if anything was measured since they were read: atomically,
@@ -229,6 +244,8 @@ class ProfileCache:
             and entry["noise"] <= MAX_REUSED_NOISE
             and (not crowd_bytes or _usable_cost(entry.get("crowded")))
         )
+        if usable and key in self._shipped and _is_number(entry.get("anchor")):
+            return self._scaled_here(entry, crowd_bytes, p.device, clock)
         if not (usable and self._same_speed(entry, p.device, clock)):
             profile = forward_costs(
                 model,
@@ -247,6 +264,14 @@ class ProfileCache:
         entry = self.entries[key]
         crowded = _cost_profile(entry["crowded"]) if crowd_bytes else None
         return replace(_cost_profile(entry), crowded=crowded)
+
+    def _scaled_here(self, entry: dict, crowd_bytes: int, device: torch.device, clock) -> CostProfile:
+        """A fallback's cost entry with every time scaled by how much faster or slower the anchor
+        workload runs here and now than where the entry was timed: a uniform speed change, the one
+        a machine's load or clock makes, leaves the pick unchanged and the predicted speed right."""
+        ratio = self._anchor(device, clock) / entry["anchor"]
+        crowded = _scaled(_cost_profile(entry["crowded"]), ratio) if crowd_bytes else None
+        return replace(_scaled(_cost_profile(entry), ratio), crowded=crowded)
 
     def _anchor(self, device: torch.device, clock) -> float:
         """``anchor_seconds`` on ``device``, timed once per cache (per process, in practice)."""
