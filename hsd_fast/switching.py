@@ -60,8 +60,7 @@ class Switcher:
         self.probe_seconds = 0.0
         self.budget_end = budget_end
         self.policy = adapt.policy if adapt.policy is not None else ExploreThenCommit()
-        # a policy may look only every few rounds: a row's round end holds it only at that count
-        self.look_every = max(1, int(getattr(self.policy, "look_every", 1)))
+        self.look_every = self._look_every()
         self.rounds_since_look = np.zeros(len(prompt_lens), dtype=np.int64)  # [B]
         self.cached = np.zeros((candidates + 1, len(prompt_lens)), dtype=np.int64)  # [candidates + 1, B]
         self.epoch = self.round = 0
@@ -84,8 +83,14 @@ class Switcher:
         that never switch: here a lower level's keys must never meet the target's)."""
         self.sampling, self.epoch = sampling, 1
         sampling.start_epoch(self.epoch)
+        self.look_every = self._look_every()  # the first choice may have changed it
         self.used.append(HierarchyUsed(0, choice))
         self.last_look = time.perf_counter()
+
+    def _look_every(self) -> int:
+        """A policy may look only every few rounds (asked again after each look: it may change):
+        a row's round end holds it only at that count."""
+        return max(1, int(getattr(self.policy, "look_every", 1)))
 
     def rounds_ended(self, rows: np.ndarray) -> np.ndarray:
         """``rows`` each ended a round: those of them to hold for the next look (the policy's
@@ -109,6 +114,7 @@ class Switcher:
         self.round += 1
         seen = self._observation(choice, finished, log.since(self.marks), committed, now)
         chosen = self.check(self.policy(seen))
+        self.look_every = self._look_every()
         self.epoch += 1  # the policy has looked: nothing a lower level draws from here on was seen
         self.sampling.start_epoch(self.epoch)
         cached = self.caches_for(chosen, committed)  # [levels, B]

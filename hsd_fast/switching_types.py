@@ -49,10 +49,11 @@ class Adaptive:
 
 Policy = Callable[["Observation"], Choice]
 """A function from what the run has seen to the hierarchy of the next round. A policy object may
-also have ``look_every``, an int: the run shows it a row's rounds only every that many round ends
-(1 by default; the rounds between are decoded in the same hierarchy and reported together at the
-next look), and ``wants_probes(seen: Observation) -> Sequence[int]``: the idle candidates to probe
-at this look, after its choice (their results come with the next observation; greedy runs only)."""
+also have ``look_every``, an int read at the start and after every look: the run shows it a row's
+rounds only every that many round ends (1 by default; the rounds between are decoded in the same
+hierarchy and reported together at the next look), and ``wants_probes(seen: Observation) ->
+Sequence[int]``: the idle candidates to probe at this look, after its choice (their results come
+with the next observation; greedy runs only)."""
 
 
 @dataclass(frozen=True)

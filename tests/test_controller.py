@@ -149,6 +149,47 @@ def test_it_switches_when_the_estimates_say_so_and_not_for_a_small_gain() -> Non
     assert all(stay(seen(r, start)) == start for r in range(1, 5))
 
 
+def test_looks_grow_sparse_while_the_hierarchy_holds() -> None:
+    """Each look that keeps the hierarchy doubles the rounds to the next, up to ``max_every``; a new
+    request (round 0) and a switch bring it back to ``every``."""
+    stay = LatencyController(COSTS, alpha(0.95), every=2, max_every=16, margin=10.0, decide_share=math.inf)
+    start = stay(seen(0, None))
+    intervals = [stay.look_every]
+    for r in range(1, 6):
+        stay(seen(r, start))
+        intervals.append(stay.look_every)
+    assert intervals == [2, 4, 8, 16, 16, 16]
+    stay(seen(0, start))  # the next request
+    assert stay.look_every == 2
+
+    switching = LatencyController(COSTS, alpha(0.95), every=2, margin=0.0, decide_share=math.inf)
+    switching(seen(0, None))
+    switching(seen(1, switching.current))
+    assert switching.look_every == 4
+    switching.current = Choice((2,), (1,))  # as if it had chosen a poor hierarchy: the next look leaves it
+    assert switching(seen(2, switching.current)) != Choice((2,), (1,)) and switching.look_every == 2
+
+
+def test_the_run_asks_for_the_interval_after_every_look() -> None:
+    """Through the engine: a controller that keeps its hierarchy looks at round ends 1, 3, 7, 15,
+    then every 8 (``every=1, max_every=8``), not at every round end."""
+    target = tiny_model("llama")
+    drafts = derived_drafts(target, 1)
+    costs = [AffineCost(1e-3, 1e-4), AffineCost(4e-3, 4e-4)]
+    control = LatencyController(costs, [[1.0, 0.8], [0.8, 1.0]], every=1, max_every=8, margin=10.0)
+    control.current = Choice((0,), (2,))  # as if an earlier request had chosen it; the margin keeps it
+    ids = torch.randint(3, target.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(2))
+    out = target.generate(
+        ids, custom_generate=hsd_fast.generate, drafts=drafts, adapt=control,
+        do_sample=False, max_new_tokens=160, compile=False, output_hsd_stats=True,
+    )  # fmt: skip
+    assert [h.choice for h in out.hsd_stats.hierarchies] == [Choice((0,), (2,))]
+    looks = [r for r, _, _ in control.decisions]  # round 0: the choice before the first round
+    assert looks == list(range(len(looks))) and len(looks) >= 6
+    rounds = out.hsd_stats.hierarchies[0].rounds  # the round ends up to the last look
+    assert [1, 3, 7, *range(15, rounds + 8, 8)][: len(looks) - 1][-1] == rounds
+
+
 def test_decisions_keep_within_their_share_of_the_wall_time(monkeypatch) -> None:
     clock = itertools.count(step=1e-3)  # every reading of the controller's clock: 1 ms later
     monkeypatch.setattr("hsd_fast.controller.time", SimpleNamespace(perf_counter=lambda: next(clock)))
