@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from hsd_fast.hf_generate import generate
 from hsd_fast.hierarchy_types import Hierarchy
 from hsd_fast.lookup import LookupDraft
 from hsd_fast.report import markdown_table, write_report
+from hsd_fast.switching_types import Choice
 
 REGISTER_SWITCHES = "register switches"
 """The group of the requests whose prompt switches set half-way."""
@@ -96,10 +98,11 @@ def measure_mixed(
     outputs: dict[str, list] = {}
     seconds_of: dict[str, list[float]] = {}
     shares: dict[str, tuple[float, float]] = {}  # an adaptive run's looks and probes, of its wall time
+    used: dict[str, Counter] = {}  # an adaptive run's hierarchies: label -> tokens committed under it
 
     def run_of(name: str, **kwargs) -> Callable[[], None]:
         def run() -> None:
-            outs, secs, looked, probed = [], [], 0.0, 0.0
+            outs, secs, looked, probed, hierarchies = [], [], 0.0, 0.0, Counter()
             for i, request in enumerate(work):
                 start = time.perf_counter()
                 out = target.generate(
@@ -110,7 +113,9 @@ def measure_mixed(
                 outs.append(out.sequences)
                 looked += out.hsd_stats.look_seconds
                 probed += out.hsd_stats.probe_seconds
-            outputs[name], seconds_of[name] = outs, secs
+                for stretch in out.hsd_stats.hierarchies:
+                    hierarchies[_label(stretch.choice, list(candidates), target_name)] += stretch.committed
+            outputs[name], seconds_of[name], used[name] = outs, secs, hierarchies
             shares[name] = (looked / sum(secs), probed / sum(secs))
 
         return run
@@ -155,6 +160,7 @@ def measure_mixed(
             "x_no_draft": round(total["no draft"] / total[name], 3),
             "look_share": round(shares[name][0], 4) if name.startswith("adaptive") else None,
             "probe_share": round(shares[name][1], 4) if name.startswith("adaptive") else None,
+            "hierarchies": _most_used(used[name]) if name.startswith("adaptive") else None,
         }
         for group in groups:
             index = [i for i, r in enumerate(work) if _group(r.group) == group]
@@ -174,6 +180,18 @@ def write_mixed(stem, title: str, notes: list[str], result: MixedResult, meta: d
     table = markdown_table(columns, [[r.get(c) for c in columns] for r in result.rows])
     notes = [*notes, f"Best static configuration over the whole stream: {result.best_static}."]
     write_report(stem, f"{title}: {meta['device']}", meta, [*notes, "", *table], {"rows": result.rows})
+
+
+def _label(choice: Choice, names: list[str], target_name: str) -> str:
+    levels = [names[m] for m in choice.drafts] + [target_name]
+    T = f" T={','.join(map(str, choice.T))}" if choice.drafts else ""
+    return " > ".join(levels) + T + (" tree" if choice.tree else "")
+
+
+def _most_used(tokens: Counter, top: int = 3) -> str:
+    """The hierarchies that committed the most tokens in the last pass, with their shares."""
+    total = sum(tokens.values()) or 1
+    return "; ".join(f"{label} {n / total:.0%}" for label, n in tokens.most_common(top))
 
 
 def _group(name: str) -> str:
