@@ -4,8 +4,9 @@ first half of one set's prompt, the second half of another's). Static configurat
 hierarchy for the whole stream: no draft, the selector's pick and a small grid; adaptive ones
 choose per round: the built-in policy (``adapt=True``) and the latency controller started from the
 pick's profile (``adapt=True, hierarchy=pick``), which keeps what it learns across the requests (in
-greedy runs also without its probes of idle candidates). Side by side in interleaved passes after
-warm-up (``timing.interleaved``); greedy outputs are checked equal to no draft's.
+greedy runs also without its probes of idle candidates). Side by side after warm-up, interleaved
+per request (``timing.interleaved``: every configuration serves a request, in a rotated order,
+before any serves the next); greedy outputs are checked equal to no draft's.
 
 ``hsd-fast bench --mixed`` runs it on a scenario's prompt sets, ``bench/bench_adaptive.py`` on the
 varied-text sets of ``text_sets``.
@@ -19,6 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -73,7 +75,7 @@ def mixed_grid(drafts: Sequence[str], target_name: str = "target") -> dict[str, 
 class MixedResult:
     rows: list[dict]  # one per configuration
     best_static: str  # the static configuration fastest over the whole stream
-    redone: int  # passes redone for another process's load
+    redone: int  # rounds (one request, every configuration) redone for another process's load
 
 
 def measure_mixed(
@@ -95,28 +97,25 @@ def measure_mixed(
     common = {**sampling, "max_new_tokens": max_new_tokens, "eos_token_id": None, "compile": compile}
     names = {id(m): n for n, m in candidates.items()}
     levels = list(candidates.values())
-    outputs: dict[str, list] = {}
-    seconds_of: dict[str, list[float]] = {}
-    shares: dict[str, tuple[float, float]] = {}  # an adaptive run's looks and probes, of its wall time
+    at = {"request": 0}  # the request every configuration serves next
+    outputs: dict[str, list] = {}  # name -> each request's output (the last pass's)
+    spent: dict[str, np.ndarray] = {}  # name -> [3]: an adaptive run's looks, probes, and wall seconds
     used: dict[str, Counter] = {}  # an adaptive run's hierarchies: label -> tokens committed under it
 
     def run_of(name: str, **kwargs) -> Callable[[], None]:
-        def run() -> None:
-            outs, secs, looked, probed, hierarchies = [], [], 0.0, 0.0, Counter()
-            for i, request in enumerate(work):
-                start = time.perf_counter()
-                out = target.generate(
-                    request.ids, custom_generate=generate, seed=i, output_hsd_stats=True,
-                    **common, **kwargs,
-                )  # fmt: skip
-                secs.append(time.perf_counter() - start)
-                outs.append(out.sequences)
-                looked += out.hsd_stats.look_seconds
-                probed += out.hsd_stats.probe_seconds
-                for stretch in out.hsd_stats.hierarchies:
-                    hierarchies[_label(stretch.choice, list(candidates), target_name)] += stretch.committed
-            outputs[name], seconds_of[name], used[name] = outs, secs, hierarchies
-            shares[name] = (looked / sum(secs), probed / sum(secs))
+        outputs[name], spent[name], used[name] = [None] * len(work), np.zeros(3), Counter()
+
+        def run() -> None:  # one request
+            i = at["request"]
+            start = time.perf_counter()
+            out = target.generate(
+                work[i].ids, custom_generate=generate, seed=i, output_hsd_stats=True, **common, **kwargs
+            )
+            stats = out.hsd_stats
+            spent[name] += (stats.look_seconds, stats.probe_seconds, time.perf_counter() - start)
+            outputs[name][i] = out.sequences
+            for stretch in stats.hierarchies:
+                used[name][_label(stretch.choice, list(candidates), target_name)] += stretch.committed
 
         return run
 
@@ -135,17 +134,26 @@ def measure_mixed(
         runs["adaptive, latency controller, no probes"] = run_of(
             "adaptive, latency controller, no probes", drafts=levels, adapt=unprobed, hierarchy=pick
         )
-    per_pass: dict[str, list[list[float]]] = {name: [] for name in runs}
-    bar = tqdm(total=passes, desc=f"mixed stream, {len(runs)} ways (counted passes)", unit=" pass")
+    # Interleaved per request, not per stream: a pass of the stream is len(work) rounds of
+    # ``interleaved``, each serving one request with every configuration in a rotated order. On this
+    # VM one configuration's whole stream varied by +-12 % from run to run (no other load), and two
+    # configurations doing the same work came out up to 18 % apart when each ran its whole stream
+    # in turn; a slow spell now falls on every configuration's share of the same request.
+    bar = tqdm(total=passes * len(work), desc=f"mixed stream, {len(runs)} ways (requests)", unit=" request")
 
-    def record(_pass: int) -> None:
-        for name in runs:
-            per_pass[name].append(list(seconds_of[name]))
+    def next_request(counted: int) -> None:
+        at["request"] = (counted + 1) % len(work)
         bar.update()
 
-    timings = interleaved(list(runs.values()), passes, meter or CpuMeter(), on_pass=record)
+    timings = interleaved(list(runs.values()), passes * len(work), meter or CpuMeter(), on_pass=next_request)
     bar.close()
-    total = {name: statistics.median(t) for name, t in zip(runs, timings.seconds, strict=True)}
+    # [configuration][pass][request] seconds
+    per_pass = {
+        name: [t[k * len(work) : (k + 1) * len(work)] for k in range(passes)]
+        for name, t in zip(runs, timings.seconds, strict=True)
+    }
+    shares = {name: (s[0] / s[2], s[1] / s[2]) for name, s in spent.items()}
+    total = {name: statistics.median(sum(p) for p in per_pass[name]) for name in runs}
     rows_per_request = work[0].ids.shape[0]
     static = [n for n in runs if not n.startswith("adaptive")]
     best_static = min(static, key=total.get)
@@ -189,7 +197,7 @@ def _label(choice: Choice, names: list[str], target_name: str) -> str:
 
 
 def _most_used(tokens: Counter, top: int = 3) -> str:
-    """The hierarchies that committed the most tokens in the last pass, with their shares."""
+    """The hierarchies that committed the most tokens over the measurement, with their shares."""
     total = sum(tokens.values()) or 1
     return "; ".join(f"{label} {n / total:.0%}" for label, n in tokens.most_common(top))
 
