@@ -205,6 +205,8 @@ def test_profile_cache_reuses_measurements(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(profile, "forward_costs", counting_costs)
     monkeypatch.setattr(profile, "acceptance", counting_alpha)
+    # the machine's speed held still: a fallback's costs come scaled by the anchor's ratio (here 1)
+    monkeypatch.setattr(profile, "anchor_seconds", lambda device, clock=None: 1e-4)
     path = tmp_path / "profiles.json"
     cache = ProfileCache(path)
     first = [cache.costs(m, 12) for m in (draft, target)]
