@@ -42,18 +42,20 @@ matrix, measured on calibration text in another process. The run corrects both a
   run left drifts back to the model's prediction and is tried again if the model still prefers it.
 
 It looks every ``every`` rounds (``look_every``: the run shows it nothing in between, so a look's
-host work is paid once per ``every`` rounds), an interval that doubles with each look in a row that
-kept the hierarchy, up to ``max_every`` rounds, and starts again at ``every`` after a switch and in
-each new request: looks cost ~1 ms of host time each, which a request whose hierarchy is already
-right paid for nothing (the controller ran 5 % slower than the same hierarchy run static, at every 4
-rounds). The rounds between two looks are all shown at the next one: only decisions wait. It scores
-the current hierarchy and its neighbours (each block size one up or down, a candidate added or
-removed, the level-0 draft swapped) and the selector's last runner-ups with the exact latency model
-on the current estimates, and switches when the best is predicted faster by more than ``margin``
-(hysteresis: an estimate's noise must not make it flap). The full selector runs at the start and
-every ``resolve_every`` looks (counted over every request the controller serves). Decisions and
-probes each keep within a share of the wall time the controller has seen (``decide_share``,
-``probe_share``): a look that would exceed it keeps the current hierarchy.
+host work is paid once per ``every`` rounds). With ``max_every`` above ``every`` the interval
+doubles with each look in a row that kept the hierarchy, up to ``max_every``, and starts again at
+``every`` after a switch and in each new request: looks cost ~1 ms of host time each, which at batch
+1 a request whose hierarchy was already right paid for nothing (the controller ran 0.93x the same
+hierarchy static; 1.01x with ``max_every=32``). Off by default: at batch 16 the same growth kept it
+on drafts for 44 % of the tokens (0.90x no-draft decoding, against 1.00x with a fixed interval),
+docs/design.md §8.9. The rounds between two looks are all shown at the next one: only decisions
+wait. It scores the current hierarchy and its neighbours (each block size one up or down, a
+candidate added or removed, the level-0 draft swapped) and the selector's last runner-ups with the
+exact latency model on the current estimates, and switches when the best is predicted faster by more
+than ``margin`` (hysteresis: an estimate's noise must not make it flap). The full selector runs at
+the start and every ``resolve_every`` looks (counted over every request the controller serves).
+Decisions and probes each keep within a share of the wall time the controller has seen
+(``decide_share``, ``probe_share``): a look that would exceed it keeps the current hierarchy.
 
 Only what the switching machinery shows a policy is used: its exactness argument holds for any
 policy, this one included (docs/design.md, "Switching hierarchies").
@@ -138,7 +140,8 @@ class LatencyController:
     ``costs``: the prior step costs of the candidates and the target (the target last);
     ``alpha``: the prior acceptance matrix over them; ``max_T``: the largest block size chosen;
     ``every``: rounds between looks (each may decide), doubling while the hierarchy holds up to
-    ``max_every``; ``margin``: the predicted gain a switch needs;
+    ``max_every`` (by default ``every``: no growth, see the module doc); ``margin``: the predicted
+    gain a switch needs;
     ``probe_share``: the share of wall time probes may take (0: never probe); ``probe_every``: looks
     between two probes of one candidate; ``decide_share``: the share of wall time decisions may take
     (a decision look is skipped while they have taken more)."""
@@ -149,7 +152,7 @@ class LatencyController:
         alpha: Sequence[Sequence[Acceptance]],
         max_T: int = 8,
         every: int = 4,
-        max_every: int = 32,
+        max_every: int = 4,
         margin: float = 0.05,
         resolve_every: int = 128,
         probe_share: float = 0.03,
