@@ -96,6 +96,7 @@ def measure_mixed(
     greedy = not sampling.get("do_sample", False)
     common = {**sampling, "max_new_tokens": max_new_tokens, "eos_token_id": None, "compile": compile}
     names = {id(m): n for n, m in candidates.items()}
+    candidate_names = list(candidates)
     levels = list(candidates.values())
     at = {"request": 0}  # the request every configuration serves next
     outputs: dict[str, list] = {}  # name -> each request's output (the last pass's)
@@ -115,7 +116,7 @@ def measure_mixed(
             spent[name] += (stats.look_seconds, stats.probe_seconds, time.perf_counter() - start)
             outputs[name][i] = out.sequences
             for stretch in stats.hierarchies:
-                used[name][_label(stretch.choice, list(candidates), target_name)] += stretch.committed
+                used[name][_label(stretch.choice, candidate_names, target_name)] += stretch.committed
 
         return run
 

@@ -244,9 +244,8 @@ class ProfileCache:
             and entry["noise"] <= MAX_REUSED_NOISE
             and (not crowd_bytes or _usable_cost(entry.get("crowded")))
         )
-        if usable and key in self._shipped and _is_number(entry.get("anchor")):
-            return self._scaled_here(entry, crowd_bytes, p.device, clock)
-        if not (usable and self._same_speed(entry, p.device, clock)):
+        shipped = usable and key in self._shipped and _is_number(entry.get("anchor"))
+        if not shipped and not (usable and self._same_speed(entry, p.device, clock)):
             profile = forward_costs(
                 model,
                 context=context,
@@ -262,16 +261,12 @@ class ProfileCache:
                 self.entries[key]["crowded"] = _cost_entry(profile.crowded)
             self.changed = True
         entry = self.entries[key]
-        crowded = _cost_profile(entry["crowded"]) if crowd_bytes else None
-        return replace(_cost_profile(entry), crowded=crowded)
-
-    def _scaled_here(self, entry: dict, crowd_bytes: int, device: torch.device, clock) -> CostProfile:
-        """A fallback's cost entry with every time scaled by how much faster or slower the anchor
-        workload runs here and now than where the entry was timed: a uniform speed change, the one
-        a machine's load or clock makes, leaves the pick unchanged and the predicted speed right."""
-        ratio = self._anchor(device, clock) / entry["anchor"]
-        crowded = _scaled(_cost_profile(entry["crowded"]), ratio) if crowd_bytes else None
-        return replace(_scaled(_cost_profile(entry), ratio), crowded=crowded)
+        # a fallback's times scaled by how much faster or slower the anchor runs here and now than
+        # where they were timed: a uniform speed change leaves the pick as it was and the predicted
+        # speed right (module doc)
+        scale = self._anchor(p.device, clock) / entry["anchor"] if shipped else 1.0
+        crowded = _scaled(_cost_profile(entry["crowded"]), scale) if crowd_bytes else None
+        return replace(_scaled(_cost_profile(entry), scale), crowded=crowded)
 
     def _anchor(self, device: torch.device, clock) -> float:
         """``anchor_seconds`` on ``device``, timed once per cache (per process, in practice)."""
