@@ -16,6 +16,7 @@ layer type. The runner checks the rest at its first forward: one ``Cache.update`
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 import sys
@@ -142,12 +143,19 @@ def is_transformers_causal_lm(model_cls: type) -> bool:
     return getattr(sys.modules[model_cls.__module__], model_cls.__name__, None) is model_cls
 
 
-def module_source(model_cls: type) -> str:
-    """The code of the class's modeling module ("" where no source is installed)."""
+@functools.cache
+def _source(code: object) -> str:
+    """``inspect.getsource`` ("" where no source is installed), read once per module or function:
+    every request checks its models, and reading a modeling module costs milliseconds."""
     try:
-        return inspect.getsource(sys.modules[model_cls.__module__])
+        return inspect.getsource(code)
     except (OSError, TypeError):
         return ""
+
+
+def module_source(model_cls: type) -> str:
+    """The code of the class's modeling module ("" where no source is installed)."""
+    return _source(sys.modules[model_cls.__module__])
 
 
 def decoder_source(model: torch.nn.Module) -> str:
@@ -156,10 +164,7 @@ def decoder_source(model: torch.nn.Module) -> str:
     base = getattr(model, getattr(model, "base_model_prefix", ""), None)
     if base is None or base is model:
         return module_source(type(model))
-    try:
-        return inspect.getsource(type(base).forward)
-    except (OSError, TypeError):
-        return ""
+    return _source(type(base).forward)
 
 
 def model_refusal(model: torch.nn.Module) -> str | None:

@@ -10,6 +10,8 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if "PYTEST_XDIST_WORKER" in os.environ:  # one worker per core (`-n auto`): no thread contends for it
+    torch.set_num_threads(1)
 
 import numpy
 import pytest

@@ -176,7 +176,10 @@ def test_the_run_asks_for_the_interval_after_every_look() -> None:
     target = tiny_model("llama")
     drafts = derived_drafts(target, 1)
     costs = [AffineCost(1e-3, 1e-4), AffineCost(4e-3, 4e-4)]
-    control = LatencyController(costs, [[1.0, 0.8], [0.8, 1.0]], every=1, max_every=8, margin=10.0)
+    # decide_share=inf: every look decides, however slow the machine (a capped look leaves no record)
+    control = LatencyController(
+        costs, [[1.0, 0.8], [0.8, 1.0]], every=1, max_every=8, margin=10.0, decide_share=math.inf
+    )
     control.current = Choice((0,), (2,))  # as if an earlier request had chosen it; the margin keeps it
     ids = torch.randint(3, target.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(2))
     out = target.generate(
