@@ -17,7 +17,7 @@ SET_UP = (
 )
 TESTS = (
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && "
-    'pip install -e ".[test]" && python -m pytest -q --durations=15'
+    'pip install -e ".[test]" && python -m pytest -q -n auto --durations=15'
 )
 
 
