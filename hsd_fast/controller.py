@@ -41,15 +41,18 @@ matrix, measured on calibration text in another process. The run corrects both a
   run is priced like those that did), and that towards 1. Plain decoding has its own. A chain the
   run left drifts back to the model's prediction and is tried again if the model still prefers it.
 
-It looks every ``every`` rounds (``look_every``: the run shows it nothing in between, so a look's
-host work is paid once per ``every`` rounds). With ``max_every`` above ``every`` the interval
-doubles with each look in a row that kept the hierarchy, up to ``max_every``, and starts again at
-``every`` after a switch and in each new request: looks cost ~1 ms of host time each, which at batch
-1 a request whose hierarchy was already right paid for nothing (the controller ran 0.93x the same
-hierarchy static; 1.01x with ``max_every=32``). Off by default: at batch 16 the same growth kept it
-on drafts for 44 % of the tokens (0.90x no-draft decoding, against 1.00x with a fixed interval),
-docs/design.md §8.9. The rounds between two looks are all shown at the next one: only decisions
-wait. It scores the current hierarchy and its neighbours (each block size one up or down, a
+It looks every ``every`` rounds at first (``look_every``: the run shows it nothing in between, so
+a look's host work is paid once per interval), after a switch and in each new request. While its
+choice holds, the interval doubles with each look, up to the smallest at which the looks take at
+most ``look_share`` of the time: a look costs ~1 ms of host time (the run's part and the
+controller's), measured, as is a round (the medians over the last ``RECENT_LOOKS`` looks). A zoo
+round at batch 1 takes ~6 ms, so there looks grow sparse (every 16 rounds for 2 %) where the
+hierarchy is already right, which a fixed interval of 4 paid 4 % of the time for; a batch-16 round
+takes ~20 ms and looks stay every 4, where a growth on no other ground (``look_share=0``: up to
+``max_every``) kept drafts that did not pay for 44 % of the tokens (docs/design.md §8.9). The
+rounds between two looks are all shown at the next one: only decisions wait.
+
+It scores the current hierarchy and its neighbours (each block size one up or down, a
 candidate added or removed, the level-0 draft swapped) and the selector's last runner-ups with the
 exact latency model on the current estimates, and switches when the best is predicted faster by more
 than ``margin`` (hysteresis: an estimate's noise must not make it flap). The full selector runs at
@@ -106,6 +109,9 @@ measurements have faded enough for the model's preference to win, every few hund
 the model errs by 2x."""
 RECENT_STEPS = 48
 """Steps per candidate whose measured / predicted ratio the cost scale is the median of."""
+RECENT_LOOKS = 16
+"""Looks whose host time, and the time per round of the rounds before them, set the look interval
+(medians: one round held up by the machine must not move it)."""
 
 
 @dataclass(frozen=True)
@@ -139,9 +145,10 @@ class LatencyController:
 
     ``costs``: the prior step costs of the candidates and the target (the target last);
     ``alpha``: the prior acceptance matrix over them; ``max_T``: the largest block size chosen;
-    ``every``: rounds between looks (each may decide), doubling while the hierarchy holds up to
-    ``max_every`` (by default ``every``: no growth, see the module doc); ``margin``: the predicted
-    gain a switch needs;
+    ``every``: rounds between looks (each may decide) at first, doubling while the hierarchy holds
+    up to the interval at which looks take at most ``look_share`` of the measured time, at most
+    ``max_every`` (``look_share=0``: up to ``max_every``; ``max_every=every``: a fixed interval);
+    ``margin``: the predicted gain a switch needs;
     ``probe_share``: the share of wall time probes may take (0: never probe); ``probe_every``: looks
     between two probes of one candidate; ``decide_share``: the share of wall time decisions may take
     (a decision look is skipped while they have taken more)."""
@@ -152,7 +159,8 @@ class LatencyController:
         alpha: Sequence[Sequence[Acceptance]],
         max_T: int = 8,
         every: int = 4,
-        max_every: int = 4,
+        max_every: int = 32,
+        look_share: float = 0.02,
         margin: float = 0.05,
         resolve_every: int = 128,
         probe_share: float = 0.03,
@@ -164,8 +172,11 @@ class LatencyController:
             raise ValueError(f"need costs for the candidates and the target and an {n} x {n} alpha matrix")
         self.prior_costs, self.prior_alpha = list(costs), [list(row) for row in alpha]
         self.max_T, self.every, self.margin, self.resolve_every = max_T, every, margin, resolve_every
-        self.max_every = max(max_every, every)
+        self.max_every, self.look_share = max(max_every, every), look_share
         self.steady = 0  # looks in a row, in this request, that kept the hierarchy
+        self.interval = every  # the rounds between looks the run was last told (``look_every``)
+        self.look_costs: list[float] = []  # host seconds of the recent looks, probes not counted
+        self.round_costs: list[float] = []  # seconds per round of the rounds before them
         self.probe_share, self.probe_every, self.decide_share = probe_share, probe_every, decide_share
         self.looks = self.resolved_at = 0  # looks seen, over every request; the look of the last resolve
         self.decide_seconds = 0.0  # of the decisions: scoring, resolving
@@ -226,9 +237,18 @@ class LatencyController:
 
     @property
     def look_every(self) -> int:
-        """Round ends until the next look (``switching_types.Policy``): ``every``, doubled for each
-        look in a row that kept the hierarchy, at most ``max_every``."""
-        return min(self.every << min(self.steady, 16), self.max_every)
+        """Round ends until the next look (``switching_types.Policy``), set at each look."""
+        return self.interval
+
+    def _interval(self) -> int:
+        """``every``, doubled for each look in a row that kept the hierarchy, up to the smallest
+        interval at which the looks take at most ``look_share`` of the time (module doc)."""
+        cap = self.every
+        if self.look_costs and self.round_costs:
+            look, round_ = statistics.median(self.look_costs), statistics.median(self.round_costs)
+            while cap < self.max_every and look > self.look_share * (look + cap * round_):
+                cap *= 2
+        return min(self.every << min(self.steady, 16), cap, self.max_every)
 
     # ------------------------------------------------------------------ estimates
     @property
@@ -302,6 +322,10 @@ class LatencyController:
         # a request's first look holds its prefill, a model's first after joining its catch-up
         starting = seen.round <= 1 or any(not isinstance(self.prior_costs[m], LookupCost) for m in joined)
         self.last_chain = _chain(seen.choice)
+        if seen.round_seconds > 0 and not starting:  # what a look costs against the rounds it spaces
+            self.look_costs.append(max(seen.look_seconds - sum(p.seconds for p in seen.probes), 0.0))
+            self.round_costs.append(max(seen.round_seconds - seen.look_seconds, 0.0) / self.interval)
+            del self.look_costs[:-RECENT_LOOKS], self.round_costs[:-RECENT_LOOKS]
         if seen.round_tokens > 0 and not starting:  # seconds x rows / tokens, modelled at the next decision
             rows = len(seen.committed)
             waiting = self.unpredicted.setdefault(seen.choice, np.zeros(3))
@@ -461,6 +485,7 @@ class LatencyController:
         before = self.current if seen.round > 0 else None  # round 0: a new request starts
         self.current = self._decide(seen)
         self.steady = self.steady + 1 if self.current == before else 0
+        self.interval = self._interval()
         return self.current
 
     def _decide(self, seen: Observation) -> Choice:

@@ -308,7 +308,7 @@ def run_hsd(
                 switcher.used[-1].switch_seconds = time.perf_counter() - looked
             if stop is not None:  # reconfiguring released every hold: the stopped rows stay out
                 _stop_rows(stop, state.tokens, ledger, np.flatnonzero(stop.stopped))
-            switcher.look_seconds += time.perf_counter() - looked
+            switcher.looked(time.perf_counter() - looked)
         if state.deferred:  # inside inference mode, as the steps will run
             LevelStep.compile_deferred(state)
 

@@ -65,6 +65,7 @@ class Switcher:
         self.cached = np.zeros((candidates + 1, len(prompt_lens)), dtype=np.int64)  # [candidates + 1, B]
         self.epoch = self.round = 0
         self.look_seconds = 0.0  # host time of the looks: the policy, the epoch, the reconfiguration
+        self.last_look_seconds = 0.0  # of the last look (shown to the policy with the rounds after it)
         self.used: list[HierarchyUsed] = []
         self.committed = prompt_lens.copy()  # [B] at the last round's end
         self.marks: tuple | None = None  # what the round log held at the last look (None: nothing)
@@ -131,6 +132,11 @@ class Switcher:
         self.marks = log.marks() if chosen == choice else None
         return chosen
 
+    def looked(self, seconds: float) -> None:
+        """The engine timed a look (``round_end`` and the chain it built): ``seconds`` of host time."""
+        self.look_seconds += seconds
+        self.last_look_seconds = seconds
+
     def _probe(self, seen: Observation, chosen: Choice, committed: np.ndarray, finished: np.ndarray) -> tuple:
         """Run the probes the policy wants at this look (``Policy``): idle model candidates only,
         each fed the committed tokens its cache lacks in the unfinished rows."""
@@ -163,6 +169,7 @@ class Switcher:
             tokens=self.tokens,
             round_tokens=int((committed - self.committed).sum()),
             round_seconds=0.0 if now is None else now - self.last_look,
+            look_seconds=self.last_look_seconds,
             probes=self.probes,
             **logged,
         )

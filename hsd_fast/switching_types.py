@@ -74,6 +74,7 @@ class Observation:
     )  # [B, S] the run's token buffer, a view to read: row r's first committed[r] are its own
     round_tokens: int  # tokens the last round committed, all rows
     round_seconds: float  # its wall-clock time, the switch before it included
+    look_seconds: float = 0.0  # of that, the host time of the look before it (policy, probes, switch)
     verified: tuple[np.ndarray, ...] = ()  # per level >= 1 of ``choice``: drafts of each verification
     accepted: tuple[np.ndarray, ...] = ()  # per level >= 1: accepted drafts of each verification
     step_sizes: tuple[np.ndarray, ...] = ()  # per level: each step's tokens drawn (level 0) or widest fed

@@ -42,12 +42,13 @@ def alpha(small_to_target: float = 0.8) -> list[list]:
 
 
 def seen(
-    round_: int, choice: Choice | None, verified=(), accepted=(), sizes=(), seconds=(), wall=0.01, tokens=4
-) -> Observation:
+    round_: int, choice: Choice | None, verified=(), accepted=(), sizes=(), seconds=(), wall=0.01, tokens=4,
+    look=0.0,
+) -> Observation:  # fmt: skip
     return Observation(
         round=round_, epoch=round_, choice=choice, num_candidates=3, lookup_first=True, trees=(),
         committed=np.array([100]), finished=np.array([False]), tokens=torch.zeros(1, 1, dtype=torch.int64),
-        round_tokens=tokens, round_seconds=wall, verified=tuple(map(np.array, verified)),
+        round_tokens=tokens, round_seconds=wall, look_seconds=look, verified=tuple(map(np.array, verified)),
         accepted=tuple(map(np.array, accepted)), step_sizes=tuple(map(np.array, sizes)),
         step_seconds=tuple(map(np.array, seconds)),
     )  # fmt: skip
@@ -149,37 +150,61 @@ def test_it_switches_when_the_estimates_say_so_and_not_for_a_small_gain() -> Non
     assert all(stay(seen(r, start)) == start for r in range(1, 5))
 
 
-def test_looks_grow_sparse_while_the_hierarchy_holds() -> None:
-    """Each look that keeps the hierarchy doubles the rounds to the next, up to ``max_every``; a new
-    request (round 0) and a switch bring it back to ``every``."""
-    stay = LatencyController(COSTS, alpha(0.95), every=2, max_every=16, margin=10.0, decide_share=math.inf)
-    start = stay(seen(0, None))
-    intervals = [stay.look_every]
+def intervals_while_holding(control: LatencyController, round_seconds: float, look: float = 1e-3) -> list:
+    """The look intervals of a request whose hierarchy holds, looks of ``look`` seconds between rounds
+    of ``round_seconds`` each: round 0's, then after each of five looks."""
+    start = control(seen(0, None))
+    intervals = [control.look_every]
     for r in range(1, 6):
-        stay(seen(r, start))
-        intervals.append(stay.look_every)
-    assert intervals == [2, 4, 8, 16, 16, 16]
-    stay(seen(0, start))  # the next request
-    assert stay.look_every == 2
+        control(seen(r, start, wall=look + control.look_every * round_seconds, look=look))
+        intervals.append(control.look_every)
+    return intervals
 
-    switching = LatencyController(COSTS, alpha(0.95), every=2, margin=0.0, decide_share=math.inf)
+
+def test_looks_grow_sparse_while_the_hierarchy_holds_and_looks_cost() -> None:
+    """Each look that keeps the hierarchy doubles the rounds to the next, up to the interval at which
+    looks (1 ms here) take at most ``look_share`` of the time: with rounds of 5 ms, 16 rounds for
+    2 % (at most ``max_every``); with rounds of 50 ms, every 2 rounds already. The first look of a
+    request (its prefill) measures nothing. A new request (round 0) and a switch bring the interval
+    back to ``every``."""
+    kwargs = {"every": 2, "margin": 10.0, "decide_share": math.inf}
+    stay = LatencyController(COSTS, alpha(0.95), look_share=0.02, **kwargs)
+    assert intervals_while_holding(stay, round_seconds=5e-3) == [2, 2, 8, 16, 16, 16]
+    assert stay.look_every * 5e-3 > 1e-3 / 0.02 - 1e-3 > stay.look_every / 2 * 5e-3  # the smallest that fits
+    stay(seen(0, stay.current))  # the next request
+    assert stay.look_every == 2
+    capped = LatencyController(COSTS, alpha(0.95), look_share=0.02, max_every=8, **kwargs)
+    assert intervals_while_holding(capped, round_seconds=5e-3)[-1] == 8
+    slow_rounds = LatencyController(COSTS, alpha(0.95), look_share=0.02, **kwargs)
+    assert intervals_while_holding(slow_rounds, round_seconds=50e-3) == [2] * 6
+    regardless = LatencyController(COSTS, alpha(0.95), look_share=0.0, max_every=16, **kwargs)
+    assert intervals_while_holding(regardless, round_seconds=50e-3) == [2, 2, 8, 16, 16, 16]
+
+    switching = LatencyController(
+        COSTS, alpha(0.95), every=2, margin=0.0, look_share=0.0, decide_share=math.inf
+    )
     switching(seen(0, None))
     switching(seen(1, switching.current))
-    assert switching.look_every == 4
+    switching(seen(2, switching.current, look=1e-3))
+    assert switching.look_every == 8
     switching.current = Choice((2,), (1,))  # as if it had chosen a poor hierarchy: the next look leaves it
-    assert switching(seen(2, switching.current)) != Choice((2,), (1,)) and switching.look_every == 2
+    assert (
+        switching(seen(3, switching.current, look=1e-3)) != Choice((2,), (1,)) and switching.look_every == 2
+    )
 
 
 def test_the_run_asks_for_the_interval_after_every_look() -> None:
-    """Through the engine: a controller that keeps its hierarchy looks at round ends 1, 3, 7, 15,
-    then every 8 (``every=1, max_every=8``), not at every round end."""
+    """Through the engine: a controller that keeps its hierarchy looks at round ends 1, 2 (the first
+    look measured nothing), 6, 14, then every 8 (``every=1, max_every=8``, looks allowed no share of
+    the time), not at every round end."""
     target = tiny_model("llama")
     drafts = derived_drafts(target, 1)
     costs = [AffineCost(1e-3, 1e-4), AffineCost(4e-3, 4e-4)]
     # decide_share=inf: every look decides, however slow the machine (a capped look leaves no record)
     control = LatencyController(
-        costs, [[1.0, 0.8], [0.8, 1.0]], every=1, max_every=8, margin=10.0, decide_share=math.inf
-    )
+        costs, [[1.0, 0.8], [0.8, 1.0]], every=1, max_every=8, look_share=0.0, margin=10.0,
+        decide_share=math.inf,
+    )  # fmt: skip
     control.current = Choice((0,), (2,))  # as if an earlier request had chosen it; the margin keeps it
     ids = torch.randint(3, target.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(2))
     out = target.generate(
@@ -190,7 +215,7 @@ def test_the_run_asks_for_the_interval_after_every_look() -> None:
     looks = [r for r, _, _ in control.decisions]  # round 0: the choice before the first round
     assert looks == list(range(len(looks))) and len(looks) >= 6
     rounds = out.hsd_stats.hierarchies[0].rounds  # the round ends up to the last look
-    assert [1, 3, 7, *range(15, rounds + 8, 8)][: len(looks) - 1][-1] == rounds
+    assert [1, 2, 6, *range(14, rounds + 8, 8)][: len(looks) - 1][-1] == rounds
 
 
 def test_decisions_keep_within_their_share_of_the_wall_time(monkeypatch) -> None:
