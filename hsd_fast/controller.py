@@ -417,8 +417,9 @@ class LatencyController:
 
     def describe(self, names: Sequence[str]) -> list[str]:
         """The controller's view in lines of text: each candidate's cost scale (measured /
-        predicted), each pair's acceptance, prior and now, with the trials behind it, and its last
-        decisions. ``names``: the candidates', then the target's."""
+        predicted), each pair's acceptance, prior and now, with the trials behind it, its look
+        interval and what sets it, and its last decisions. ``names``: the candidates', then the
+        target's."""
         costs, alpha = self.costs(), self.alpha()
         lines = ["cost scale (measured / profiled), per level:"]
         for m, name in enumerate(names):
@@ -441,6 +442,12 @@ class LatencyController:
             drafts, tree = chain
             names_of = " > ".join(names[m] for m in (*drafts, self.target)) + (" (tree)" if tree else "")
             lines.append(f"  {names_of}: {measured / modelled:.2f} ({tokens:.0f})")
+        if self.look_costs:
+            look, round_ = statistics.median(self.look_costs), statistics.median(self.round_costs)
+            lines.append(
+                f"looks: every {self.interval} rounds now (a look {look * 1e3:.2f} ms, a round "
+                f"{round_ * 1e3:.2f} ms; looks may take {self.look_share:.0%} of the time)"
+            )
         lines.append(f"decisions: {len(self.decisions)}; the last (round: hierarchy, predicted ms/token):")
         for round_, choice, seconds in self.decisions[-5:]:
             chain = " > ".join(names[m] for m in (*choice.drafts, self.target))

@@ -135,5 +135,6 @@ def test_select_adapt_prints_the_controllers_view(tmp_path, capsys) -> None:
     scales = [line for line in view.splitlines() if line.startswith(tuple(f"  {n}: " for n in names))]
     assert len(scales) == len(names)  # one cost scale per level: the candidates and the target
     assert "acceptance, per pair that ran or was probed" in view
+    assert "looks: every " in view  # the look interval and the measured times that set it
     decisions = int(view.split("decisions: ")[1].split(";")[0])
     assert decisions >= 1  # the run's own controller, not a fresh one
