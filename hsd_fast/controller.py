@@ -257,17 +257,24 @@ class LatencyController:
 
     def costs(self) -> list[Cost]:
         """The prior costs, each scaled by the median measured / predicted ratio of its recent steps;
-        a candidate that has not run yet by the median over every step measured (what moved every
-        cost, the machine or the process, most likely moved its too). A lookup level's with the
-        proposal lengths of ``lengths`` and the run's rows."""
+        a candidate that has not run yet by the median over the model levels' recent steps (what
+        moved every model's cost, the machine or the process, most likely moved its too; a lookup
+        level's calls are host work, whose ratio is its own: 9.6 against the target's 0.99 on
+        the cost twin, which priced the idle drafts at 3.3x). A lookup level's with the proposal
+        lengths of ``lengths`` and the run's rows."""
         bases = [
             replace(c, lengths=self.lengths(m), rows=self.rows) if isinstance(c, LookupCost) else c
             for m, c in enumerate(self.prior_costs)
         ]
-        every = [x for r in self.ratios for x in r[-RECENT_STEPS:]]
-        if not every:
+        if not any(self.ratios):
             return bases
-        overall = statistics.median(every)
+        models = [
+            x
+            for r, c in zip(self.ratios, self.prior_costs, strict=True)
+            if not level_zero_only(c)
+            for x in r[-RECENT_STEPS:]
+        ]
+        overall = statistics.median(models) if models else 1.0
         return [
             Scaled(c, statistics.median(r[-RECENT_STEPS:]) if r else overall)
             for c, r in zip(bases, self.ratios, strict=True)

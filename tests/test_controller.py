@@ -83,6 +83,17 @@ def test_costs_scale_by_what_the_run_measured() -> None:
     assert costs[1](1) == pytest.approx(2 * COSTS[1](1)) and costs[3](7) == pytest.approx(2 * COSTS[3](7))
     assert costs[2](3) == pytest.approx(2 * COSTS[2](3))  # not run: the overall scale
 
+    # a lookup level's calls 10x their profile: host work, on its own scale; the models' 2x stays
+    lookup = Choice((0, 1), (4, 4))
+    calls = [10 * COSTS[0](1)] * 5
+    control.learn(
+        seen(2, lookup, verified=[[4], [4]], accepted=[[4], [4]], sizes=[[1] * 5, [5], [5]],
+             seconds=[calls, [2 * COSTS[1](5)], [verify]])
+    )  # fmt: skip
+    costs = control.costs()
+    assert costs[0].factor == pytest.approx(10.0)
+    assert costs[2](3) == pytest.approx(2 * COSTS[2](3))  # not run: the models' scale, not the lookup's
+
 
 def test_the_lookup_levels_proposal_lengths_follow_its_verifications() -> None:
     control = LatencyController(COSTS, alpha(), every=1)
