@@ -48,7 +48,7 @@ most ``look_share`` of the time: a look costs ~1 ms of host time (the run's part
 controller's), measured, as is a round (the medians over the last ``RECENT_LOOKS`` looks). A zoo
 round at batch 1 takes ~6 ms, so there looks grow sparse (every 16 rounds for 2 %) where the
 hierarchy is already right, which a fixed interval of 4 paid 4 % of the time for; a batch-16 round
-takes ~20 ms and looks stay every 4, where a growth on no other ground (``look_share=0``: up to
+takes 8-30 ms and looks come every 4-8 rounds, where a growth on no other ground (``look_share=0``: up to
 ``max_every``) kept drafts that did not pay for 44 % of the tokens (docs/design.md §8.9). The
 rounds between two looks are all shown at the next one: only decisions wait.
 
