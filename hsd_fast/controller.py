@@ -245,11 +245,18 @@ class LatencyController:
         """``every``, doubled for each look in a row that kept the hierarchy, up to the smallest
         interval at which the looks take at most ``look_share`` of the time (module doc)."""
         cap = self.every
-        if self.look_costs and self.round_costs:
-            look, round_ = statistics.median(self.look_costs), statistics.median(self.round_costs)
+        if (times := self._look_times()) is not None:
+            look, round_ = times
             while cap < self.max_every and look > self.look_share * (look + cap * round_):
                 cap *= 2
         return min(self.every << min(self.steady, 16), cap, self.max_every)
+
+    def _look_times(self) -> tuple[float, float] | None:
+        """A look's host seconds and a round's seconds, the medians over the recent looks (None
+        before any was measured)."""
+        if not self.look_costs:
+            return None
+        return statistics.median(self.look_costs), statistics.median(self.round_costs)
 
     # ------------------------------------------------------------------ estimates
     @property
@@ -450,8 +457,8 @@ class LatencyController:
             drafts, tree = chain
             names_of = " > ".join(names[m] for m in (*drafts, self.target)) + (" (tree)" if tree else "")
             lines.append(f"  {names_of}: {measured / modelled:.2f} ({tokens:.0f})")
-        if self.look_costs:
-            look, round_ = statistics.median(self.look_costs), statistics.median(self.round_costs)
+        if (times := self._look_times()) is not None:
+            look, round_ = times
             lines.append(
                 f"looks: every {self.interval} rounds now (a look {look * 1e3:.2f} ms, a round "
                 f"{round_ * 1e3:.2f} ms; looks may take {self.look_share:.0%} of the time)"
