@@ -6,6 +6,9 @@ own path for such a pair (``assistant_model=`` with ``tokenizer=`` / ``assistant
 The comparison the issue asks is of algorithms: ours over our no-draft decoding against HF's over its
 own ``generate``. One process, interleaved passes after a warm-up (``bench.timing.interleaved``), batch
 1, prompts from held-out zoo text (code, prose) and text the zoo never saw (licenses, man pages).
+``--select`` adds the selector's pick with ``xs4k`` as its candidate (``select_hierarchy(...,
+draft_tokenizers=)``: the bridged draft profiled by replay, its calls timed per block size), chosen on
+the zoo's calibration windows, not on the prompts measured.
 Columns: ``agreement`` (of the drafts level 1 verified, the share it accepted),
 ``tokens_per_target_forward`` (new tokens per forward of the target), ``bridge_share`` (the byte
 bridge's host time over the run's wall time, ``HSDStats.bridge_seconds``). A row that raises (HF's
@@ -15,6 +18,7 @@ are checked equal to HF ``generate``.
     python bench/bench_other_tokenizer.py                      # greedy, eager steps
     python bench/bench_other_tokenizer.py --sampled                 # temperature 0.8
     python bench/bench_other_tokenizer.py --twin [--sampled]        # the target's cost twin
+    python bench/bench_other_tokenizer.py --twin --compile --select --T 2 3   # compiled, with the pick
 
 Writes bench/results/<stem>.{json,md}.
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import warnings
+from pathlib import Path
 
 import torch
 from bench_early_exit import prompts
@@ -32,12 +37,37 @@ from kernel_bench import run_meta, write_results
 import hsd_fast
 from hsd_fast import zoo
 from hsd_fast.bench.timing import CpuMeter, interleaved
+from hsd_fast.profile import ProfileCache
+from hsd_fast.zoo.calibration import read_calibration
 
 TITLE = "A draft with another tokenizer"
 COLUMNS = [
     "config", "tok_s", "x_hf", "x_ours_no_draft", "agreement", "tokens_per_target_forward", "bridge_share",
 ]  # fmt: skip
 TWIN_NOTE = " as its cost twin (hidden 768, 12 layers, MLP 2048; the same logits)"
+
+
+def _pick(target, xs4k, tok, tok4k, args, sampling: dict) -> hsd_fast.Hierarchy:
+    """The selector's hierarchy for ``xs4k`` under the target (or no draft), chosen on two calibration
+    windows per zoo source, for runs of ``--max-new-tokens`` tokens (step costs at 128 cached
+    tokens: the context the committed zoo profiles were timed at)."""
+    windows = read_calibration(zoo.zoo_dir())
+    calibration = torch.cat([w[:2, : args.prompt_len] for w in windows.values()])  # [8, prompt_len]
+    # the zoo's committed step costs (timed on another day: scaled by the anchor's ratio) spare
+    # compiling and timing the target's steps at every width here
+    fallback = zoo.zoo_dir() / ("profile_twin_cpu.json" if args.twin else "profile_cpu.json")
+    cache = ProfileCache(args.cache, fallbacks=[fallback])
+    return hsd_fast.select_hierarchy(
+        target, [xs4k], calibration, compile=args.compile, cache=cache, max_T=6, context=128,
+        max_new_tokens=args.max_new_tokens, draft_tokenizers=[tok4k], target_tokenizer=tok,
+        **{k: v for k, v in sampling.items() if k != "top_k"},
+    )  # fmt: skip
+
+
+def _describe(pick: hsd_fast.Hierarchy) -> str:
+    if not pick.drafts:
+        return "no draft"
+    return f"xs4k (bridged) > s T={list(pick.T)}"
 
 
 def main() -> None:
@@ -53,6 +83,8 @@ def main() -> None:
         action="store_true",
         help="s as its cost twin (hidden 768, 12 layers, MLP 2048: same logits)",
     )
+    parser.add_argument("--select", action="store_true", help="add the selector's pick (xs4k a candidate)")
+    parser.add_argument("--cache", type=Path, default=None, help="profile cache for --select (default: none)")
     parser.add_argument("--stem", default=None)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -87,6 +119,9 @@ def main() -> None:
            for t in args.T},
         "ours, xs > s T=[4] (the target's tokenizer)": ours | {"drafts": [xs], "T": [4]},
     }  # fmt: skip
+    if args.select:
+        pick = _pick(target, xs4k, tok, tok4k, args, sampling)
+        rows[f"ours, the selector's pick: {_describe(pick)}"] = ours | {"hierarchy": pick}
     outputs: dict[str, list] = {name: [] for name in rows}
 
     def runner(name: str, kwargs: dict):

@@ -233,7 +233,9 @@ def run_hsd(
             stacklevel=2,
         )
         compiled = False
-    proposer = runners[0].proposer(num_rows, sampling) if isinstance(runners[0], ProposalLevel) else None
+    proposer = (
+        runners[0].proposer(num_rows, sampling, compiled) if isinstance(runners[0], ProposalLevel) else None
+    )
 
     switcher = None
     if adapt is not None:  # the policy's first choice, or the given one, checked

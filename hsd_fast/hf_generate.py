@@ -143,7 +143,8 @@ def _run(request: Request, prompt_streamed: bool) -> HSDResult:
     another thread that shares a model waits: docs/design.md, "Caches and slots"); the streamer gets
     the prompt first unless HF put it."""
     models = (*request.levels.models, request.target)
-    with models_held(models):
+    proposal = request.levels.proposal
+    with models_held((*models, *(() if proposal is None else proposal.models))):
         return _run_held(request, level_runners(models, request.vocab), prompt_streamed)
 
 

@@ -24,9 +24,11 @@ from hsd_fast.hf_generate import generate
 from hsd_fast.hierarchy_types import Hierarchy, NoDraftWarning, Profile, Selection, TreeDraft
 from hsd_fast.latency import Acceptance, Cost, LookupCost
 from hsd_fast.lookup import LookupDraft, as_lookup
+from hsd_fast.other_tokenizer import OtherTokenizerDraft, same_tokenizer
 from hsd_fast.processors import generation_sampling
 from hsd_fast.profile import ProfileCache, ProfileNoiseWarning, measured_latency
 from hsd_fast.profile.costs import crowd_bytes
+from hsd_fast.proposal_level import ProposalLevel
 from hsd_fast.selector import prefer_no_draft
 from hsd_fast.tree import MAX_NODES, Tree
 from hsd_fast.tree_latency import tree_acceptance, tree_cost
@@ -50,6 +52,8 @@ def select_hierarchy(
     tree_sizes: Sequence[int] = (),
     batch: int = 1,
     min_gain: float | None = None,
+    draft_tokenizers: Sequence | None = None,
+    target_tokenizer=None,
     **generation_kwargs,
 ) -> Hierarchy:
     """Profile ``candidates`` and ``target`` (costs at ``context`` cached tokens, default the prompt
@@ -72,6 +76,12 @@ def select_hierarchy(
     or finish apart; docs/design.md, "Selecting for a batch"): a draft that pays at batch 1 can
     lose to plain decoding at batch 16, where a forward over more tokens costs more.
 
+    ``draft_tokenizers`` (one per candidate; None: the target's) with ``target_tokenizer``: a
+    candidate model whose tokenizer is not the target's becomes a draft with another tokenizer
+    (``OtherTokenizerDraft``, at most one), profiled as a lookup level is, with its own proposals
+    through the byte bridge, and the seconds of its calls per block size (docs/design.md, "Drafts
+    with another tokenizer"); like a lookup level it can only be level 0.
+
     ``min_gain`` (default ``MODEL_ERROR``, the model's measured error on text it was not built on):
     when the best hierarchy is predicted less than that much faster than no-draft decoding, no draft
     is chosen, with a ``NoDraftWarning`` and the reason in ``no_draft_reason`` (0 turns this off).
@@ -89,11 +99,13 @@ def select_hierarchy(
     if strings:
         raise ValueError(f"select_hierarchy: candidates are models, 'lookup' or a LookupDraft; got {strings}")
     candidates = [as_lookup(c) or c for c in candidates]
-    lookups = [i for i, c in enumerate(candidates) if isinstance(c, LookupDraft)]
-    if len(lookups) > 1:
-        raise ValueError(f"select_hierarchy: at most one lookup candidate, got {len(lookups)}")
+    if draft_tokenizers is not None:
+        candidates = _bridged_candidates(candidates, draft_tokenizers, target_tokenizer)
+    for kind, name in ((LookupDraft, "lookup"), (OtherTokenizerDraft, "other-tokenizer draft")):
+        if (count := sum(isinstance(c, kind) for c in candidates)) > 1:
+            raise ValueError(f"select_hierarchy: at most one {name} candidate, got {count}")
     everything = [*candidates, target]  # what the selection's indices refer to
-    models = [m for m in everything if not isinstance(m, LookupDraft)]
+    models = [m for m in everything if not isinstance(m, ProposalLevel)]
     context = context or prompts.shape[1]
     transform, greedy = generation_sampling(target, **generation_kwargs)
     costs = [
@@ -104,11 +116,10 @@ def select_hierarchy(
     ]
     run = {"new_tokens": max_new_tokens}  # rates on text as long as the run (profile.run_text)
     alpha = cache.acceptance(models, prompts, transform, greedy, progress, generation_kwargs, **run)
-    if lookups:
-        at = lookups[0]
-        spec = candidates[at]
-        lookup_cost, rates = cache.lookup(
-            spec,
+    present = [i for i, c in enumerate(everything) if not isinstance(c, ProposalLevel)]  # in costs
+    for at in [i for i, c in enumerate(candidates) if isinstance(c, ProposalLevel)]:
+        level_cost, rates = cache.proposal_level(
+            candidates[at],
             models,
             prompts,
             transform,
@@ -117,10 +128,16 @@ def select_hierarchy(
             progress,
             generation_kwargs,
             batch,
+            new_tokens=max_new_tokens,
+            compile=compile,
             clock=clock,
-            **run,
         )
-        costs, alpha = with_lookup_level(costs, alpha, at, lookup_cost, rates)
+        model_indices = [i for i in present if not isinstance(everything[i], ProposalLevel)]
+        towards = dict(zip(model_indices, rates, strict=True))  # its rates are per model, in order
+        row = [towards.get(i, 0.0) for i in present]  # nothing passes between two proposal levels
+        position = sum(i < at for i in present)
+        costs, alpha = with_proposal_level(costs, alpha, position, level_cost, row)
+        present = sorted([*present, at])
     if tree_sizes:
         costs, alpha, everything = with_tree_candidates(
             costs, alpha, everything, tree_sizes, max_T, cache, prompts, transform, greedy, progress,
@@ -146,6 +163,31 @@ def select_hierarchy(
         )  # fmt: skip
         pick = replace(pick, measured_latency=seconds)
     return pick
+
+
+def _bridged_candidates(candidates: list, draft_tokenizers: Sequence, target_tokenizer) -> list:
+    """``candidates`` with each model whose tokenizer in ``draft_tokenizers`` (one per candidate,
+    None: the target's) is not the target's wrapped as an ``OtherTokenizerDraft``."""
+    if isinstance(draft_tokenizers, (str, bytes)) or not isinstance(draft_tokenizers, Sequence):
+        kind = type(draft_tokenizers).__name__
+        raise TypeError(f"select_hierarchy: draft_tokenizers must be a list (one per candidate), got {kind}")
+    if len(draft_tokenizers) != len(candidates):
+        raise ValueError(
+            f"select_hierarchy: draft_tokenizers needs one entry per candidate (None: the target's "
+            f"tokenizer): {len(draft_tokenizers)} for {len(candidates)} candidates"
+        )
+    out = list(candidates)
+    for i, tok in enumerate(draft_tokenizers):
+        if tok is None or (target_tokenizer is not None and same_tokenizer(tok, target_tokenizer)):
+            continue
+        if target_tokenizer is None:
+            raise ValueError("select_hierarchy: draft_tokenizers needs target_tokenizer= (the target's)")
+        if not isinstance(out[i], torch.nn.Module):
+            raise TypeError(
+                f"select_hierarchy: draft_tokenizers[{i}] is given for a candidate that is not a model"
+            )
+        out[i] = OtherTokenizerDraft(out[i], tok, target_tokenizer)
+    return out
 
 
 def _check_sizes(max_T: int, tree_sizes: Sequence[int], batch: int) -> None:
@@ -193,7 +235,7 @@ def with_tree_candidates(
     A tree candidate can only be level 0 (its cost is a ``TreeCost``); its acceptance towards a
     model x is the tree's per-position acceptance under d's rank acceptance towards x (0 towards
     models no costlier than d, and towards the other candidates)."""
-    models = [i for i, c in enumerate(everything) if not isinstance(c, LookupDraft)]
+    models = [i for i, c in enumerate(everything) if not isinstance(c, ProposalLevel)]
     above = {d: [m for m in models if costs[m](1) > costs[d](1)] for d in models[:-1]}
     pairs = [(d, m) for d, ms in above.items() for m in ms]
     if not pairs:
@@ -235,15 +277,16 @@ MAX_TREE_RANK = 4
 """Ranks measured for token trees: a context's fifth candidate is rarely worth a node."""
 
 
-def with_lookup_level(
+def with_proposal_level(
     costs: Sequence[Cost],
     alpha: Sequence[Sequence[Acceptance]],
     at: int,
     cost: LookupCost,
     rates: Sequence[Acceptance],
 ) -> tuple[list[Cost], list[list[Acceptance]]]:
-    """The models' costs and acceptance matrix with a lookup level put in as candidate ``at``: its
-    cost, and its ``rates`` towards every model (both ways, so the matrix stays symmetric)."""
+    """The candidates' costs and acceptance matrix with a proposal level (a lookup level, a draft with
+    another tokenizer) put in as candidate ``at``: its cost, and its ``rates`` towards every candidate
+    already in (both ways, so the matrix stays symmetric)."""
     with_costs = [*costs[:at], cost, *costs[at:]]
     with_alpha = [[*row[:at], rates[i], *row[at:]] for i, row in enumerate(alpha)]
     with_alpha.insert(at, [*rates[:at], 1.0, *rates[at:]])

@@ -170,6 +170,25 @@ class TreeCost:
         return sum(self.widths) + 1
 
 
+@dataclass(frozen=True)
+class BridgedCost(LookupCost):
+    """A draft with another tokenizer as level 0 (docs/design.md, "Drafts with another tokenizer"):
+    a proposal level as the lookup is (a call offers a random number of tokens, ``lengths``: text
+    may end mid-character, the last target token is held back), whose calls run its model, so they
+    cost more for a larger block: ``call_seconds[T - 1]`` per call with block size T (a T past the
+    tuple's end takes its last entry). ``seconds``, what ordering by c(1) reads, is the T = 1 call."""
+
+    call_seconds: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.call_seconds or any(not (math.isfinite(s) and s >= 0) for s in self.call_seconds):
+            raise ValueError(f"call_seconds must be finite and >= 0 seconds per T, got {self.call_seconds}")
+
+    def draft(self, k: int) -> float:
+        return self.call_seconds[min(k, len(self.call_seconds)) - 1]
+
+
 def verify_tokens(below: Cost, block: int) -> int:
     """Tokens a verification of ``block`` tokens of the level ``below`` feeds: the block and the
     token before it, or a token tree's nodes and the token before them."""

@@ -57,7 +57,7 @@ class LookupDraft(ProposalLevel):
                 f"min_ngram={self.min_ngram}, max_ngram={self.max_ngram}"
             )
 
-    def proposer(self, num_rows: int, sampling: SamplingMetadata) -> LookupProposer:
+    def proposer(self, num_rows: int, sampling: SamplingMetadata, compile: bool = False) -> LookupProposer:
         return LookupProposer(self, num_rows, sampling.eos_ids.tolist())
 
 

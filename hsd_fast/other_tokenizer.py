@@ -4,16 +4,19 @@ the level above by the byte bridge (docs/design.md, "Drafts with another tokeniz
 Terms:
     stream        a row's text as bytes (``bridge``): the target-domain ids the row holds, spelled out
     draft ids     the draft's own ids for a prefix of the row's stream, then the ids it drafted past
-                  it; ``fed`` of them are in its KV cache
+                  it; ``fed`` of them are in the draft model's KV cache
     window        what is re-encoded for the draft each round: from the last draft id that still
                   spells the stream, minus one (its bytes might merge with what follows), to the end
                   of the stream; never the whole history once the prompt is in
 
-One round for a row: the stream catches up with the row's ids (only positions past the last
-verification's cut), the draft's ids follow it (the window), the draft's cache is cut back to the ids
-that still hold, the draft decodes a few of its tokens (its most likely ones, whatever the run's
-temperature: ``_choose``), and their bytes, encoded by the target's tokenizer, are the proposal: all
-but the last target token, which more bytes could still extend, unless the draft ended its text.
+One round: each row's stream catches up with its ids (only positions past the last verification's
+cut) and its draft ids follow the stream (the window; the draft's cache keeps the ids that did not
+change), then the draft model decodes a few of its ids for every drafting row at once
+(``other_tokenizer_steps``), and each row's drafted bytes, encoded by the target's tokenizer, are its
+proposal: all but the last target id, which more bytes could still extend, unless the draft ended
+its text. The draft decodes its most likely ids whatever the run's temperature: a point mass x
+passes with probability p(x), so a proposal should be the token the draft believes likeliest (one
+drawn from the draft's q passes less often, and would need randomness of its own).
 
 Exact as every proposal level is (``proposal_level``): the level above verifies point masses. The
 draft's q is not transported: it lives on another vocabulary, and a point mass needs none.
@@ -22,7 +25,6 @@ draft's q is not transported: it lives on another vocabulary, and a point mass n
 from __future__ import annotations
 
 import bisect
-import inspect
 import math
 import time
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 
 from hsd_fast.bridge import TokenBytes, complete_prefix
+from hsd_fast.other_tokenizer_steps import DraftSteps
 from hsd_fast.proposal_level import ProposalLevel
 from hsd_fast.sampling_metadata import SamplingMetadata
 
@@ -58,8 +61,12 @@ class OtherTokenizerDraft(ProposalLevel):
                     f"{type(getattr(self, name)).__name__}"
                 )
 
-    def proposer(self, num_rows: int, sampling: SamplingMetadata) -> BridgedProposer:
-        return BridgedProposer(self, num_rows, sampling)
+    def proposer(self, num_rows: int, sampling: SamplingMetadata, compile: bool = False) -> BridgedProposer:
+        return BridgedProposer(self, num_rows, sampling, compile)
+
+    @property
+    def models(self) -> tuple[torch.nn.Module, ...]:
+        return (self.model,)
 
 
 @dataclass
@@ -71,29 +78,31 @@ class _Row:
     draft_ids: list[int] = field(default_factory=list)
     draft_stream: bytearray = field(default_factory=bytearray)
     draft_ends: list[int] = field(default_factory=list)  # byte offset after each draft id
-    fed: int = 0
-    cache: Any = None
+    fed: int = 0  # draft ids in the draft model's cache (other_tokenizer_steps)
 
 
 class BridgedProposer:
-    """One run's state of an ``OtherTokenizerDraft``: per row its stream, its draft ids and a KV
-    cache of the draft model; rows are served one at a time (each keeps its own cache)."""
+    """One run's state of an ``OtherTokenizerDraft``: per row its stream and draft ids; the draft
+    model's steps (``DraftSteps``) serve all rows that draft in a round at once."""
 
-    def __init__(self, spec: OtherTokenizerDraft, num_rows: int, sampling: SamplingMetadata) -> None:
-        self.model = spec.model
-        self.device = next(spec.model.parameters()).device
+    def __init__(
+        self, spec: OtherTokenizerDraft, num_rows: int, sampling: SamplingMetadata, compile: bool = False
+    ) -> None:
         self.draft = TokenBytes.of(spec.tokenizer)
         self.target = TokenBytes.of(spec.target_tokenizer)
+        self.steps = DraftSteps(spec.model, len(self.draft.table), num_rows, compile)
         # ids the draft's tokenizer puts before a text (a BOS): the draft's context starts with them
         self.lead = list(spec.tokenizer("", add_special_tokens=True)["input_ids"])
         self.draft_eos = {int(e) for e in _eos_ids(spec.model, spec.tokenizer)}
-        # transformers 5.24 names the forward's cache `cache`, 5.17 `past_key_values` (hf_runner)
-        parameters = inspect.signature(spec.model.forward).parameters
-        self.cache_keyword = "cache" if "cache" in parameters else "past_key_values"
         self.target_eos = int(sampling.eos_ids[0]) if sampling.eos_ids.numel() else None
         self.rows = [_Row() for _ in range(num_rows)]
+        self.target_positions = 0  # the run's token buffer, in target ids (propose)
         self.bridge_seconds = 0.0  # host time in the bridge itself (encoding, bookkeeping)
-        self.model_seconds = 0.0  # the draft model's forwards and draws
+
+    @property
+    def model_seconds(self) -> float:
+        """Time in the draft model's forwards (each one's host sync included)."""
+        return self.steps.seconds
 
     def invalidate(self, rows: np.ndarray, first_changed: np.ndarray) -> None:
         for r, n in zip(rows.tolist(), first_changed.tolist(), strict=True):
@@ -103,17 +112,21 @@ class BridgedProposer:
         self, tokens: torch.Tensor, rows: np.ndarray, ends: np.ndarray, wanted: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # proposal_level.Proposer.propose (shapes there)
         started, model_before = time.perf_counter(), self.model_seconds
+        self.target_positions = tokens.shape[1]
         proposals = np.zeros((len(rows), max(int(wanted.max()), 1)), dtype=np.int64)  # [R, W]
         counts = np.zeros(len(rows), dtype=np.int64)  # [R]
         last_is_eos = np.zeros(len(rows), dtype=bool)  # [R]
-        for i, (r, end, want) in enumerate(zip(rows.tolist(), ends.tolist(), wanted.tolist(), strict=True)):
-            if want <= 0:
-                continue
-            row = self.rows[r]
-            self._catch_up_stream(row, tokens, r, end)
-            ids, eos = self._draft(row, want)
-            counts[i], last_is_eos[i] = len(ids), eos
-            proposals[i, : len(ids)] = ids
+        steps: dict[int, int] = {}  # row -> draft ids to decode this round
+        for r, end, want in zip(rows.tolist(), ends.tolist(), wanted.tolist(), strict=True):
+            if want > 0:
+                self._catch_up_stream(self.rows[r], tokens, r, end)
+                steps[r] = self._steps_for(self.rows[r], want)
+        drafted = self._decode({r: n for r, n in steps.items() if n > 0})
+        for i, (r, want) in enumerate(zip(rows.tolist(), wanted.tolist(), strict=True)):
+            if r in drafted:
+                ids, eos = self._proposal(*drafted[r], want)
+                counts[i], last_is_eos[i] = len(ids), eos
+                proposals[i, : len(ids)] = ids
         self.bridge_seconds += time.perf_counter() - started - (self.model_seconds - model_before)
         return proposals, counts, last_is_eos
 
@@ -130,14 +143,20 @@ class BridgedProposer:
             row.target_ends.append(offset)
         row.stream += self.target.bytes_of(new)
 
-    def _draft(self, row: _Row, want: int) -> tuple[list[int], bool]:
-        """Up to ``want`` target ids drafted after the row's stream, and whether the last is an EOS."""
+    def _steps_for(self, row: _Row, want: int) -> int:
+        """How many draft ids the row decodes for ``want`` target ids after its stream; 0 where it
+        drafts nothing this round (a character is unfinished, or the draft's tokenizer cannot spell
+        the stream)."""
         tail = bytes(row.stream[-4:])  # a character the row has not finished ends within 3 bytes
         if complete_prefix(tail) < len(tail) or not self._follow_stream(row):
-            return [], False  # a character is unfinished, or the draft cannot spell the stream
+            return 0
         ratio = len(row.draft_ids) / max(len(row.target_ends), 1)  # draft ids per target id so far
-        steps = min(math.ceil((want + 1) * max(ratio, 0.5)) + 1, 4 * want + 4)
-        drafted, eos = self._decode(row, steps)
+        return min(math.ceil((want + 1) * max(ratio, 0.5)) + 1, 4 * want + 4)
+
+    def _proposal(self, drafted: list[int], eos: bool, want: int) -> tuple[list[int], bool]:
+        """Up to ``want`` target ids for the draft ids a row drafted, and whether the last is an EOS:
+        their bytes in the target's ids, all but the last (more bytes could still extend it) unless
+        the draft ended its text."""
         text = self.draft.bytes_of(drafted)
         ids = self.target.encode(text[: complete_prefix(text)])
         if ids is None:
@@ -148,8 +167,8 @@ class BridgedProposer:
 
     def _follow_stream(self, row: _Row) -> bool:
         """The draft's ids spell the row's stream again: the ids that still do are kept, minus the
-        last (more bytes could merge into it), and the window after them is re-encoded; the KV cache
-        keeps the ids that did not change. False where the draft's tokenizer cannot spell it."""
+        last (more bytes could merge into it), and the window after them is re-encoded; the draft's
+        cache keeps the ids that did not change. False where the draft's tokenizer cannot spell it."""
         stream, old = row.stream, row.draft_stream
         common = _common_prefix(old, stream)
         keep = bisect.bisect_right(row.draft_ends, common)  # ids wholly inside the common prefix
@@ -165,51 +184,53 @@ class BridgedProposer:
         offsets = row.draft_ends[:keep] + [start] * len(lead)
         for n in self.draft.lengths(window):
             offsets.append(offsets[-1] + n if offsets else n)
-        fed = min(row.fed, _common_prefix(row.draft_ids, new_ids))
-        if row.cache is not None and fed < row.fed:
-            _keep(row.cache, fed)
+        row.fed = min(row.fed, _common_prefix(row.draft_ids, new_ids))
         del old[common:]  # the draft's stream becomes the row's: only what differs is copied
         old += stream[common:]
-        row.draft_ids, row.draft_ends, row.fed = new_ids, offsets, fed
+        row.draft_ids, row.draft_ends = new_ids, offsets
         return bool(new_ids)
 
-    def _decode(self, row: _Row, steps: int) -> tuple[list[int], bool]:
-        """``steps`` of the draft's ids after its context (fewer at its EOS), appended to the row's
-        draft ids (their bytes too: the next round keeps those the verification accepted)."""
-        drafted: list[int] = []
-        for _ in range(steps):
-            started = time.perf_counter()
-            token = self._choose(self._forward(row))
-            self.model_seconds += time.perf_counter() - started
-            if token in self.draft_eos:
-                return drafted, True
-            drafted.append(token)
-            row.draft_ids.append(token)
-            piece = self.draft.bytes_of([token])
-            row.draft_ends.append((row.draft_ends[-1] if row.draft_ends else 0) + len(piece))
-            row.draft_stream += piece
-        return drafted, False
+    def _decode(self, steps: dict[int, int]) -> dict[int, tuple[list[int], bool]]:
+        """``steps[r]`` of the draft's ids after each row's context (fewer at its EOS), all rows in
+        each forward, appended to the rows' draft ids (their bytes too: the next round keeps those
+        the verification accepted). Returns row -> (the ids drafted, whether the draft ended its
+        text)."""
+        count = self.steps.count_for(max(steps.values(), default=1))
+        steps = {r: n for r, n in steps.items() if self.steps.fits(len(self.rows[r].draft_ids) + count)}
+        if not steps:
+            return {}
+        if self.steps.reserve(max(len(self.rows[r].draft_ids) + count for r in steps), self._expected_ids()):
+            for row in self.rows:  # a new, larger cache holds nothing yet
+                row.fed = 0
+        spans = {}
+        for r in steps:
+            row = self.rows[r]
+            row.fed = min(row.fed, len(row.draft_ids) - 1)  # all cached (the draft ended its text
+            spans[r] = (row.fed, row.draft_ids[row.fed :])  # last round): the last is fed again
+        drafted = {}
+        for r, ids in self.steps.advance(spans, count).items():
+            row, n = self.rows[r], steps[r]
+            ends = [i for i, token in enumerate(ids[:n]) if token in self.draft_eos]
+            ids = ids[: ends[0] if ends else n]
+            row.fed = len(row.draft_ids) + min(len(ids), count - 1)  # the last id drafted was not fed
+            row.draft_ids += ids
+            for piece in (self.draft.table[i] or b"" for i in ids):
+                row.draft_ends.append((row.draft_ends[-1] if row.draft_ends else 0) + len(piece))
+                row.draft_stream += piece
+            drafted[r] = (ids, bool(ends))
+        return drafted
 
-    def _forward(self, row: _Row) -> torch.Tensor:
-        """The draft's logits after its ids, feeding what its cache lacks."""
-        if row.cache is None:
-            from transformers import DynamicCache
+    def _expected_ids(self) -> int:
+        """Draft ids a row may reach in this run: the run's positions in target ids, times the most
+        draft ids per target id any row has so far, with a margin (the cache is sized for it at
+        once rather than grown mid-run, which would re-feed every row and compile anew)."""
+        ratio = max(len(row.draft_ids) / max(len(row.target_ends), 1) for row in self.rows)
+        return math.ceil(1.25 * max(ratio, 1.0) * self.target_positions)
 
-            row.cache = DynamicCache()
-        if row.fed >= len(row.draft_ids):  # every id is cached (the draft ended its text last
-            row.fed = len(row.draft_ids) - 1  # round): the last is fed again for its logits
-            _keep(row.cache, row.fed)
-        ids = torch.tensor([row.draft_ids[row.fed :]], device=self.device)  # [1, n]
-        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self.cache_keyword: row.cache})
-        row.fed = len(row.draft_ids)
-        return out.logits[0, -1]
 
-    def _choose(self, logits: torch.Tensor) -> int:
-        """The draft's most likely id, at any temperature: a point mass x passes with probability
-        p(x), so a proposal should be the token the draft believes likeliest; one drawn from the
-        draft's q passes less often (and needs no randomness of its own)."""
-        vocab = len(self.draft.table)
-        return int(logits[:vocab].argmax())  # a padded head's extra rows are never drafted
+def same_tokenizer(a, b) -> bool:
+    """One object, or two with the same vocabulary (token strings to ids): no boundary between them."""
+    return a is b or a.get_vocab() == b.get_vocab()
 
 
 def _cut(row: _Row, n: int) -> None:
@@ -218,14 +239,6 @@ def _cut(row: _Row, n: int) -> None:
     if n < len(row.target_ends):
         del row.target_ends[n:]
         del row.stream[row.target_ends[-1] if row.target_ends else 0 :]
-
-
-def _keep(cache, length: int) -> None:
-    """``cache`` cut back to its first ``length`` positions (a negative ``crop`` removes that many:
-    the spelling transformers 5.17 through 5.24 all take)."""
-    drop = cache.get_seq_length() - length
-    if drop > 0:
-        cache.crop(-drop)
 
 
 def _common_prefix(a, b) -> int:

@@ -43,7 +43,13 @@ class Proposer(Protocol):
 
 
 class ProposalLevel:
-    """What the engine needs of a proposal level: one proposer per run."""
+    """What the engine needs of a proposal level: one proposer per run (``compile``: whether the run
+    compiles its steps, for a proposer that runs a model), and the models it runs, which the run
+    holds as it holds its levels' models."""
 
-    def proposer(self, num_rows: int, sampling: SamplingMetadata) -> Proposer:
+    def proposer(self, num_rows: int, sampling: SamplingMetadata, compile: bool = False) -> Proposer:
         raise NotImplementedError
+
+    @property
+    def models(self) -> tuple[torch.nn.Module, ...]:
+        return ()

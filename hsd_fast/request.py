@@ -40,7 +40,7 @@ from hsd_fast.engine import MAX_BLOCK_SIZE, check_block_sizes
 from hsd_fast.generation_options import check_generation_options
 from hsd_fast.hierarchy_types import Hierarchy
 from hsd_fast.lookup import LookupDraft, as_lookup, level_identity
-from hsd_fast.other_tokenizer import OtherTokenizerDraft
+from hsd_fast.other_tokenizer import OtherTokenizerDraft, same_tokenizer
 from hsd_fast.positions import check_positions, max_positions
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.proposal_level import ProposalLevel
@@ -527,11 +527,6 @@ def bridged_drafts(drafts, draft_tokenizers, target_tokenizer) -> list:
             )
         drafts[0] = OtherTokenizerDraft(drafts[0], tok, target_tokenizer)
     return drafts
-
-
-def same_tokenizer(a, b) -> bool:
-    """One object, or two with the same vocabulary (token strings to ids)."""
-    return a is b or a.get_vocab() == b.get_vocab()
 
 
 def check_input_ids(input_ids, model_kwargs: dict) -> None:

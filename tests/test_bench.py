@@ -252,11 +252,30 @@ def test_grid_kinds_name_the_early_exit_hierarchies() -> None:
     from hsd_fast.bench.command import GRID_KINDS, _grid_kinds
 
     names = ["lookup", "xxs", "exit2", "target"]
-    kinds = _grid_kinds(SimpleNamespace(exits={"exit2": 2}), names)
+    kinds = _grid_kinds(SimpleNamespace(exits={"exit2": 2}, drafts={}), names)
     assert kinds["best with an early exit"]((0, 2, 3)) and not kinds["best without an early exit"]((0, 2, 3))
     assert kinds["best without an early exit"]((0, 1, 3)) and not kinds["best with an early exit"]((1, 3))
     assert kinds["best single early exit"]((2, 3)) and not kinds["best single early exit"]((1, 3))
-    assert _grid_kinds(SimpleNamespace(exits={}), names) is GRID_KINDS
+    assert _grid_kinds(SimpleNamespace(exits={}, drafts={}), names) is GRID_KINDS
+
+
+def test_the_tokenizers_scenario_compares_hierarchies_with_and_without_a_bridged_draft() -> None:
+    """A draft with another tokenizer is candidate 1 (after the lookup level): the report's kinds
+    name the best with it and without, and the adaptive engine's profile leaves it out."""
+    from types import SimpleNamespace
+
+    from hsd_fast.bench.command import _grid_kinds, _without_bridged
+    from hsd_fast.other_tokenizer import OtherTokenizerDraft
+
+    bridged = object.__new__(OtherTokenizerDraft)  # only its type is read here
+    scenario = SimpleNamespace(exits={}, drafts={"xs4k": bridged, "xs": None})
+    names = ["lookup", "xs4k", "xs", "target"]
+    kinds = _grid_kinds(scenario, names)
+    assert kinds["best with another tokenizer"]((1, 3)) and not kinds["best with another tokenizer"]((2, 3))
+    assert kinds["best without another tokenizer"]((0, 2, 3))
+    costs, alpha = [0.1, 0.2, 0.3, 1.0], [[i * 4 + j for j in range(4)] for i in range(4)]
+    kept = _without_bridged(scenario, costs, alpha, names)
+    assert kept == ([0.1, 0.3, 1.0], [[0, 2, 3], [8, 10, 11], [12, 14, 15]], ["lookup", "xs", "target"])
 
 
 def test_the_best_single_exit_also_runs_with_the_target_recomputing() -> None:

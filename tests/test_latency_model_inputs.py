@@ -82,7 +82,7 @@ def test_the_lookup_level_is_profiled_on_text_as_long_as_the_run() -> None:
     cache = ProfileCache()
     lengths, first_rate = {}, {}
     for new_tokens in (16, 200):
-        cost, rates = cache.lookup(
+        cost, rates = cache.proposal_level(
             LookupDraft(), [target], prompts, LogitsTransform(), True, 6, False, {"do_sample": False},
             new_tokens=new_tokens,
         )  # fmt: skip

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import copy
 import json
-from types import SimpleNamespace
+import warnings
 
 import pytest
 import torch
 from enumerated import exact_distribution
-from hf_models import tiny_model
+from hf_models import noisy_copy, tiny_model
 from planted_bugs import proposals_verified_as_drafts
+from test_profile import FakeClock
 
 import hsd_fast
-from hsd_fast import zoo
+from hsd_fast import other_tokenizer_steps, zoo
 from hsd_fast.bridge import TokenBytes, complete_prefix
+from hsd_fast.latency import BridgedCost
+from hsd_fast.profile import ProfileCache, ProfileNoiseWarning
 from hsd_fast.testing.exactness import pooled_chi_square
 
 pytestmark = pytest.mark.hf
@@ -110,6 +113,29 @@ def test_greedy_in_a_padded_batch_with_an_eos_under_a_second_draft(tokenizers) -
     assert out.tolist() == expected.tolist()
 
 
+@pytest.mark.slow
+def test_compiled_draft_steps_in_a_padded_batch_equal_the_targets_greedy(tokenizers) -> None:
+    """The draft's steps compiled (a graph per block width and draft count, counts rounded up to a
+    bucket, a row whose draft ends its text cut on the host), three rows of different lengths."""
+    target_tok, draft_tok = tokenizers
+    target = tiny_model("llama", vocab_size=len(target_tok), lm_head_scale=2.0)
+    draft = tiny_model("llama", vocab_size=len(draft_tok), layers=2, seed=3)
+    draft.generation_config.eos_token_id = len(draft_tok) - 1  # a merged pair ends the draft's text
+    rows = [target_tok(t).input_ids for t in ["the cat sat on the mat", "in there", "at the end"]]
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    expected = _greedy(target, ids, attention_mask=mask)
+    out = _greedy(
+        target, ids, attention_mask=mask, custom_generate=hsd_fast.generate, drafts=[draft], T=[3],
+        target_tokenizer=target_tok, draft_tokenizers=[draft_tok], compile=True, output_hsd_stats=True,
+    )  # fmt: skip
+    assert out.sequences.tolist() == expected.tolist()
+    assert out.hsd_stats.drafted[0] > 0, out.hsd_stats.summary()
+    graphs = [len(kept) for _, kept in other_tokenizer_steps._COMPILED.values()]
+    assert sum(graphs) > 0  # the draft's steps ran compiled
+
+
 def _permuted(tok, model):
     """``tok`` with every id but 0 renumbered (i -> V - i), and ``model`` with its embedding and
     head rows moved to match: the same draft, behind another vocabulary."""
@@ -166,21 +192,6 @@ def _sampled(target, draft, middle, target_tok, draft_tok, samples: int):
     return samples, exact_distribution(target, prompt, VOCAB, STEPS), out.hsd_stats
 
 
-class BigramDraft(torch.nn.Module):
-    """A draft whose next-token logits depend on the last id alone (a random table): an HF-shaped
-    forward at a fraction of a tiny transformer's cost, so the sampled test can run thousands of
-    rows, each bridged on its own. Its cache argument is taken and left empty (nothing to keep)."""
-
-    def __init__(self, vocab: int, eos: int, seed: int) -> None:
-        super().__init__()
-        generator = torch.Generator().manual_seed(seed)
-        self.table = torch.nn.Parameter(2.0 * torch.randn(vocab, vocab, generator=generator))
-        self.generation_config = SimpleNamespace(eos_token_id=eos)
-
-    def forward(self, input_ids, use_cache=True, logits_to_keep=1, past_key_values=None, cache=None):
-        return SimpleNamespace(logits=self.table[input_ids[:, -1:]])  # [1, 1, V]
-
-
 @pytest.fixture(scope="module")
 def four_letters():
     """A 4-token target (a-d), a middle level on its tokens, and a draft with merges and an EOS
@@ -191,7 +202,8 @@ def four_letters():
     )
     target = tiny_model("llama", vocab_size=VOCAB, layers=2, lm_head_scale=3.0, seed=2)
     middle = tiny_model("llama", vocab_size=VOCAB, layers=2, lm_head_scale=3.0, seed=7)
-    draft = BigramDraft(len(draft_tok), eos=0, seed=4)
+    draft = tiny_model("llama", vocab_size=len(draft_tok), layers=1, lm_head_scale=3.0, seed=4)
+    draft.generation_config.eos_token_id = 0
     return target, draft, middle, target_tok, draft_tok
 
 
@@ -235,3 +247,56 @@ def test_bad_tokenizer_arguments_are_refused(tokenizers) -> None:
     # the same vocabulary is no boundary: the draft stays a plain model level
     same = hsd_fast.wrap(target, [target], tokenizer=target_tok, draft_tokenizers=[copy.deepcopy(target_tok)])
     assert same.drafts == [target]
+
+
+# ------------------------------------------------------------------------------ selection
+def test_select_hierarchy_profiles_a_draft_with_another_tokenizer(tokenizers, tmp_path) -> None:
+    """A draft behind a renumbered vocabulary (the same model as a same-tokenizer candidate), on a
+    fake clock: its replayed proposals are the draft's own argmax, so the rate the target accepts
+    the first of them with is the same-tokenizer draft's agreement with the target (the contexts
+    differ a little: the replay visits the positions a run would); its calls cost more for larger
+    blocks; the pick drafts through the bridge and generates the target's own greedy output."""
+    target_tok, _ = tokenizers
+    target = tiny_model("llama", vocab_size=len(target_tok), lm_head_scale=2.0)
+    draft = noisy_copy(target, 0.1, seed=1)
+    permuted_tok, permuted = _permuted(target_tok, draft)
+    clock = FakeClock()
+    for model, scale in ((draft, 1), (permuted, 1), (target, 40)):
+        clock.attach(model, scale=scale)
+    texts = ["the cat sat on the mat and", "in there we went to the end", "at the end of the line we"]
+    prompts = torch.tensor([target_tok(t).input_ids[:24] for t in texts])  # [3, 24]
+    common = {"prompts": prompts, "clock": clock, "progress": False, "max_T": 4, "min_gain": 0.0}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ProfileNoiseWarning)
+        direct = hsd_fast.select_hierarchy(target, [draft], cache=ProfileCache(), **common)
+        pick = hsd_fast.select_hierarchy(
+            target, [permuted], draft_tokenizers=[permuted_tok], target_tokenizer=target_tok,
+            cache=ProfileCache(tmp_path / "profiles.json"), **common,
+        )  # fmt: skip
+    assert isinstance(pick.drafts[0], hsd_fast.OtherTokenizerDraft) and pick.chain == (0, 1), pick.chain
+    cost, rates = pick.profile.costs[0], pick.profile.alpha[0][1]
+    assert isinstance(cost, BridgedCost) and cost.draft(4) > cost.draft(1) > 0, cost
+    assert abs(rates[0] - direct.profile.alpha[0][1]) < 0.15, (rates, direct.profile.alpha[0][1])
+    entries = json.loads((tmp_path / "profiles.json").read_text())["entries"]
+    assert sum(k.startswith("bridged rates ") for k in entries) == 1  # the target, the only model
+    assert sum(k.startswith("bridged cost ") for k in entries) == 4  # a call per block size
+
+    ids = prompts[:1, :12]
+    expected = _greedy(target, ids)
+    assert (
+        _greedy(target, ids, custom_generate=hsd_fast.generate, hierarchy=pick).tolist() == expected.tolist()
+    )
+
+
+def test_select_hierarchy_refuses_bad_draft_tokenizers(tokenizers) -> None:
+    target_tok, draft_tok = tokenizers
+    target = tiny_model("llama", vocab_size=len(target_tok), lm_head_scale=2.0)
+    ids = torch.ones(1, 8, dtype=torch.long)
+    with pytest.raises(ValueError, match="one entry per candidate"):
+        hsd_fast.select_hierarchy(target, [target], ids, draft_tokenizers=[], target_tokenizer=target_tok)
+    with pytest.raises(ValueError, match="needs target_tokenizer"):
+        hsd_fast.select_hierarchy(target, [target], ids, draft_tokenizers=[draft_tok])
+    with pytest.raises(TypeError, match="not a model"):
+        hsd_fast.select_hierarchy(
+            target, ["lookup"], ids, draft_tokenizers=[draft_tok], target_tokenizer=target_tok
+        )

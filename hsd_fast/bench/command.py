@@ -31,21 +31,22 @@ from hsd_fast.bench import configs as cfg
 from hsd_fast.bench import measuring
 from hsd_fast.bench.mixed import measure_mixed, mixed_grid, mixed_requests, write_mixed
 from hsd_fast.bench.results import write
-from hsd_fast.bench.scenarios import SCENARIOS, Scenario
+from hsd_fast.bench.scenarios import SCENARIOS, Scenario, draft_models
 from hsd_fast.bench.timing import CpuMeter
 from hsd_fast.cli_args import output_folder, positive_float, positive_int
 from hsd_fast.controller import LatencyController
 from hsd_fast.hf_generate import generate
-from hsd_fast.hierarchy import with_lookup_level
+from hsd_fast.hierarchy import with_proposal_level
 from hsd_fast.hierarchy_types import Hierarchy, Profile, Selection
 from hsd_fast.latency import decode_seconds
 from hsd_fast.lookup import LOOKUP, LookupDraft, as_lookup
+from hsd_fast.other_tokenizer import OtherTokenizerDraft
 from hsd_fast.positions import COMMAND_FORM, check_positions, fewest_positions
 from hsd_fast.processors import generation_sampling
 from hsd_fast.profile import ProfileCache, measured_latency
 from hsd_fast.profile.costs import crowd_bytes
 from hsd_fast.report import markdown_table, run_metadata
-from hsd_fast.selector import select
+from hsd_fast.selector import level_zero_only, select
 
 GRID_MAX_T = 6
 GRID_MEASURED = 6
@@ -219,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_positions(scenario: Scenario, max_new_tokens: int) -> None:
     """Refuse, before anything is measured, a run longer than the models' position tables."""
-    limit = fewest_positions(m.config for m in [scenario.target, *scenario.drafts.values()])
+    limit = fewest_positions(m.config for m in [scenario.target, *draft_models(scenario)])
     if limit is None:
         return
     longest = _prompt_tokens(scenario)
@@ -255,6 +256,8 @@ def _label(sampling: dict) -> str:
 def _mixed(scenario: Scenario, sampling: dict, args: argparse.Namespace, profiles: dict) -> int:
     """``--mixed``: the scenario's prompt sets served as one stream of requests (``mixed.py``), for
     each batch: no draft, the selector's pick and a grid against the adaptive engine."""
+    if _bridged(scenario):
+        raise SystemExit("hsd-fast bench --mixed: the adaptive engine takes no draft with another tokenizer")
     candidates = {LOOKUP: LOOKUP, **scenario.drafts}
     levels = (LookupDraft(), *scenario.drafts.values(), scenario.target)  # the profiles' candidates
     sets = {name: torch.stack(prompts) for name, prompts in scenario.prompt_sets.items()}
@@ -303,7 +306,14 @@ def _stem_suffix(args: argparse.Namespace) -> str:
 
 # ----------------------------------------------------------------------------- choosing hierarchies
 def _grid_kinds(scenario: Scenario, names: list[str]) -> dict:
-    """GRID_KINDS, and where the scenario has early-exit levels, the best with and without one."""
+    """GRID_KINDS, and where the scenario has early-exit levels or drafts with another tokenizer, the
+    best with and without one."""
+    bridged = {i for i, name in enumerate(names) if name in _bridged(scenario)}
+    if bridged:
+        return GRID_KINDS | {
+            "best with another tokenizer": lambda chain: bool(bridged & set(chain)),
+            "best without another tokenizer": lambda chain: not bridged & set(chain),
+        }
     if not scenario.exits:
         return GRID_KINDS
     exits = {i for i, name in enumerate(names) if name in scenario.exits}
@@ -315,11 +325,13 @@ def _grid_kinds(scenario: Scenario, names: list[str]) -> dict:
 
 
 def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> tuple[list, list[list], list[str]]:
-    """Compiled step costs at ``batch`` rows and acceptance of the lookup level and every model
-    (drafts, then the target), cached: candidate 0 is the lookup level."""
+    """Compiled step costs at ``batch`` rows and acceptance of the lookup level, the drafts with
+    another tokenizer (proposal levels too, profiled by replay) and every model (drafts, then the
+    target), cached: candidate 0 is the lookup level, the bridged drafts follow it."""
     cache = ProfileCache(args.cache, fallbacks=_fallback_profiles(scenario))
-    models = [*scenario.drafts.values(), scenario.target]
-    names = [LOOKUP, *scenario.drafts, "target"]
+    bridged = _bridged(scenario)
+    models = [*(d for n, d in scenario.drafts.items() if n not in bridged), scenario.target]
+    names = [LOOKUP, *bridged, *(n for n in scenario.drafts if n not in bridged), "target"]
     transform, greedy = generation_sampling(scenario.target, **sampling)
     context = _prompt_tokens(scenario) + args.max_new_tokens // 2
     desc = f"step costs{'' if args.eager else ' (compiled)'}, batch {batch}"
@@ -331,7 +343,7 @@ def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> tuple[
     alpha = cache.acceptance(
         models, scenario.calibration, transform, greedy, generation_kwargs=sampling, **run
     )
-    lookup, rates = cache.lookup(
+    lookup, rates = cache.proposal_level(
         LookupDraft(),
         models,
         scenario.calibration,
@@ -343,8 +355,17 @@ def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> tuple[
         batch,
         **run,
     )
+    costs, alpha = with_proposal_level(costs, alpha, 0, lookup, rates)
+    for at, spec in enumerate(bridged.values(), start=1):
+        level, rates = cache.proposal_level(
+            spec, models, scenario.calibration, transform, greedy, GRID_MAX_T, True, sampling, batch,
+            compile=not args.eager, **run,
+        )  # fmt: skip
+        costs, alpha = with_proposal_level(
+            costs, alpha, at, level, [0.0] * at + list(rates)
+        )  # none between them
     cache.save()
-    return (*with_lookup_level(costs, alpha, 0, lookup, rates), names)
+    return costs, alpha, names
 
 
 def _profile_in_child(args: argparse.Namespace) -> None:
@@ -368,6 +389,32 @@ def _drafts(scenario: Scenario, names: Sequence[str]) -> tuple:
     return tuple(as_lookup(name) or scenario.drafts[name] for name in names)
 
 
+def _bridged(scenario: Scenario) -> dict[str, OtherTokenizerDraft]:
+    """The scenario's drafts with another tokenizer, by name."""
+    return {n: d for n, d in scenario.drafts.items() if isinstance(d, OtherTokenizerDraft)}
+
+
+def _without_bridged(scenario: Scenario, costs: list, alpha: list[list], names: list[str]) -> tuple:
+    """A profile (costs, alpha, names) without the drafts with another tokenizer."""
+    keep = [i for i, name in enumerate(names) if name not in _bridged(scenario)]
+    return [costs[i] for i in keep], [[alpha[i][j] for j in keep] for i in keep], [names[i] for i in keep]
+
+
+def _hf_runs(config: cfg.Config, prompts, draft_name: str, notes: list[str]) -> bool:
+    """Whether HF's path for a draft with another tokenizer runs in this setting (its sampled path
+    raises on transformers 5.24: noted, not measured)."""
+    ids = prompts[0][None]
+    try:
+        config.generate(ids, torch.ones_like(ids))
+    except Exception as err:  # whatever HF raised is the finding
+        notes.append(
+            f"HF assisted with {draft_name} (assistant_tokenizer=): not measured, it raised "
+            f"{type(err).__name__}: {err}"
+        )
+        return False
+    return True
+
+
 def _fallback_profiles(scenario: Scenario) -> list[Path]:
     if scenario.name != "zoo":
         return []
@@ -385,6 +432,8 @@ def _grid(scenario, costs, alpha, names, sampling, args, prompts) -> dict[Select
     candidates = []
     for size in (1, 2):
         for chain in itertools.combinations(range(target), size):
+            if any(level_zero_only(costs[c]) for c in chain[1:]):
+                continue  # a proposal level only at the bottom
             for T in itertools.product(range(1, GRID_MAX_T + 1), repeat=size):
                 candidates.append((chain_latency(costs, alpha, (*chain, target), T), (*chain, target), T))
     candidates.sort()
@@ -434,6 +483,10 @@ def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, no
     for draft_name, draft in scenario.drafts.items():
         if draft_name in scenario.exits:
             continue  # HF's own early exit below stands for these
+        if draft_name in _bridged(scenario) and not _hf_runs(
+            cfg.hf_assisted(scenario.target, draft_name, draft, sampling, 2), prompts, draft_name, notes
+        ):
+            continue
         configs.append(cfg.hf_assisted(scenario.target, draft_name, draft, sampling, n))
         if not args.quick:
             configs.append(_best_fixed_assisted(scenario, draft_name, draft, sampling, n, prompts, notes))
@@ -468,8 +521,10 @@ def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, no
         configs.append(config)
     # the adaptive engine, steered by the latency model: one controller per batch, from that batch's
     # profile (its names: the lookup level, the drafts, the target: the candidates in order)
-    controls = {batch: LatencyController(c, a, max_T=GRID_MAX_T) for batch, (c, a, _) in profiles.items()}
-    profiled = profiles[min(profiles)][2]
+    # (a draft with another tokenizer is not among its candidates: the adaptive engine refuses it)
+    kept = {batch: _without_bridged(scenario, *profile) for batch, profile in profiles.items()}
+    controls = {batch: LatencyController(c, a, max_T=GRID_MAX_T) for batch, (c, a, _) in kept.items()}
+    profiled = kept[min(kept)][2]
     adaptive = cfg.ours_adaptive(
         scenario.target, scenario.drafts, profiled[:-1], sampling, n, not args.eager, controls,
         "latency controller",

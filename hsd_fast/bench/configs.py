@@ -18,6 +18,7 @@ import torch
 
 from hsd_fast.hf_generate import generate as hsd_generate
 from hsd_fast.lookup import as_lookup
+from hsd_fast.other_tokenizer import OtherTokenizerDraft
 from hsd_fast.stats import HSDStats
 from hsd_fast.tree import Tree
 
@@ -71,12 +72,19 @@ def hf_compiled(target: torch.nn.Module, sampling: dict, max_new_tokens: int) ->
 
 
 def hf_assisted(
-    target: torch.nn.Module, draft_name: str, draft: torch.nn.Module, sampling: dict, max_new_tokens: int,
-    num_tokens: int | None = None,
+    target: torch.nn.Module, draft_name: str, draft: torch.nn.Module | OtherTokenizerDraft, sampling: dict,
+    max_new_tokens: int, num_tokens: int | None = None,
 ) -> Config:  # fmt: skip
     """HF assisted generation; ``num_tokens``: a fixed number of draft tokens per round (None: HF's
-    default schedule, which adapts the number)."""
+    default schedule, which adapts the number). A draft with another tokenizer runs HF's own path for
+    such a pair (``tokenizer=`` / ``assistant_tokenizer=``, "universal assisted generation")."""
     kwargs = _hf_kwargs(sampling, max_new_tokens) | {"assistant_model": draft}
+    if isinstance(draft, OtherTokenizerDraft):
+        kwargs |= {
+            "assistant_model": draft.model,
+            "tokenizer": draft.target_tokenizer,
+            "assistant_tokenizer": draft.tokenizer,
+        }
     if num_tokens is not None:
         kwargs |= {"num_assistant_tokens": num_tokens, "num_assistant_tokens_schedule": "constant"}
     label = "default schedule" if num_tokens is None else f"{num_tokens} tokens"
@@ -110,7 +118,7 @@ def hf_lookup(target: torch.nn.Module, sampling: dict, max_new_tokens: int, num_
 
 def ours(
     target: torch.nn.Module,
-    drafts: dict[str, torch.nn.Module],
+    drafts: dict[str, torch.nn.Module | OtherTokenizerDraft],
     chain: Sequence[str],
     T: Sequence[int],
     sampling: dict,

@@ -8,6 +8,9 @@
   about 100x ``xxs``, a middle draft 5-20x, as in real families where a hierarchy pays.
 - ``exits``: a zoo target trained for early exits, with ``xxs``, ``xs`` and the target's own first
   layers as drafts (``hsd_fast.EarlyExit``), and HF's ``assistant_early_exit`` beside them.
+- ``tokenizers``: the cost twin's target with ``xs`` and ``xs4k`` (``xs``'s shape on the zoo's
+  4,096-entry tokenizer) drafting through the byte bridge (``hsd_fast.OtherTokenizerDraft``), and HF's
+  own ``assistant_tokenizer=`` path for that pair beside it.
 - ``tiny``: a random tiny family built from a config, for smoke tests (no zoo needed).
 """
 
@@ -18,6 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hsd_fast.other_tokenizer import OtherTokenizerDraft
+
 PROMPT_TOKENS = 64
 
 
@@ -26,7 +31,7 @@ class Scenario:
     name: str
     description: str  # the models and their shapes, for the report
     target: torch.nn.Module
-    drafts: dict[str, torch.nn.Module]  # smallest first
+    drafts: dict[str, torch.nn.Module | OtherTokenizerDraft]  # smallest first
     prompt_sets: dict[str, list[torch.Tensor]]  # name -> prompts (1-D token ids)
     calibration: torch.Tensor  # [N, L] token ids for acceptance profiles (teacher-forced)
     exits: dict[str, int] = field(default_factory=dict)  # draft name -> k, for the early-exit levels
@@ -108,6 +113,27 @@ def twin_scenario() -> Scenario:
     return scenario
 
 
+def tokenizers_scenario() -> Scenario:
+    """The cost twin's target with two drafts of one shape: ``xs`` on the target's tokenizer and
+    ``xs4k`` on a tokenizer of its own, bridged (docs/design.md, "Drafts with another tokenizer")."""
+    from hsd_fast import zoo
+
+    scenario = twin_scenario()
+    other = OtherTokenizerDraft(zoo.load("xs4k"), zoo.load_tokenizer("xs4k"), zoo.load_tokenizer())
+    scenario.name = "tokenizers"
+    scenario.drafts = {"xs4k": other, "xs": scenario.drafts["xs"]}
+    scenario.description = (
+        f"{scenario.description}; drafts xs and xs4k (xs's shape on a 4,096-entry tokenizer of its own, "
+        "through the byte bridge)"
+    )
+    return scenario
+
+
+def draft_models(scenario: Scenario) -> list[torch.nn.Module]:
+    """Every draft's model (a bridged draft's included), in order."""
+    return [d.model if isinstance(d, OtherTokenizerDraft) else d for d in scenario.drafts.values()]
+
+
 def tiny_scenario(seed: int = 0) -> Scenario:
     """A random 4-layer Llama target and drafts made of its first 1 and 2 layers (so they agree with
     it often): a family that builds in a second, for smoke tests."""
@@ -150,4 +176,10 @@ def _first_layers(model: torch.nn.Module, keep: int) -> torch.nn.Module:
     return draft
 
 
-SCENARIOS = {"zoo": zoo_scenario, "twin": twin_scenario, "tiny": tiny_scenario, "exits": exits_scenario}
+SCENARIOS = {
+    "zoo": zoo_scenario,
+    "twin": twin_scenario,
+    "tiny": tiny_scenario,
+    "exits": exits_scenario,
+    "tokenizers": tokenizers_scenario,
+}

@@ -3,7 +3,7 @@
 - ``costs``: forward costs through the engine's runner, ``c(n)`` fitted per model;
 - ``acceptance_rates``: pairwise acceptance rates, teacher-forced;
 - ``run_text``: the text they are measured on, the target's own continuations of calibration text;
-- ``rank_acceptance``, ``lookup_replay``: the same for token trees and the lookup level;
+- ``rank_acceptance``, ``proposal_replay``: the same for token trees and the lookup level;
 - ``cache``: both, cached in JSON keyed by what was measured (``ProfileCache``);
 - ``measure``: seconds per token of a hierarchy, end to end, through the ``generate`` it is given.
 

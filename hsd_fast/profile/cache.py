@@ -10,7 +10,7 @@ rates measured on the text a run meets (``run_text``: the target's continuations
 calibration ids, as long as the run) by what they compare and by that text (the target's identity,
 the sampling transform, the hash of the calibration ids, the length when not the default): an
 acceptance rate by the unordered pair of identities, a rank acceptance by the draft and the
-verifier, a lookup level's profile (``lookup_replay``) by its n-gram sizes and largest block, with
+verifier, a lookup level's profile (``proposal_replay``) by its n-gram sizes and largest block, with
 the model identity for the rates a model accepts it with, and the device for its host cost.
 The text is generated once per cache. ``fallbacks`` (e.g. the zoo's committed CPU profile) are read
 but never written.
@@ -40,10 +40,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from hsd_fast.latency import Acceptance, LookupCost
+from hsd_fast.latency import Acceptance, BridgedCost, LookupCost
 from hsd_fast.lookup import LookupDraft
 from hsd_fast.processors import LogitsTransform
-from hsd_fast.profile import lookup_replay, rank_acceptance, run_text
+from hsd_fast.profile import proposal_replay, rank_acceptance, run_text
 from hsd_fast.profile.acceptance_rates import acceptance, teacher_forced_logits, teacher_forced_scores
 from hsd_fast.profile.costs import (
     ANCHOR_TOLERANCE,
@@ -52,6 +52,7 @@ from hsd_fast.profile.costs import (
     forward_costs,
     timing_environment,
 )
+from hsd_fast.proposal_level import ProposalLevel
 
 
 def model_identity(model: torch.nn.Module) -> str:
@@ -64,6 +65,11 @@ def model_identity(model: torch.nn.Module) -> str:
         digest.update(f"{name}{tuple(p.shape)}{p.dtype}".encode())
         digest.update(sample.tobytes())
     return digest.hexdigest()[:16]
+
+
+def tokenizer_identity(tokenizer) -> str:
+    """A short hash of a tokenizer's vocabulary (token strings and ids)."""
+    return hashlib.sha256(json.dumps(sorted(tokenizer.get_vocab().items())).encode()).hexdigest()[:16]
 
 
 def ids_hash(ids: torch.Tensor) -> str:
@@ -356,9 +362,9 @@ class ProfileCache:
             self.changed = True
         return {pair: tuple(self.entries[key]) for pair, key in keys.items()}
 
-    def lookup(
+    def proposal_level(
         self,
-        spec: LookupDraft,
+        spec: ProposalLevel,
         models: Sequence[torch.nn.Module],
         ids: torch.Tensor,
         transform: LogitsTransform,
@@ -368,45 +374,89 @@ class ProfileCache:
         generation_kwargs: dict | None = None,
         batch: int = 1,
         new_tokens: int | None = None,
+        compile: bool = False,
         **timing,
     ) -> tuple[LookupCost, list[Acceptance]]:
-        """A lookup level's cost (host seconds per call for ``batch`` rows, lengths offered) and the
-        rates per position at which each of ``models`` (the target last) accepts its proposals,
-        replayed on the target's own continuations of ``ids`` under ``generation_kwargs`` (the
-        run's sampling settings)."""
-        level = f"{spec.max_ngram}-{spec.min_ngram} T{max_T}"
+        """A proposal level's cost for ``batch`` rows and the rates per position at which each of
+        ``models`` (the target last) accepts its proposals, replayed on the target's own
+        continuations of ``ids`` under ``generation_kwargs`` (the run's sampling settings). A lookup
+        level (``LookupDraft``): host seconds per call, lengths offered. A draft with another
+        tokenizer (``OtherTokenizerDraft``, replayed with its own proposals through the byte bridge):
+        the seconds of a call for every block size 1..``max_T`` (its model drafts more for a larger
+        block), ``compile``d or not as the runs selected for (``BridgedCost``)."""
+        if isinstance(spec, LookupDraft):
+            kind, level = "lookup", f"{spec.max_ngram}-{spec.min_ngram} T{max_T}"
+        else:
+            draft = f"{model_identity(spec.model)} {tokenizer_identity(spec.tokenizer)}"
+            kind, level = "bridged", f"{draft} to {tokenizer_identity(spec.target_tokenizer)} T{max_T}"
+        lengths, rates = self._replayed(
+            spec, kind, level, models, ids, transform, greedy, max_T, progress, generation_kwargs, new_tokens
+        )  # fmt: skip
+        cost_key = f"{kind} cost {level} {ids.device.type}"
+        if kind == "lookup":  # host work only: compiling changes nothing
+            cost_key += f" {ids_hash(ids)}{_batch_key(batch)}"
+            seconds, noise = self._call_seconds(cost_key, spec, ids, max_T, batch, timing)
+            return LookupCost(seconds, lengths, noise, batch), rates
+        cost_key += f"{' compiled' * compile} {ids_hash(ids)}{_batch_key(batch)}"
+        timed = [
+            self._call_seconds(f"{cost_key} T={T}", spec, ids, T, batch, timing | {"compile": compile})
+            for T in tqdm(range(1, max_T + 1), desc="bridged draft calls", disable=not progress)
+        ]
+        noise = max(n for _, n in timed)
+        return BridgedCost(timed[0][0], lengths, noise, batch, tuple(s for s, _ in timed)), rates
+
+    def _replayed(
+        self,
+        spec: ProposalLevel,
+        kind: str,
+        level: str,
+        models: Sequence[torch.nn.Module],
+        ids: torch.Tensor,
+        transform: LogitsTransform,
+        greedy: bool,
+        max_T: int,
+        progress: bool,
+        generation_kwargs: dict | None,
+        new_tokens: int | None,
+    ) -> tuple[tuple[float, ...], list[Acceptance]]:
+        """A proposal level's lengths offered and the rates per position at which each of ``models``
+        accepts its proposals (``proposal_replay``), under the keys of its ``kind`` and ``level``."""
         text = self._text_key(models[-1], ids, transform, greedy, new_tokens)
-        lengths_key = f"lookup lengths {level} {text}"
-        rate_keys = [f"lookup rates {level} {model_identity(m)} on {text}" for m in models]
-        cost_key = f"lookup cost {level} {ids.device.type} {ids_hash(ids)}{_batch_key(batch)}"
-        cost_key += f" [{timing_environment(ids.device)}]"
+        lengths_key = f"{kind} lengths {level} {text}"
+        rate_keys = [f"{kind} rates {level} {model_identity(m)} on {text}" for m in models]
         missing = [k for k in (lengths_key, *rate_keys) if not _rates(self.entries.get(k))]
         if missing:
             text_ids = self._run_text(models[-1], ids, text, generation_kwargs, new_tokens)
             vocab = models[-1].get_output_embeddings().weight.shape[0]
             start = run_text.continuation_start(ids)
-            proposals = lookup_replay.replay(spec, text_ids, max_T, start=start)
-            self.entries[lengths_key] = list(lookup_replay.offered_lengths(proposals, max_T))
+            proposals = proposal_replay.replay(spec, text_ids, max_T, start=start)
+            self.entries[lengths_key] = list(proposal_replay.offered_lengths(proposals, max_T))
             replayed = tqdm(
                 zip(models, rate_keys, strict=True),
-                desc="lookup replay",
+                desc=f"{kind} replay",
                 total=len(models),
                 disable=not progress,
             )
             for model, key in replayed:
                 if key in missing:
                     scores = teacher_forced_scores(model, text_ids, transform, greedy, vocab)
-                    rates = lookup_replay.acceptance_by_position(proposals, text_ids, scores, max_T)
+                    rates = proposal_replay.acceptance_by_position(proposals, text_ids, scores, max_T)
                     self.entries[key] = list(rates)
             self.changed = True
-        cost = self.entries.get(cost_key)
+        return tuple(self.entries[lengths_key]), [tuple(self.entries[key]) for key in rate_keys]
+
+    def _call_seconds(
+        self, key: str, spec: ProposalLevel, ids: torch.Tensor, max_T: int, batch: int, timing: dict
+    ) -> tuple[float, float]:
+        """(seconds, noise) of a proposal level's call (``proposal_replay.host_seconds``), cached
+        under ``key`` and this machine's timing environment."""
+        key += f" [{timing_environment(ids.device)}]"
+        cost = self.entries.get(key)
         if not (isinstance(cost, dict) and _numbers([cost.get("seconds"), cost.get("noise")])):
-            seconds, noise = lookup_replay.host_seconds(spec, ids, max_T, batch=batch, **timing)
-            self.entries[cost_key] = {"seconds": seconds, "noise": noise}
+            seconds, noise = proposal_replay.host_seconds(spec, ids, max_T, batch=batch, **timing)
+            self.entries[key] = cost = {"seconds": seconds, "noise": noise}
             self.changed = True
-        cost = self.entries[cost_key]
-        level_cost = LookupCost(cost["seconds"], tuple(self.entries[lengths_key]), cost["noise"], batch)
-        return level_cost, [tuple(self.entries[key]) for key in rate_keys]
+        return cost["seconds"], cost["noise"]
 
     @staticmethod
     def _text_key(

@@ -10,7 +10,7 @@ continuations give 0.79. How easy depends on how far the run has gone: a greedy 
 into loops after some tens of tokens, which a lookup level then proposes whole, so the continuation
 is as long as the run (``new_tokens``), not a fixed half window: the zoo's lookup level offered
 ~1.5 tokens per target pass replayed on 64-token continuations, 2.5-3.3 in 128-token runs. A lookup
-level is replayed on the same text (``lookup_replay``).
+level is replayed on the same text (``proposal_replay``).
 """
 
 from __future__ import annotations

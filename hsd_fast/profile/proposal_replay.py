@@ -1,5 +1,6 @@
-"""The lookup level's profile for the latency model (docs/design.md, "The lookup level"), measured by
-replaying calibration text as the lookup would meet it in a run:
+"""A proposal level's profile for the latency model (docs/design.md, "The lookup level"; a draft with
+another tokenizer is profiled the same way: "Drafts with another tokenizer"), measured by replaying
+calibration text as the level would meet it in a run:
 
 - the text (``run_text.continued``): each calibration row's first half followed by the target's
   own continuation of it. A lookup proposes while the target generates, and generated text repeats
@@ -19,8 +20,9 @@ replaying calibration text as the lookup would meet it in a run:
   sampled verification of a point-mass draft, argmax == x for a greedy one. Teacher-forced, so a
   token can only be scored while the proposal before it equals the text (its context is then
   known): proposals are followed until they leave the text;
-- ``host_seconds``: the engine's host work per lookup call (propose, write the proposal; its q, a
-  point mass, is never written).
+- ``host_seconds``: the engine's work per call (propose, write the proposal; its q, a point mass,
+  is never written): host work for the lookup level, the draft model's forwards too for a draft
+  with another tokenizer, whose calls cost more for a larger block.
 
 Text repeats in runs: a matched passage is accepted whole or not at all, so rates per position
 predict the gain of a proposal far better than one rate (the rate of a model draft).
@@ -34,37 +36,41 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from hsd_fast._C import LookupIndex
 from hsd_fast.decode_state import DecodeState
-from hsd_fast.lookup import LookupDraft, LookupProposer
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile.costs import interleaved_medians
+from hsd_fast.proposal_level import ProposalLevel
 from hsd_fast.sampling_metadata import SamplingMetadata
 
 Proposal = tuple[int, int, list[int]]  # (row, t, tokens proposed after the row's first t tokens)
 
 
-def replay(spec: LookupDraft, ids: torch.Tensor, max_T: int, start: int = 1) -> list[Proposal]:
-    """The lookup's calls (proposals of at most ``max_T`` tokens) on each row of ``ids`` ([N, L]) as
+def replay(
+    spec: ProposalLevel, ids: torch.Tensor, max_T: int, start: int = 1, compile: bool = False
+) -> list[Proposal]:
+    """The level's calls (proposals of at most ``max_T`` tokens) on each row of ``ids`` ([N, L]) as
     a run under the target makes them (module doc): the first after the row's first ``start``
-    tokens, each next one after the tokens of the proposal that equal the text and one more."""
-    proposals = []
-    for n, row in enumerate(ids.tolist()):
-        index = LookupIndex(spec.max_ngram, spec.min_ngram)
-        t = start
-        while t <= len(row):
-            index.extend(row[len(index) : t])
-            proposal = index.propose(max_T).tolist()
-            proposals.append((n, t, proposal))
-            accepted = 0
-            while (
-                accepted < len(proposal)
-                and t + accepted < len(row)
-                and proposal[accepted] == row[t + accepted]
-            ):
-                accepted += 1
-            t += accepted + 1
-    return proposals
+    tokens, each next one after the tokens of the proposal that equal the text and one more. The
+    rows are replayed side by side, as a batch of that many rows would be (one call for all rows
+    at each step, each row at its own position); the calls come back ordered by row and position."""
+    num_rows, length = ids.shape
+    proposer = spec.proposer(num_rows, SamplingMetadata.build(num_rows, ids.device, greedy=True), compile)
+    text = ids.tolist()
+    at = np.full(num_rows, start, dtype=np.int64)  # [N] each row's next call: after its first `at` tokens
+    calls = []
+    while (rows := np.flatnonzero(at <= length)).size:
+        proposed, counts, _ = proposer.propose(ids, rows, at[rows], np.full(rows.size, max_T, dtype=np.int64))
+        accepted = np.zeros(rows.size, dtype=np.int64)  # [R] the proposed tokens that equal the text
+        for i, (n, t) in enumerate(zip(rows.tolist(), at[rows].tolist(), strict=True)):
+            proposal = proposed[i, : counts[i]].tolist()
+            calls.append((n, t, proposal))
+            while accepted[i] < len(proposal) and t + accepted[i] < length:
+                if proposal[accepted[i]] != text[n][t + accepted[i]]:
+                    break
+                accepted[i] += 1
+        proposer.invalidate(rows, at[rows] + accepted)  # the target's own token follows them
+        at[rows] += accepted + 1
+    return sorted(calls, key=lambda call: call[:2])
 
 
 def offered_lengths(proposals: list[Proposal], max_T: int) -> tuple[float, ...]:
@@ -115,17 +121,20 @@ def acceptance_by_position(
 
 
 def host_seconds(
-    spec: LookupDraft,
+    spec: ProposalLevel,
     ids: torch.Tensor,  # [N, L] text to propose from
     max_T: int,
     repeats: int = 5,
     clock: Callable[[], float] = time.perf_counter,
     batch: int = 1,
+    compile: bool = False,
 ) -> tuple[float, float]:
-    """Seconds of one lookup call as the engine makes it (read the new tokens, propose, write the
-    proposal into the token buffer) for ``batch`` rows: a pass of calls over the second half of
-    the first ``batch`` rows (repeated if fewer), timed as step costs are (warmed up, median of
-    ``repeats``), per call; and the noise of that median (``costs.forward_costs``)."""
+    """Seconds of one call of the level as the engine makes it (read the new tokens, propose
+    ``max_T`` tokens, write the proposal into the token buffer) for ``batch`` rows: a pass of calls
+    over the second half of the first ``batch`` rows (repeated if fewer), timed as step costs are
+    (warmed up, median of ``repeats``), per call; and the noise of that median
+    (``costs.forward_costs``). ``compile``: a level that runs a model runs it compiled, as a
+    compiled run would."""
     text = ids[torch.arange(batch) % ids.shape[0]]  # [B, L]
     length = text.shape[1]
     sampling = SamplingMetadata.build(batch, text.device, temperature=1.0, greedy=True)
@@ -136,11 +145,12 @@ def host_seconds(
     ends = [np.full(batch, end, dtype=np.int64) for end in range(length // 2, length)]
 
     def one_pass() -> None:
-        proposer = LookupProposer(spec, batch, ())  # a fresh index: each pass indexes the rows again
+        proposer = spec.proposer(batch, sampling, compile)  # fresh: each pass reads the rows again
         for end in ends:
             proposals, counts, _ = proposer.propose(state.tokens, rows, end, wanted)
             state.write_proposals(rows, end, proposals, counts)
         state.tokens[:, :length] = text  # the proposals overwrote text the next pass reads
 
+    # a compiled step's shapes compile in the first warm-up pass (at their third use)
     medians, noise = interleaved_medians([one_pass], clock, text.device, warmup=2, repeats=repeats)
     return medians[0] / len(ends), noise

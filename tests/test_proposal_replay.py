@@ -18,7 +18,7 @@ from hsd_fast import LookupDraft
 from hsd_fast.latency import mean_gain
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile import ProfileCache, ProfileNoiseWarning
-from hsd_fast.profile.lookup_replay import acceptance_by_position, host_seconds, offered_lengths, replay
+from hsd_fast.profile.proposal_replay import acceptance_by_position, host_seconds, offered_lengths, replay
 from hsd_fast.profile.run_text import continued
 
 TEXT = torch.tensor([[5, 6, 7, 5, 6, 8]])  # [1, 6]
@@ -158,8 +158,8 @@ def test_the_cache_keys_the_profile_by_sampling() -> None:
     ids = torch.randint(3, 96, (2, 16), generator=torch.Generator().manual_seed(3))
     cache = ProfileCache()
     models = [drafts[0], target]
-    greedy = cache.lookup(SPEC, models, ids, LogitsTransform(), True, 4, False, {"do_sample": False})
-    sampled = cache.lookup(SPEC, models, ids, LogitsTransform(), False, 4, False, {"do_sample": True})
+    greedy = cache.proposal_level(SPEC, models, ids, LogitsTransform(), True, 4, False, {"do_sample": False})
+    sampled = cache.proposal_level(SPEC, models, ids, LogitsTransform(), False, 4, False, {"do_sample": True})
     assert greedy[1] != sampled[1]
     assert sum(k.startswith("lookup rates ") for k in cache.entries) == 4
     assert sum(k.startswith("lookup lengths ") for k in cache.entries) == 2  # a text per sampling
@@ -174,7 +174,7 @@ def test_the_replay_predicts_the_gain_a_run_measures() -> None:
     target, _ = _family()
     prompts = torch.randint(3, 96, (8, 24), generator=torch.Generator().manual_seed(5))
     for T in (2, 4):
-        cost, rates = ProfileCache().lookup(
+        cost, rates = ProfileCache().proposal_level(
             SPEC, [target], prompts, LogitsTransform(), True, T, False, {"do_sample": False}
         )
         predicted = mean_gain(rates[-1], cost.block(T))

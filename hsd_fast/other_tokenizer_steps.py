@@ -1,0 +1,149 @@
+"""The model of a draft with another tokenizer, run on its own token domain: one slot cache for all
+rows of a run, each forward batched over the rows that draft, compiled as the engine's level steps
+are (docs/design.md, "Drafts with another tokenizer").
+
+Terms:
+    draft position  the index of an id in a row's draft ids (``other_tokenizer``); the id at draft
+                    position t is cached in slot t of the draft's ``HFRunner``
+    span            what a row feeds in one call: its ids from a draft position on
+
+A row's cache is never cut: a row whose ids changed from draft position f on feeds again from f,
+and the slots past f are rewritten before any position reads them (a token sees the slots up to
+its own position only). So a rollback costs nothing, and the bridge only lowers a row's count of
+cached ids.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import weakref
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from hsd_fast.compile_policy import (
+    COMPILE_AFTER_USES,
+    COMPILED_MAX_WIDTH,
+    Compiling,
+    compiled_step,
+    fingerprint,
+)
+from hsd_fast.hf_runner import HFRunner
+from hsd_fast.layout import MAX_WIDTH, FedBlock, bucket, capacity_bucket
+from hsd_fast.positions import max_positions
+
+# runner -> (its model's fingerprint, {(rows, slots, width): compiled step}): kept across runs
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _draft_ids(
+    runner: HFRunner, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, *, count: int
+) -> torch.Tensor:
+    """Feed a right-aligned block ``[B, L]``, then decode: each row's ``count`` most likely next ids
+    ``[B, count]``, each fed back for the next (rows that sit out write the scratch slot only, and
+    nobody reads their ids). A row whose draft ends its text keeps decoding: the caller cuts there."""
+    logits = runner.forward(FedBlock(input_ids, positions, valid), 1)  # [B, 1, V]
+    drafted = [logits[:, -1].argmax(-1)]  # [B] each
+    position, takes_part = positions[:, -1:], valid[:, -1:]  # [B, 1] each
+    for _ in range(count - 1):
+        position = position + 1
+        logits = runner.forward(FedBlock(drafted[-1][:, None], position, takes_part), 1)
+        drafted.append(logits[:, -1].argmax(-1))
+    return torch.stack(drafted, 1)  # [B, count]
+
+
+class DraftSteps:
+    """The draft model's forwards for one run: ``advance`` feeds spans and decodes after them.
+    ``compile``: block widths up to ``COMPILED_MAX_WIDTH`` run in compiled graphs from their
+    ``COMPILE_AFTER_USES``-th use (kept with the runner for later runs); prompts run eagerly."""
+
+    def __init__(self, model: torch.nn.Module, vocab: int, num_rows: int, compile: bool) -> None:
+        self.runner = HFRunner.of(model, vocab)
+        self.num_rows, self.compile = num_rows, compile
+        self.device = next(model.parameters()).device
+        self.limit = max_positions(model.config)  # None: the model states no position limit
+        self.capacity = 0  # draft positions the cache holds now (0: not prepared yet)
+        self.uses: dict[tuple[int, int], int] = {}  # (block width, draft count) -> calls so far
+        self.compiled: dict[tuple, Callable] | None = None  # (rows, slots, width, count) -> step
+        if compile:  # the runner's graphs serve later runs, unless its weights changed since
+            kept = _COMPILED.get(self.runner)
+            if kept is None or kept[0] != fingerprint(self.runner):
+                kept = _COMPILED[self.runner] = (fingerprint(self.runner), {})
+            self.compiled = kept[1]
+        self.seconds = 0.0  # in the draft model's forwards
+
+    def reserve(self, positions: int, expected: int = 0) -> bool:
+        """Room for draft positions ``[0, positions)`` in every row: where there is none, a cache for
+        at least ``expected`` positions (or twice the current size), which forgets every row's
+        cached ids (True: each row feeds again from position 0). False: room was there already.
+        ``positions`` must be within ``fits``."""
+        if positions <= self.capacity:
+            return False
+        size = capacity_bucket(max(positions, expected, 2 * self.capacity))  # grow in few, large steps
+        self.capacity = size if self.limit is None else min(size, self.limit)
+        self.runner.prepare(self.num_rows, self.capacity)
+        return True
+
+    def count_for(self, steps: int) -> int:
+        """The draft count of a call that needs ``steps`` ids: as many when eager, a bucket of it when
+        compiled (a graph per count: few counts, each compiled once)."""
+        return steps if self.compiled is None else bucket(min(steps, MAX_WIDTH))
+
+    def fits(self, positions: int) -> bool:
+        """Whether the draft model can hold ``positions`` draft positions (its position limit)."""
+        return self.limit is None or positions <= self.limit
+
+    def advance(self, spans: dict[int, tuple[int, list[int]]], count: int) -> dict[int, list[int]]:
+        """Feed each row's span (row -> (first draft position, ids), at least one id), then decode
+        ``count`` ids after it, each fed back for the next but the last (row -> ids). Rows not named
+        sit out (they write the scratch slot only)."""
+        started = time.perf_counter()
+        spans = dict(spans)
+        while max(len(ids) for _, ids in spans.values()) > MAX_WIDTH:
+            spans = self._feed_heads(spans)  # prompts: MAX_WIDTH at a time, no logits
+        width = bucket(max(len(ids) for _, ids in spans.values()))
+        input_ids, positions, valid = self._block(spans, width)
+        drafted = self._step(width, count)(input_ids, positions, valid).tolist()  # the one host sync
+        self.seconds += time.perf_counter() - started
+        return {r: drafted[r] for r in spans}
+
+    def _feed_heads(self, spans: dict[int, tuple[int, list[int]]]) -> dict[int, tuple[int, list[int]]]:
+        """Cache the first ``MAX_WIDTH`` ids of every span longer than that (eagerly, no LM head);
+        returns the spans left."""
+        heads = {r: (start, ids[:MAX_WIDTH]) for r, (start, ids) in spans.items() if len(ids) > MAX_WIDTH}
+        input_ids, positions, valid = self._block(heads, MAX_WIDTH)
+        self.runner.forward(FedBlock(input_ids, positions, valid), 0)
+        rest = {r: (start + MAX_WIDTH, ids[MAX_WIDTH:]) for r, (start, ids) in heads.items()}
+        return spans | rest
+
+    def _block(
+        self, spans: dict[int, tuple[int, list[int]]], width: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The right-aligned block ``[B, width]`` of ``spans``: ids, positions, validity."""
+        input_ids = np.zeros((self.num_rows, width), dtype=np.int64)  # [B, L]
+        positions = np.zeros((self.num_rows, width), dtype=np.int64)  # [B, L]
+        valid = np.zeros((self.num_rows, width), dtype=bool)  # [B, L]
+        for r, (start, ids) in spans.items():
+            n = len(ids)
+            input_ids[r, width - n :] = ids
+            positions[r, width - n :] = np.arange(start, start + n)
+            valid[r, width - n :] = True
+        return tuple(torch.from_numpy(a).to(self.device) for a in (input_ids, positions, valid))
+
+    def _step(self, width: int, count: int) -> Callable:
+        """The step of this block width and draft count: compiled where the run compiles, the
+        block is narrow and the shape has been used ``COMPILE_AFTER_USES`` times; else eager."""
+        shape = (width, count)
+        self.uses[shape] = self.uses.get(shape, 0) + 1
+        eager = functools.partial(_draft_ids, self.runner, count=count)
+        if self.compiled is None or width > COMPILED_MAX_WIDTH:
+            return eager
+        key = (self.num_rows, self.capacity, width, count)
+        if key not in self.compiled:
+            if self.uses[shape] < COMPILE_AFTER_USES:
+                return eager
+            name = f"other-tokenizer draft {width}x{count}"
+            self.compiled[key] = Compiling(compiled_step(eager, self.device), name, self.device)
+        return self.compiled[key]
