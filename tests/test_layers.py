@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
      ("engine", "round_log", "stopping", "switching", "probes")),
     ("hf", "Hugging Face models as runners; generate's arguments as one request; the drop-in API",
      ("architectures", "compat", "attention", "early_exit", "exit_reuse", "hf_runner", "generation_options",
-      "bridge", "other_tokenizer", "request", "hf_generate", "wrapper")),
+      "bridge", "other_tokenizer", "other_tokenizer_steps", "request", "hf_generate", "wrapper")),
     ("selection", "profiling the levels and choosing a hierarchy", ("profile", "profile.*", "hierarchy")),
     ("zoo", "loading the committed model zoo",
      ("zoo", "zoo.models", "zoo.tokenizer", "zoo.twin", "zoo.calibration", "zoo_data")),
