@@ -199,8 +199,9 @@ class BridgedProposer:
         steps = {r: n for r, n in steps.items() if self.steps.fits(len(self.rows[r].draft_ids) + count)}
         if not steps:
             return {}
-        if self.steps.reserve(max(len(self.rows[r].draft_ids) + count for r in steps), self._expected_ids()):
-            for row in self.rows:  # a new, larger cache holds nothing yet
+        needed = max(len(self.rows[r].draft_ids) + count for r in steps)
+        if needed > self.steps.capacity and self.steps.reserve(needed, self._expected_ids()):
+            for row in self.rows:  # a new, larger cache holds nothing yet (sized once: not per round)
                 row.fed = 0
         spans = {}
         for r in steps:

@@ -34,7 +34,7 @@ from hsd_fast.hf_runner import HFRunner
 from hsd_fast.layout import MAX_WIDTH, FedBlock, bucket, capacity_bucket
 from hsd_fast.positions import max_positions
 
-# runner -> (its model's fingerprint, {(rows, slots, width): compiled step}): kept across runs
+# runner -> (its model's fingerprint, {(rows, slots, width, count): compiled step}): kept across runs
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
