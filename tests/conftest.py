@@ -56,6 +56,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def memory_for_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a compiled run builds a CPU graph depends on the memory available at that moment
+    (``compile_policy.graph_memory_ok``); beside other test workers it can dip under the reserve and
+    a test of compiled steps would silently run eagerly. Tests see unknown memory (every graph
+    allowed); the test of the cap sets its own."""
+    from hsd_fast import compile_policy
+
+    monkeypatch.setattr(compile_policy, "available_memory", lambda: None)
+
+
 @pytest.fixture(scope="module")
 def target() -> torch.nn.Module:
     """A tiny random Llama (``hf_models.tiny_model``): the target of the HF-facing tests that need
