@@ -13,7 +13,9 @@ Columns: ``agreement`` (of the drafts level 1 verified, the share it accepted),
 ``tokens_per_target_forward`` (new tokens per forward of the target), ``bridge_share`` (the byte
 bridge's host time over the run's wall time, ``HSDStats.bridge_seconds``). A row that raises (HF's
 sampled path for such a pair does, on transformers 5.24) is reported, not timed. Greedy outputs
-are checked equal to HF ``generate``.
+are checked equal to HF ``generate``. Sampled, the bridged draft draws from the vocabulary it shares
+with the target (all of ``xs4k``'s), and one more row verifies its most likely ids as point masses
+(``shared_sampling=False``), the other exact mode.
 
     python bench/bench_other_tokenizer.py                      # greedy, eager steps
     python bench/bench_other_tokenizer.py --sampled                 # temperature 0.8
@@ -119,6 +121,10 @@ def main() -> None:
            for t in args.T},
         "ours, xs > s T=[4] (the target's tokenizer)": ours | {"drafts": [xs], "T": [4]},
     }  # fmt: skip
+    if args.sampled:  # the other sampled mode: the draft's most likely ids verified as point masses
+        point = hsd_fast.OtherTokenizerDraft(xs4k, tok4k, tok, shared_sampling=False)
+        t = args.T[0]
+        rows[f"ours, xs4k (bridged, point masses) > s T=[{t}]"] = ours | {"drafts": [point], "T": [t]}
     if args.select:
         pick = _pick(target, xs4k, tok, tok4k, args, sampling)
         rows[f"ours, the selector's pick: {_describe(pick)}"] = ours | {"hierarchy": pick}

@@ -82,6 +82,24 @@ class TokenBytes:
         return ids if self.bytes_of(ids) == data else None
 
 
+def shared_ids(draft: TokenBytes, target: TokenBytes) -> tuple[list[int], list[int]]:
+    """The vocabulary two tokenizers share: the draft ids whose bytes are exactly one target id's,
+    and those target ids, one to one (a target id spelled by several draft ids keeps the first).
+    Special tokens have no bytes and share nothing here."""
+    target_of: dict[bytes, int] = {}
+    for i, piece in enumerate(target.table):
+        if piece:
+            target_of.setdefault(piece, i)
+    sources, targets, taken = [], [], set()
+    for i, piece in enumerate(draft.table):
+        t = target_of.get(piece) if piece else None
+        if t is not None and t not in taken:
+            sources.append(i)
+            targets.append(t)
+            taken.add(t)
+    return sources, targets
+
+
 def complete_prefix(data: bytes) -> int:
     """The length of the longest prefix of ``data`` that is UTF-8 text: up to an unfinished
     character at the end, or to the first byte no text spells."""

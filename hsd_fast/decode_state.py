@@ -187,6 +187,25 @@ class DecodeState:
         self.q_logits[rows, slots] = logits.to(self.q_logits.dtype)
         self.q_lse[rows, slots] = lse
 
+    def keep_proposal_q(
+        self,
+        rows: np.ndarray,  # [R]
+        ends: np.ndarray,  # [R]
+        counts: np.ndarray,  # [R]
+        logits: torch.Tensor,  # [R, W, V'] V' <= V: ids from V' on have no mass
+        lse: torch.Tensor,  # [R, W] fp32
+    ) -> None:
+        """Keep the q that proposals were drawn from at their ring slots (row ``rows[i]``'s first
+        ``counts[i]`` columns, at positions ``ends[i]``, ...), for the level above to verify them."""
+        device = self.tokens.device
+        offsets = torch.arange(logits.shape[1], device=device)  # [W]
+        taken = offsets < torch.from_numpy(counts).to(device)[:, None]  # [R, W]
+        positions = torch.from_numpy(ends).to(device)[:, None] + offsets  # [R, W]
+        logits, lse = logits.to(device), lse.to(device)  # the draft's device may be another
+        if logits.shape[-1] < self.vocab:
+            logits = torch.nn.functional.pad(logits, (0, self.vocab - logits.shape[-1]), value=-torch.inf)
+        self.keep_p(torch.from_numpy(rows).to(device)[:, None], self.ring_slot(positions, taken), logits, lse)
+
     def write_proposals(
         self,
         rows: np.ndarray,  # [R]
@@ -194,9 +213,10 @@ class DecodeState:
         proposals: np.ndarray,  # [R, W] row i's first counts[i] entries proposed
         counts: np.ndarray,  # [R]
     ) -> None:
-        """Put a lookup level's proposals (row ``rows[i]``'s at positions ``ends[i]``, ``ends[i] + 1``,
-        ...) into the token buffer. Their q, a point mass on each token, is not written: the level
-        above verifies them in the op's point-mass mode (docs/design.md, "The lookup level")."""
+        """Put a proposal level's proposals (row ``rows[i]``'s at positions ``ends[i]``, ``ends[i] +
+        1``, ...) into the token buffer. Their q is not written: a point mass on each token, which
+        the level above verifies in the op's point-mass mode (docs/design.md, "The lookup level"),
+        or the q they were drawn from (``keep_proposal_q``)."""
         offsets = np.arange(proposals.shape[1])  # [W]
         taken = offsets < counts[:, None]  # [R, W]
         if not taken.any():

@@ -211,9 +211,10 @@ def run_hsd(
     positions = capacity_bucket(capacity)  # in every compiled step's shapes: a few sizes only
     transform = transform or LogitsTransform()
     models = [r for r in runners if not isinstance(r, ProposalLevel)]
-    # The ring keeps a model level's p for the level above; a lookup level's q is implicit (point
-    # masses), and a tree keeps its own q
-    keep_q = not greedy and len(models) > (2 if adapt is None and tree is not None else 1)
+    # The ring keeps a model level's p for the level above, and a proposal level's q where it draws
+    # from one; a lookup level's q is implicit (point masses), and a tree keeps its own q
+    proposal_q = isinstance(runners[0], ProposalLevel) and runners[0].draws_q(greedy)
+    keep_q = not greedy and (len(models) > (2 if adapt is None and tree is not None else 1) or proposal_q)
     ring_dtype = torch.float32 if transform.processors else _widest(r.dtype for r in models)
     window = speculative_window(widest, int(budget.max()))
     state = DecodeState(
@@ -249,7 +250,7 @@ def run_hsd(
 
     def chain_of(choice: Choice) -> _Chain:
         chain = [*(runners[i] for i in choice.drafts), target]
-        above_proposals = 1 if isinstance(chain[0], ProposalLevel) else None  # verifies point masses
+        above_proposals = 1 if _point_masses(chain[0], greedy) else None  # verifies point masses
         tree_below = chain[0] if choice.tree is not None else None  # level 1 moves level 0's cache too
         steps = [
             None
@@ -353,10 +354,14 @@ def _reuse_exits(
         reusing = getattr(upper, "reuse_of", None)
         runner = reusing(lower) if reusing is not None else None
         if runner is not None:
-            above_proposals = level == 1 and isinstance(chain[0], ProposalLevel)
-            steps[level] = LevelStep.of(runner, level, len(chain) - 1, compiled, above_proposals)
+            steps[level] = LevelStep.of(runner, level, len(chain) - 1, compiled)  # lower: a model
             catch_up[level] = [*catch_up[level - 1], (level - 1, steps[level - 1])]
     return catch_up
+
+
+def _point_masses(level: object, greedy: bool) -> bool:
+    """Whether the level above ``level`` verifies its proposals as point masses."""
+    return isinstance(level, ProposalLevel) and not level.draws_q(greedy)
 
 
 ADAPTIVE = ("adaptive",)
@@ -384,10 +389,12 @@ def _step(
         assert proposer is not None
         wanted = drafts_wanted(ledger, rows, budget_end, block_sizes)
         started = time.perf_counter()
-        proposals, counts, last_is_eos = proposer.propose(state.tokens, rows, ends, wanted)
-        state.write_proposals(rows, ends, proposals, counts)
-        ledger.commit_proposal(rows, counts, last_is_eos)
-        log.proposed(counts)
+        proposed = proposer.propose(state.tokens, rows, ends, wanted)
+        state.write_proposals(rows, ends, proposed.tokens, proposed.counts)
+        if proposed.q_logits is not None:
+            state.keep_proposal_q(rows, ends, proposed.counts, proposed.q_logits, proposed.q_lse)
+        ledger.commit_proposal(rows, proposed.counts, proposed.last_is_eos)
+        log.proposed(proposed.counts)
         return time.perf_counter() - started, 0
     step = chain.steps[level]
     assert step is not None

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from hsd_fast._C import LookupLevel
-from hsd_fast.proposal_level import ProposalLevel
+from hsd_fast.proposal_level import ProposalLevel, Proposals
 
 if TYPE_CHECKING:
     from hsd_fast.sampling_metadata import SamplingMetadata
@@ -91,7 +91,7 @@ class LookupProposer:
 
     def propose(
         self, tokens: torch.Tensor, rows: np.ndarray, ends: np.ndarray, wanted: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ) -> Proposals:
         """``proposal_level.Proposer.propose`` (shapes there): the index reads only the window of
         each row past its last cut."""
         low, high = self.level.window_start(rows), int(ends.max())
@@ -99,4 +99,4 @@ class LookupProposer:
             window = tokens.numpy()[rows, low:high]  # [R, high - low]
         else:  # the lookup runs on the host: one device-to-host copy of what changed
             window = tokens[torch.from_numpy(rows).to(tokens.device), low:high].cpu().numpy()
-        return self.level.propose(rows, window, ends, wanted)
+        return Proposals(*self.level.propose(rows, window, ends, wanted))

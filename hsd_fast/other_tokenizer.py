@@ -14,12 +14,21 @@ cut) and its draft ids follow the stream (the window; the draft's cache keeps th
 change), then the draft model decodes a few of its ids for every drafting row at once
 (``other_tokenizer_steps``), and each row's drafted bytes, encoded by the target's tokenizer, are its
 proposal: all but the last target id, which more bytes could still extend, unless the draft ended
-its text. The draft decodes its most likely ids whatever the run's temperature: a point mass x
-passes with probability p(x), so a proposal should be the token the draft believes likeliest (one
-drawn from the draft's q passes less often, and would need randomness of its own).
+its text.
 
-Exact as every proposal level is (``proposal_level``): the level above verifies point masses. The
-draft's q is not transported: it lives on another vocabulary, and a point mass needs none.
+Two ways to be exact:
+    point masses    the draft decodes its most likely ids (greedy runs, and sampled ones where the
+                    draft shares little of its vocabulary with the target); the level above
+                    verifies each proposed target id as a point mass (``proposal_level``): x passes
+                    with probability p(x), whatever the draft's q
+    shared sampling a sampled run where the draft shares at least ``SHARED_SAMPLING_MIN`` of its
+                    ids with the target (same bytes, one id each: ``bridge.shared_ids``): the draft
+                    draws only shared ids, from its q restricted to them, each id one target id,
+                    proposed as drawn (not re-encoded), and hands that q up in the target's
+                    vocabulary; the level above verifies it as a model draft's (x passes with
+                    min(1, p(x) / q(x))). Exact because every proposed id was drawn from exactly
+                    the q handed up; a draft id that spells two target ids, or part of one, is
+                    never drawn (its bytes would not be one draw of that q).
 """
 
 from __future__ import annotations
@@ -33,10 +42,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from hsd_fast.bridge import TokenBytes, complete_prefix
-from hsd_fast.other_tokenizer_steps import DraftSteps
-from hsd_fast.proposal_level import ProposalLevel
+from hsd_fast.bridge import TokenBytes, complete_prefix, shared_ids
+from hsd_fast.other_tokenizer_steps import DraftSteps, SharedSampling
+from hsd_fast.proposal_level import ProposalLevel, Proposals
 from hsd_fast.sampling_metadata import SamplingMetadata
+
+SHARED_SAMPLING_MIN = 0.5
+"""The share of the draft's ids (those that spell text) that must each be one target id for a
+sampled run to draw from the shared vocabulary rather than propose point masses."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,7 @@ class OtherTokenizerDraft(ProposalLevel):
     model: torch.nn.Module
     tokenizer: Any
     target_tokenizer: Any
+    shared_sampling: bool | None = None  # sampled runs: True / False force the mode (module doc)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, torch.nn.Module):
@@ -63,6 +77,16 @@ class OtherTokenizerDraft(ProposalLevel):
 
     def proposer(self, num_rows: int, sampling: SamplingMetadata, compile: bool = False) -> BridgedProposer:
         return BridgedProposer(self, num_rows, sampling, compile)
+
+    def draws_q(self, greedy: bool) -> bool:
+        """Whether a run samples from the shared vocabulary (module doc): where it samples, unless
+        ``shared_sampling`` says otherwise, when the draft shares at least ``SHARED_SAMPLING_MIN``
+        of its ids that spell text."""
+        if greedy or self.shared_sampling is False:
+            return False
+        sources, _ = shared_ids(TokenBytes.of(self.tokenizer), TokenBytes.of(self.target_tokenizer))
+        spelled = sum(piece is not None for piece in TokenBytes.of(self.tokenizer).table)
+        return bool(sources) and (self.shared_sampling or len(sources) >= SHARED_SAMPLING_MIN * spelled)
 
     @property
     def models(self) -> tuple[torch.nn.Module, ...]:
@@ -96,6 +120,7 @@ class BridgedProposer:
         self.draft_eos = {int(e) for e in _eos_ids(spec.model, spec.tokenizer)}
         self.target_eos = int(sampling.eos_ids[0]) if sampling.eos_ids.numel() else None
         self.rows = [_Row() for _ in range(num_rows)]
+        self.shared = self._shared_sampling(sampling) if spec.draws_q(sampling.greedy) else None
         self.target_positions = 0  # the run's token buffer, in target ids (propose)
         self.bridge_seconds = 0.0  # host time in the bridge itself (encoding, bookkeeping)
 
@@ -110,25 +135,47 @@ class BridgedProposer:
 
     def propose(
         self, tokens: torch.Tensor, rows: np.ndarray, ends: np.ndarray, wanted: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # proposal_level.Proposer.propose (shapes there)
+    ) -> Proposals:  # proposal_level.Proposer.propose (shapes there)
         started, model_before = time.perf_counter(), self.model_seconds
         self.target_positions = tokens.shape[1]
         proposals = np.zeros((len(rows), max(int(wanted.max()), 1)), dtype=np.int64)  # [R, W]
         counts = np.zeros(len(rows), dtype=np.int64)  # [R]
         last_is_eos = np.zeros(len(rows), dtype=bool)  # [R]
         steps: dict[int, int] = {}  # row -> draft ids to decode this round
+        firsts = np.zeros(len(self.rows), dtype=np.int64)  # [B] the target position of each row's first
         for r, end, want in zip(rows.tolist(), ends.tolist(), wanted.tolist(), strict=True):
             if want > 0:
                 self._catch_up_stream(self.rows[r], tokens, r, end)
-                steps[r] = self._steps_for(self.rows[r], want)
-        drafted = self._decode({r: n for r, n in steps.items() if n > 0})
+                steps[r], firsts[r] = self._steps_for(self.rows[r], want), end
+        drafted, q = self._decode({r: n for r, n in steps.items() if n > 0}, firsts)
         for i, (r, want) in enumerate(zip(rows.tolist(), wanted.tolist(), strict=True)):
             if r in drafted:
-                ids, eos = self._proposal(*drafted[r], want)
+                drawn, ended, targets = drafted[r]
+                ids, eos = self._proposal(drawn, ended, want, targets)
                 counts[i], last_is_eos[i] = len(ids), eos
                 proposals[i, : len(ids)] = ids
+        q_logits = q_lse = None
+        if q is not None:  # shared sampling: each proposed id's q, the rows in the order of `rows`
+            at = torch.from_numpy(rows).to(q[0].device)
+            width = min(proposals.shape[1], q[0].shape[1])
+            q_logits, q_lse = q[0][at, :width], q[1][at, :width]  # [R, W', V_target], [R, W']
         self.bridge_seconds += time.perf_counter() - started - (self.model_seconds - model_before)
-        return proposals, counts, last_is_eos
+        return Proposals(proposals, counts, last_is_eos, q_logits, q_lse)
+
+    def _shared_sampling(self, sampling: SamplingMetadata) -> SharedSampling:
+        """The shared vocabulary as the draft's sampled steps read it (the draft's EOS shared with
+        the target's, where both have one)."""
+        sources, targets = shared_ids(self.draft, self.target)
+        eos = sorted(self.draft_eos)
+        if eos and self.target_eos is not None and self.target_eos not in targets:
+            sources, targets = [*sources, eos[0]], [*targets, self.target_eos]
+        device = self.steps.device
+        vocab = max(len(self.target.table), (self.target_eos or 0) + 1)  # the engine pads to the model's
+        to_draft = torch.zeros(vocab, dtype=torch.int64)
+        to_draft[targets] = torch.tensor(sources)
+        ids = (torch.tensor(sources), torch.tensor(targets), to_draft)
+        temperature, seeds = sampling.temperature, sampling.seeds_at(below_target=True)
+        return SharedSampling(*(t.to(device) for t in ids), temperature, seeds)
 
     def _catch_up_stream(self, row: _Row, tokens: torch.Tensor, r: int, end: int) -> None:
         """The row's stream extended to its ids ``[0, end)`` (those past the last cut only)."""
@@ -144,19 +191,26 @@ class BridgedProposer:
         row.stream += self.target.bytes_of(new)
 
     def _steps_for(self, row: _Row, want: int) -> int:
-        """How many draft ids the row decodes for ``want`` target ids after its stream; 0 where it
-        drafts nothing this round (a character is unfinished, or the draft's tokenizer cannot spell
-        the stream)."""
+        """How many draft ids the row decodes for ``want`` target ids after its stream (as many,
+        sampling from the shared vocabulary); 0 where it drafts nothing this round (a character is
+        unfinished, or the draft's tokenizer cannot spell the stream)."""
         tail = bytes(row.stream[-4:])  # a character the row has not finished ends within 3 bytes
         if complete_prefix(tail) < len(tail) or not self._follow_stream(row):
             return 0
+        if self.shared is not None:
+            return want
         ratio = len(row.draft_ids) / max(len(row.target_ends), 1)  # draft ids per target id so far
         return min(math.ceil((want + 1) * max(ratio, 0.5)) + 1, 4 * want + 4)
 
-    def _proposal(self, drafted: list[int], eos: bool, want: int) -> tuple[list[int], bool]:
+    def _proposal(
+        self, drafted: list[int], eos: bool, want: int, targets: list[int] | None = None
+    ) -> tuple[list[int], bool]:
         """Up to ``want`` target ids for the draft ids a row drafted, and whether the last is an EOS:
-        their bytes in the target's ids, all but the last (more bytes could still extend it) unless
-        the draft ended its text."""
+        drawn from the shared vocabulary, their ``targets`` as drawn; else their bytes in the
+        target's ids, all but the last (more bytes could still extend it) unless the draft ended
+        its text."""
+        if targets is not None:
+            return targets[: min(len(drafted) + eos, want)], eos and len(drafted) < want
         text = self.draft.bytes_of(drafted)
         ids = self.target.encode(text[: complete_prefix(text)])
         if ids is None:
@@ -190,15 +244,18 @@ class BridgedProposer:
         row.draft_ids, row.draft_ends = new_ids, offsets
         return bool(new_ids)
 
-    def _decode(self, steps: dict[int, int]) -> dict[int, tuple[list[int], bool]]:
+    def _decode(
+        self, steps: dict[int, int], firsts: np.ndarray
+    ) -> tuple[dict[int, tuple[list[int], bool, list[int] | None]], tuple[torch.Tensor, torch.Tensor] | None]:
         """``steps[r]`` of the draft's ids after each row's context (fewer at its EOS), all rows in
         each forward, appended to the rows' draft ids (their bytes too: the next round keeps those
         the verification accepted). Returns row -> (the ids drafted, whether the draft ended its
-        text)."""
+        text, their target ids where drawn from the shared vocabulary), and then the q they were
+        drawn from (``Drafted.q_logits``, ``q_lse``)."""
         count = self.steps.count_for(max(steps.values(), default=1))
         steps = {r: n for r, n in steps.items() if self.steps.fits(len(self.rows[r].draft_ids) + count)}
         if not steps:
-            return {}
+            return {}, None
         needed = max(len(self.rows[r].draft_ids) + count for r in steps)
         if needed > self.steps.capacity and self.steps.reserve(needed, self._expected_ids()):
             for row in self.rows:  # a new, larger cache holds nothing yet (sized once: not per round)
@@ -209,7 +266,8 @@ class BridgedProposer:
             row.fed = min(row.fed, len(row.draft_ids) - 1)  # all cached (the draft ended its text
             spans[r] = (row.fed, row.draft_ids[row.fed :])  # last round): the last is fed again
         drafted = {}
-        for r, ids in self.steps.advance(spans, count).items():
+        result = self.steps.advance(spans, count, self.shared, firsts)
+        for r, ids in result.ids.items():
             row, n = self.rows[r], steps[r]
             ends = [i for i, token in enumerate(ids[:n]) if token in self.draft_eos]
             ids = ids[: ends[0] if ends else n]
@@ -218,8 +276,8 @@ class BridgedProposer:
             for piece in (self.draft.table[i] or b"" for i in ids):
                 row.draft_ends.append((row.draft_ends[-1] if row.draft_ends else 0) + len(piece))
                 row.draft_stream += piece
-            drafted[r] = (ids, bool(ends))
-        return drafted
+            drafted[r] = (ids, bool(ends), None if result.target_ids is None else result.target_ids[r])
+        return drafted, None if result.q_logits is None else (result.q_logits, result.q_lse)
 
     def _expected_ids(self) -> int:
         """Draft ids a row may reach in this run: the run's positions in target ids, times the most

@@ -7,6 +7,10 @@ Terms:
                     position t is cached in slot t of the draft's ``HFRunner``
     span            what a row feeds in one call: its ids from a draft position on
 
+Greedy and point-mass runs decode the draft's most likely ids; a run that samples from the shared
+vocabulary (``SharedSampling``) draws each id from the draft's q over the ids it shares with the
+target, and hands that q up in the target's vocabulary.
+
 A row's cache is never cut: a row whose ids changed from draft position f on feeds again from f,
 and the slots past f are rewritten before any position reads them (a token sees the slots up to
 its own position only). So a rollback costs nothing, and the bridge only lowers a row's count of
@@ -19,6 +23,7 @@ import functools
 import time
 import weakref
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -33,25 +38,94 @@ from hsd_fast.compile_policy import (
 from hsd_fast.hf_runner import HFRunner
 from hsd_fast.layout import MAX_WIDTH, FedBlock, bucket, capacity_bucket
 from hsd_fast.positions import max_positions
+from hsd_fast.triton_kernels.keyed_random_torch import DRAFT
+from hsd_fast.triton_kernels.ops import sample
 
-# runner -> (its model's fingerprint, {(rows, slots, width, count): compiled step}): kept across runs
+# runner -> (its model's fingerprint, {(rows, slots, width, count, sampled): compiled step}): kept across runs
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class SharedSampling(NamedTuple):
+    """What a draft samples with where it shares part of its vocabulary with the target
+    (docs/design.md, "Drafts with another tokenizer"): it draws only shared ids, so that each is
+    one target id and its q is a distribution over the target's vocabulary."""
+
+    sources: torch.Tensor  # [M] int64 draft ids that spell exactly one target id each
+    targets: torch.Tensor  # [M] int64 those target ids
+    to_draft: torch.Tensor  # [V_target] int64 target id -> the draft id spelling it (0: never drawn)
+    temperature: torch.Tensor  # [B] fp32 (sampling_metadata)
+    seeds: torch.Tensor  # [B] int64: the keyed randomness of a level 0's draws
+
+
+class Drafted(NamedTuple):
+    """One call's decoded ids per row; where it sampled, also their target ids and q."""
+
+    ids: dict[int, list[int]]  # row -> the draft ids decoded
+    target_ids: dict[int, list[int]] | None  # row -> the same ids in the target's vocabulary
+    q_logits: torch.Tensor | None  # [B, count, V_target] the q each id was drawn from (-inf: not shared)
+    q_lse: torch.Tensor | None  # [B, count] fp32 log-sum-exp of q_logits / temperature
+
+
+def _decode(
+    runner: HFRunner,
+    input_ids: torch.Tensor,  # [B, L] right-aligned
+    positions: torch.Tensor,  # [B, L]
+    valid: torch.Tensor,  # [B, L]
+    count: int,
+    choose: Callable[[torch.Tensor, int], torch.Tensor],  # (logits [B, V_draft], k) -> draft ids [B]
+) -> None:
+    """Feed the block, then decode ``count`` ids, each chosen from the logits after the last and
+    fed back for the next (rows that sit out write the scratch slot only, and nobody reads their
+    ids). A row whose draft ends its text keeps decoding: the caller cuts there."""
+    logits = runner.forward(FedBlock(input_ids, positions, valid), 1)  # [B, 1, V]
+    last = choose(logits[:, -1], 0)  # [B]
+    position, takes_part = positions[:, -1:], valid[:, -1:]  # [B, 1] each
+    for k in range(1, count):
+        position = position + 1
+        logits = runner.forward(FedBlock(last[:, None], position, takes_part), 1)
+        last = choose(logits[:, -1], k)
 
 
 def _draft_ids(
     runner: HFRunner, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, *, count: int
 ) -> torch.Tensor:
-    """Feed a right-aligned block ``[B, L]``, then decode: each row's ``count`` most likely next ids
-    ``[B, count]``, each fed back for the next (rows that sit out write the scratch slot only, and
-    nobody reads their ids). A row whose draft ends its text keeps decoding: the caller cuts there."""
-    logits = runner.forward(FedBlock(input_ids, positions, valid), 1)  # [B, 1, V]
-    drafted = [logits[:, -1].argmax(-1)]  # [B] each
-    position, takes_part = positions[:, -1:], valid[:, -1:]  # [B, 1] each
-    for _ in range(count - 1):
-        position = position + 1
-        logits = runner.forward(FedBlock(drafted[-1][:, None], position, takes_part), 1)
-        drafted.append(logits[:, -1].argmax(-1))
-    return torch.stack(drafted, 1)  # [B, count]
+    """Each row's ``count`` most likely next ids after a block ``[B, L]``: ``[B, count]``."""
+    drafted = []
+
+    def most_likely(logits: torch.Tensor, k: int) -> torch.Tensor:
+        drafted.append(logits.argmax(-1))
+        return drafted[-1]
+
+    _decode(runner, input_ids, positions, valid, count, most_likely)
+    return torch.stack(drafted, 1)
+
+
+def _sampled_draft_ids(
+    runner: HFRunner,
+    input_ids: torch.Tensor,  # [B, L]
+    positions: torch.Tensor,  # [B, L]
+    valid: torch.Tensor,  # [B, L]
+    first_positions: torch.Tensor,  # [B] the target position each row's first id is drawn for
+    shared: SharedSampling,
+    *,
+    count: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's ``count`` ids after a block, each drawn from the draft's q over the shared ids
+    (its logits there, -inf at every other target id), keyed by the target position it is drawn
+    for as a model draft's are. Returns draft ids and target ids ``[B, count]``, q logits
+    ``[B, count, V_target]`` and their fp32 log-sum-exp ``[B, count]``."""
+    drawn = []
+
+    def draw(logits: torch.Tensor, k: int) -> torch.Tensor:
+        q = logits.new_full((logits.shape[0], shared.to_draft.shape[0]), -torch.inf)  # [B, V_target]
+        q = q.index_copy(1, shared.targets, logits.index_select(1, shared.sources))
+        token, lse = sample(q, shared.temperature, shared.seeds, first_positions + k, 0, DRAFT, False)
+        drawn.append((token, q, lse))
+        return shared.to_draft[token]
+
+    _decode(runner, input_ids, positions, valid, count, draw)
+    targets, q, lse = (torch.stack(parts, 1) for parts in zip(*drawn, strict=True))
+    return shared.to_draft[targets], targets, q, lse
 
 
 class DraftSteps:
@@ -65,8 +139,8 @@ class DraftSteps:
         self.device = next(model.parameters()).device
         self.limit = max_positions(model.config)  # None: the model states no position limit
         self.capacity = 0  # draft positions the cache holds now (0: not prepared yet)
-        self.uses: dict[tuple[int, int], int] = {}  # (block width, draft count) -> calls so far
-        self.compiled: dict[tuple, Callable] | None = None  # (rows, slots, width, count) -> step
+        self.uses: dict[tuple[int, int, bool], int] = {}  # (block width, draft count, sampled) -> calls
+        self.compiled: dict[tuple, Callable] | None = None  # (rows, slots, width, count, sampled) -> step
         if compile:  # the runner's graphs serve later runs, unless its weights changed since
             kept = _COMPILED.get(self.runner)
             if kept is None or kept[0] != fingerprint(self.runner):
@@ -95,19 +169,33 @@ class DraftSteps:
         """Whether the draft model can hold ``positions`` draft positions (its position limit)."""
         return self.limit is None or positions <= self.limit
 
-    def advance(self, spans: dict[int, tuple[int, list[int]]], count: int) -> dict[int, list[int]]:
+    def advance(
+        self,
+        spans: dict[int, tuple[int, list[int]]],
+        count: int,
+        shared: SharedSampling | None = None,
+        first_positions: np.ndarray | None = None,  # [B] with ``shared``: see _sampled_draft_ids
+    ) -> Drafted:
         """Feed each row's span (row -> (first draft position, ids), at least one id), then decode
-        ``count`` ids after it, each fed back for the next but the last (row -> ids). Rows not named
-        sit out (they write the scratch slot only)."""
+        ``count`` ids after it, each fed back for the next but the last: the most likely ids, or
+        with ``shared`` ids drawn from the shared vocabulary. Rows not named sit out (they write the
+        scratch slot only)."""
         started = time.perf_counter()
         spans = dict(spans)
         while max(len(ids) for _, ids in spans.values()) > MAX_WIDTH:
             spans = self._feed_heads(spans)  # prompts: MAX_WIDTH at a time, no logits
         width = bucket(max(len(ids) for _, ids in spans.values()))
-        input_ids, positions, valid = self._block(spans, width)
-        drafted = self._step(width, count)(input_ids, positions, valid).tolist()  # the one host sync
+        block = self._block(spans, width)
+        if shared is None:
+            drafted = self._step(width, count, False)(*block).tolist()  # the one host sync
+            result = Drafted({r: drafted[r] for r in spans}, None, None, None)
+        else:
+            firsts = torch.from_numpy(first_positions).to(self.device)
+            ids, targets, q_logits, q_lse = self._step(width, count, True)(*block, firsts, shared)
+            ids, targets = ids.tolist(), targets.tolist()  # the one host sync
+            result = Drafted({r: ids[r] for r in spans}, {r: targets[r] for r in spans}, q_logits, q_lse)
         self.seconds += time.perf_counter() - started
-        return {r: drafted[r] for r in spans}
+        return result
 
     def _feed_heads(self, spans: dict[int, tuple[int, list[int]]]) -> dict[int, tuple[int, list[int]]]:
         """Cache the first ``MAX_WIDTH`` ids of every span longer than that (eagerly, no LM head);
@@ -132,18 +220,19 @@ class DraftSteps:
             valid[r, width - n :] = True
         return tuple(torch.from_numpy(a).to(self.device) for a in (input_ids, positions, valid))
 
-    def _step(self, width: int, count: int) -> Callable:
-        """The step of this block width and draft count: compiled where the run compiles, the
-        block is narrow and the shape has been used ``COMPILE_AFTER_USES`` times; else eager."""
-        shape = (width, count)
+    def _step(self, width: int, count: int, sampled: bool) -> Callable:
+        """The step of this block width and draft count (``sampled``: ``_sampled_draft_ids``):
+        compiled where the run compiles, the block is narrow and the shape has been used
+        ``COMPILE_AFTER_USES`` times; else eager."""
+        shape = (width, count, sampled)
         self.uses[shape] = self.uses.get(shape, 0) + 1
-        eager = functools.partial(_draft_ids, self.runner, count=count)
+        eager = functools.partial(_sampled_draft_ids if sampled else _draft_ids, self.runner, count=count)
         if self.compiled is None or width > COMPILED_MAX_WIDTH:
             return eager
-        key = (self.num_rows, self.capacity, width, count)
+        key = (self.num_rows, self.capacity, *shape)
         if key not in self.compiled:
             if self.uses[shape] < COMPILE_AFTER_USES:
                 return eager
-            name = f"other-tokenizer draft {width}x{count}"
+            name = f"other-tokenizer draft {width}x{count}{' sampled' if sampled else ''}"
             self.compiled[key] = Compiling(compiled_step(eager, self.device), name, self.device)
         return self.compiled[key]

@@ -11,18 +11,34 @@ Terms:
 Why any proposal level is exact: a proposal's q is a point mass on the proposed token, and the level
 above verifies it in the point-mass mode (accept x with probability p(x), else draw from p without
 x): its p exactly, however the proposal was chosen, as long as the choice does not read the
-verifier's randomness (docs/design.md, "The lookup level").
+verifier's randomness (docs/design.md, "The lookup level"). A level that draws its proposals from a
+distribution over the target's vocabulary may hand that q up instead (``draws_q``: a draft with
+another tokenizer sampling from the vocabulary it shares with the target); the level above then
+verifies them as a model draft's.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+import numpy as np
 
 if TYPE_CHECKING:
-    import numpy as np
     import torch
 
     from hsd_fast.sampling_metadata import SamplingMetadata
+
+
+class Proposals(NamedTuple):
+    """One call's proposals: row i's first ``counts[i]`` tokens, cut after an EOS."""
+
+    tokens: np.ndarray  # [R, W] int64, in the target's vocabulary
+    counts: np.ndarray  # [R] int64
+    last_is_eos: np.ndarray  # [R] bool
+    # where the level draws_q: the q each token was drawn from ([R, W', V'], W' >= counts, V' <= the
+    # target's vocabulary) and its fp32 log-sum-exp at the run's temperature ([R, W']); else None
+    q_logits: torch.Tensor | None = None
+    q_lse: torch.Tensor | None = None
 
 
 class Proposer(Protocol):
@@ -32,9 +48,9 @@ class Proposer(Protocol):
         rows: np.ndarray,  # [R]
         ends: np.ndarray,  # [R] sequence lengths: the proposals go to ends, ends + 1, ...
         wanted: np.ndarray,  # [R] the most tokens each row may take
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The proposals ([R, max(wanted)], row i's first ``counts[i]`` tokens proposed, cut after an
-        EOS), ``counts`` ([R]) and whether the last one is an EOS ([R] bool)."""
+    ) -> Proposals:
+        """Up to ``wanted[i]`` tokens for row ``rows[i]`` (``Proposals.tokens`` is [R, max(wanted)]),
+        with their q where the level ``draws_q``."""
         ...
 
     def invalidate(self, rows: np.ndarray, first_changed: np.ndarray) -> None:
@@ -53,3 +69,8 @@ class ProposalLevel:
     @property
     def models(self) -> tuple[torch.nn.Module, ...]:
         return ()
+
+    def draws_q(self, greedy: bool) -> bool:
+        """Whether a run's proposals come with the q they were drawn from (the level above verifies
+        them against it) rather than as point masses."""
+        return False

@@ -250,3 +250,19 @@ def proposals_verified_as_drafts() -> Iterator[None]:
 
     with mock.patch.object(LevelStep, "of", classmethod(buggy)):
         yield
+
+
+@contextlib.contextmanager
+def proposal_q_one_slot_late() -> Iterator[None]:
+    """A draft with another tokenizer sampling from the shared vocabulary hands up each proposal's q
+    at the next position's ring slot: the level above verifies the first proposal against whatever
+    the ring held there, and every later one against its predecessor's q."""
+    from hsd_fast.decode_state import DecodeState
+
+    keep = DecodeState.keep_proposal_q
+
+    def buggy(self, rows, ends, counts, logits, lse) -> None:
+        keep(self, rows, ends + 1, counts, logits, lse)
+
+    with mock.patch.object(DecodeState, "keep_proposal_q", buggy):
+        yield

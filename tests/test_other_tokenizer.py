@@ -15,12 +15,12 @@ import pytest
 import torch
 from enumerated import exact_distribution
 from hf_models import noisy_copy, tiny_model
-from planted_bugs import proposals_verified_as_drafts
+from planted_bugs import proposal_q_one_slot_late, proposals_verified_as_drafts
 from test_profile import FakeClock
 
 import hsd_fast
 from hsd_fast import other_tokenizer_steps, zoo
-from hsd_fast.bridge import TokenBytes, complete_prefix
+from hsd_fast.bridge import TokenBytes, complete_prefix, shared_ids
 from hsd_fast.latency import BridgedCost
 from hsd_fast.profile import ProfileCache, ProfileNoiseWarning
 from hsd_fast.testing.exactness import pooled_chi_square
@@ -136,6 +136,23 @@ def test_compiled_draft_steps_in_a_padded_batch_equal_the_targets_greedy(tokeniz
     assert sum(graphs) > 0  # the draft's steps ran compiled
 
 
+@pytest.mark.slow
+def test_compiled_shared_sampling_draws_what_the_eager_steps_draw(four_letters) -> None:
+    """The draft's sampled steps (ids drawn from the shared vocabulary, their q handed up) compiled:
+    the same tokens as eagerly, keyed randomness drawing the same ids, three rows."""
+    target, draft, _, target_tok, draft_tok = four_letters
+    ids = torch.tensor(target_tok("abcda").input_ids).expand(3, -1)
+    kwargs = {"custom_generate": hsd_fast.generate, "T": [3], "max_new_tokens": 40, "eos_token_id": None}
+    kwargs |= {"do_sample": True, "top_k": None, "seed": 0, "attention_mask": torch.ones_like(ids)}
+    drafts = [hsd_fast.OtherTokenizerDraft(draft, draft_tok, target_tok)]
+    eager = target.generate(ids, drafts=drafts, compile=False, **kwargs)
+    compiled = target.generate(ids, drafts=drafts, compile=True, output_hsd_stats=True, **kwargs)
+    assert compiled.sequences.tolist() == eager.tolist()
+    assert compiled.hsd_stats.accepted[1] > 0, compiled.hsd_stats.summary()
+    sampled = [key for _, kept in other_tokenizer_steps._COMPILED.values() for key in kept if key[-1]]
+    assert sampled  # the draft's sampled steps ran compiled
+
+
 def _permuted(tok, model):
     """``tok`` with every id but 0 renumbered (i -> V - i), and ``model`` with its embedding and
     head rows moved to match: the same draft, behind another vocabulary."""
@@ -180,13 +197,19 @@ def test_a_draft_behind_a_permuted_vocabulary_agrees_as_often_as_itself() -> Non
 VOCAB, STEPS = 4, 3
 
 
-def _sampled(target, draft, middle, target_tok, draft_tok, samples: int):
+def _sampled(target, draft, middle, target_tok, draft_tok, samples: int, shared: bool | None = None):
+    """``samples`` sampled continuations through the bridge (``shared``: the draft's sampling mode,
+    None: what ``draft_tokenizers=`` gives), the exact distribution and the run's stats."""
     prompt = torch.tensor(target_tok("abcda").input_ids)
     ids = prompt.expand(samples, -1)
+    if shared is None:
+        tokenizers = {"target_tokenizer": target_tok, "draft_tokenizers": [draft_tok, None]}
+    else:
+        draft, tokenizers = hsd_fast.OtherTokenizerDraft(draft, draft_tok, target_tok, shared), {}
     out = target.generate(
         ids, attention_mask=torch.ones_like(ids), custom_generate=hsd_fast.generate, drafts=[draft, middle],
-        T=[2, 2], target_tokenizer=target_tok, draft_tokenizers=[draft_tok, None], do_sample=True, top_k=None,
-        max_new_tokens=STEPS, eos_token_id=None, seed=0, compile=False, output_hsd_stats=True,
+        T=[2, 2], do_sample=True, top_k=None, max_new_tokens=STEPS, eos_token_id=None, seed=0, compile=False,
+        output_hsd_stats=True, **tokenizers,
     )  # fmt: skip
     samples = [tuple(row) for row in out.sequences[:, len(prompt) :].tolist()]
     return samples, exact_distribution(target, prompt, VOCAB, STEPS), out.hsd_stats
@@ -207,17 +230,34 @@ def four_letters():
     return target, draft, middle, target_tok, draft_tok
 
 
-def test_sampling_through_the_bridge_is_exact(four_letters) -> None:
+@pytest.mark.parametrize("shared", [False, None], ids=["point masses", "shared vocabulary (the default)"])
+def test_sampling_through_the_bridge_is_exact(four_letters, shared) -> None:
     target, draft, middle, target_tok, draft_tok = four_letters
-    samples, exact, stats = _sampled(target, draft, middle, target_tok, draft_tok, 4000)
+    samples, exact, stats = _sampled(target, draft, middle, target_tok, draft_tok, 4000, shared)
     assert pooled_chi_square(samples, exact).p_value > 1e-3
     assert stats.drafted[0] > 0 and stats.accepted[1] > 0 and stats.corrections[1] > 0, stats.summary()
 
 
-def test_bridged_proposals_verified_as_drafts_fail_the_same_test(four_letters) -> None:
+def test_the_draft_samples_from_the_shared_vocabulary_by_default(four_letters) -> None:
+    """4 of the draft's 7 ids that spell text are one target id each: a sampled run draws from
+    them and hands their q up; a greedy run, or one told not to, proposes point masses."""
+    _, draft, _, target_tok, draft_tok = four_letters
+    assert hsd_fast.OtherTokenizerDraft(draft, draft_tok, target_tok).draws_q(greedy=False)
+    assert not hsd_fast.OtherTokenizerDraft(draft, draft_tok, target_tok).draws_q(greedy=True)
+    assert not hsd_fast.OtherTokenizerDraft(draft, draft_tok, target_tok, False).draws_q(greedy=False)
+    sources, targets = shared_ids(TokenBytes.of(draft_tok), TokenBytes.of(target_tok))
+    assert (draft_tok.convert_ids_to_tokens(sources), targets) == (list("abcd"), [0, 1, 2, 3])
+
+
+@pytest.mark.parametrize(
+    "shared, bug",
+    [(False, proposals_verified_as_drafts), (True, proposal_q_one_slot_late)],
+    ids=["point masses verified as drafts", "shared q one slot late"],
+)
+def test_a_planted_bug_fails_the_same_test(four_letters, shared, bug) -> None:
     target, draft, middle, target_tok, draft_tok = four_letters
-    with proposals_verified_as_drafts():
-        samples, exact, _ = _sampled(target, draft, middle, target_tok, draft_tok, 4000)
+    with bug():
+        samples, exact, _ = _sampled(target, draft, middle, target_tok, draft_tok, 4000, shared)
     assert pooled_chi_square(samples, exact).p_value < 1e-6
 
 

@@ -59,7 +59,8 @@ def replay(
     at = np.full(num_rows, start, dtype=np.int64)  # [N] each row's next call: after its first `at` tokens
     calls = []
     while (rows := np.flatnonzero(at <= length)).size:
-        proposed, counts, _ = proposer.propose(ids, rows, at[rows], np.full(rows.size, max_T, dtype=np.int64))
+        wanted = np.full(rows.size, max_T, dtype=np.int64)  # [R]
+        proposed, counts = proposer.propose(ids, rows, at[rows], wanted)[:2]
         accepted = np.zeros(rows.size, dtype=np.int64)  # [R] the proposed tokens that equal the text
         for i, (n, t) in enumerate(zip(rows.tolist(), at[rows].tolist(), strict=True)):
             proposal = proposed[i, : counts[i]].tolist()
@@ -147,8 +148,8 @@ def host_seconds(
     def one_pass() -> None:
         proposer = spec.proposer(batch, sampling, compile)  # fresh: each pass reads the rows again
         for end in ends:
-            proposals, counts, _ = proposer.propose(state.tokens, rows, end, wanted)
-            state.write_proposals(rows, end, proposals, counts)
+            proposed = proposer.propose(state.tokens, rows, end, wanted)
+            state.write_proposals(rows, end, proposed.tokens, proposed.counts)
         state.tokens[:, :length] = text  # the proposals overwrote text the next pass reads
 
     # a compiled step's shapes compile in the first warm-up pass (at their third use)
