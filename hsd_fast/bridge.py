@@ -50,6 +50,7 @@ class TokenBytes:
             None if i in special or piece is None else _piece_bytes(tokenizer, i, piece, style)
             for i, piece in enumerate(pieces)
         ]
+        self.shared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> shared_ids
 
     @classmethod
     def of(cls, tokenizer) -> TokenBytes:
@@ -85,7 +86,9 @@ class TokenBytes:
 def shared_ids(draft: TokenBytes, target: TokenBytes) -> tuple[list[int], list[int]]:
     """The vocabulary two tokenizers share: the draft ids whose bytes are exactly one target id's,
     and those target ids, one to one (a target id spelled by several draft ids keeps the first).
-    Special tokens have no bytes and share nothing here."""
+    Special tokens have no bytes and share nothing here. Computed once per pair of tables."""
+    if target in draft.shared:
+        return draft.shared[target]
     target_of: dict[bytes, int] = {}
     for i, piece in enumerate(target.table):
         if piece:
@@ -97,6 +100,7 @@ def shared_ids(draft: TokenBytes, target: TokenBytes) -> tuple[list[int], list[i
             sources.append(i)
             targets.append(t)
             taken.add(t)
+    draft.shared[target] = (sources, targets)
     return sources, targets
 
 

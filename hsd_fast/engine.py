@@ -235,7 +235,9 @@ def run_hsd(
         )
         compiled = False
     proposer = (
-        runners[0].proposer(num_rows, sampling, compiled) if isinstance(runners[0], ProposalLevel) else None
+        runners[0].proposer(num_rows, sampling, compiled, transform)
+        if isinstance(runners[0], ProposalLevel)
+        else None
     )
 
     switcher = None

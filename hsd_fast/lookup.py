@@ -57,7 +57,9 @@ class LookupDraft(ProposalLevel):
                 f"min_ngram={self.min_ngram}, max_ngram={self.max_ngram}"
             )
 
-    def proposer(self, num_rows: int, sampling: SamplingMetadata, compile: bool = False) -> LookupProposer:
+    def proposer(
+        self, num_rows: int, sampling: SamplingMetadata, compile: bool = False, transform: object = None
+    ) -> LookupProposer:
         return LookupProposer(self, num_rows, sampling.eos_ids.tolist())
 
 

@@ -44,6 +44,7 @@ import torch
 
 from hsd_fast.bridge import TokenBytes, complete_prefix, shared_ids
 from hsd_fast.other_tokenizer_steps import DraftSteps, SharedSampling
+from hsd_fast.processors import LogitsTransform
 from hsd_fast.proposal_level import ProposalLevel, Proposals
 from hsd_fast.sampling_metadata import SamplingMetadata
 
@@ -57,7 +58,10 @@ class OtherTokenizerDraft(ProposalLevel):
     """``model`` drafting in ``tokenizer``'s vocabulary for a level above that uses
     ``target_tokenizer``: the first (smallest) level of a hierarchy
     (``drafts=[OtherTokenizerDraft(d, tok_d, tok), ...]``, or ``draft_tokenizers=`` on ``generate``
-    and ``wrap``). Both tokenizers must be HF fast tokenizers."""
+    and ``wrap``). Both tokenizers must be HF fast tokenizers. ``shared_sampling``: how a sampled run
+    verifies it (module doc): None (the default) draws from the shared vocabulary where the draft
+    shares at least ``SHARED_SAMPLING_MIN`` of its ids with the target, else proposes point masses;
+    True / False force either."""
 
     model: torch.nn.Module
     tokenizer: Any
@@ -75,8 +79,15 @@ class OtherTokenizerDraft(ProposalLevel):
                     f"{type(getattr(self, name)).__name__}"
                 )
 
-    def proposer(self, num_rows: int, sampling: SamplingMetadata, compile: bool = False) -> BridgedProposer:
-        return BridgedProposer(self, num_rows, sampling, compile)
+    def proposer(
+        self,
+        num_rows: int,
+        sampling: SamplingMetadata,
+        compile: bool = False,
+        transform: LogitsTransform | None = None,
+    ) -> BridgedProposer:
+        temperature = 1.0 if transform is None else transform.inner_temperature
+        return BridgedProposer(self, num_rows, sampling, compile, temperature)
 
     def draws_q(self, greedy: bool) -> bool:
         """Whether a run samples from the shared vocabulary (module doc): where it samples, unless
@@ -110,7 +121,12 @@ class BridgedProposer:
     model's steps (``DraftSteps``) serve all rows that draft in a round at once."""
 
     def __init__(
-        self, spec: OtherTokenizerDraft, num_rows: int, sampling: SamplingMetadata, compile: bool = False
+        self,
+        spec: OtherTokenizerDraft,
+        num_rows: int,
+        sampling: SamplingMetadata,
+        compile: bool = False,
+        temperature: float = 1.0,  # beyond sampling.temperature: LogitsTransform.inner_temperature
     ) -> None:
         self.draft = TokenBytes.of(spec.tokenizer)
         self.target = TokenBytes.of(spec.target_tokenizer)
@@ -120,7 +136,7 @@ class BridgedProposer:
         self.draft_eos = {int(e) for e in _eos_ids(spec.model, spec.tokenizer)}
         self.target_eos = int(sampling.eos_ids[0]) if sampling.eos_ids.numel() else None
         self.rows = [_Row() for _ in range(num_rows)]
-        self.shared = self._shared_sampling(sampling) if spec.draws_q(sampling.greedy) else None
+        self.shared = self._shared_sampling(sampling, temperature) if spec.draws_q(sampling.greedy) else None
         self.target_positions = 0  # the run's token buffer, in target ids (propose)
         self.bridge_seconds = 0.0  # host time in the bridge itself (encoding, bookkeeping)
 
@@ -162,9 +178,11 @@ class BridgedProposer:
         self.bridge_seconds += time.perf_counter() - started - (self.model_seconds - model_before)
         return Proposals(proposals, counts, last_is_eos, q_logits, q_lse)
 
-    def _shared_sampling(self, sampling: SamplingMetadata) -> SharedSampling:
+    def _shared_sampling(self, sampling: SamplingMetadata, temperature: float) -> SharedSampling:
         """The shared vocabulary as the draft's sampled steps read it (the draft's EOS shared with
-        the target's, where both have one)."""
+        the target's, where both have one), and the run's temperature: the draft draws at it as a
+        model draft does (its logits scaled by ``1 / temperature`` where a temperature stands among
+        the run's processors, whose logits reach the ops already processed)."""
         sources, targets = shared_ids(self.draft, self.target)
         eos = sorted(self.draft_eos)
         if eos and self.target_eos is not None and self.target_eos not in targets:
@@ -174,8 +192,9 @@ class BridgedProposer:
         to_draft = torch.zeros(vocab, dtype=torch.int64)
         to_draft[targets] = torch.tensor(sources)
         ids = (torch.tensor(sources), torch.tensor(targets), to_draft)
-        temperature, seeds = sampling.temperature, sampling.seeds_at(below_target=True)
-        return SharedSampling(*(t.to(device) for t in ids), temperature, seeds)
+        seeds = sampling.seeds_at(below_target=True)
+        scale = torch.tensor(1.0 / temperature, dtype=torch.float32, device=device)
+        return SharedSampling(*(t.to(device) for t in ids), scale, sampling.temperature, seeds)
 
     def _catch_up_stream(self, row: _Row, tokens: torch.Tensor, r: int, end: int) -> None:
         """The row's stream extended to its ids ``[0, end)`` (those past the last cut only)."""

@@ -53,6 +53,7 @@ class SharedSampling(NamedTuple):
     sources: torch.Tensor  # [M] int64 draft ids that spell exactly one target id each
     targets: torch.Tensor  # [M] int64 those target ids
     to_draft: torch.Tensor  # [V_target] int64 target id -> the draft id spelling it (0: never drawn)
+    scale: torch.Tensor  # [] fp32: 1 / a temperature the run applies among its processors, else 1
     temperature: torch.Tensor  # [B] fp32 (sampling_metadata)
     seeds: torch.Tensor  # [B] int64: the keyed randomness of a level 0's draws
 
@@ -118,7 +119,7 @@ def _sampled_draft_ids(
 
     def draw(logits: torch.Tensor, k: int) -> torch.Tensor:
         q = logits.new_full((logits.shape[0], shared.to_draft.shape[0]), -torch.inf)  # [B, V_target]
-        q = q.index_copy(1, shared.targets, logits.index_select(1, shared.sources))
+        q = q.index_copy(1, shared.targets, logits.index_select(1, shared.sources) * shared.scale)
         token, lse = sample(q, shared.temperature, shared.seeds, first_positions + k, 0, DRAFT, False)
         drawn.append((token, q, lse))
         return shared.to_draft[token]

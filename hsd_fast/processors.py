@@ -139,6 +139,9 @@ class LogitsTransform:
         if len(self.processors) == 1 and type(self.processors[0]).__name__ == "TemperatureLogitsWarper":
             self.temperature = float(self.processors.pop().temperature)
         self.kinds = [kind_of(p) for p in self.processors]
+        # a temperature among other processors stays in the chain (the logits come out processed)
+        temperatures = [p for p in self.processors if type(p).__name__ == "TemperatureLogitsWarper"]
+        self.inner_temperature = float(temperatures[0].temperature) if temperatures else 1.0
         # indices into ``processors`` of each kind, in HF's order
         self.history = tuple(i for i, k in enumerate(self.kinds) if k == HISTORY)
         self.length = tuple(i for i, k in enumerate(self.kinds) if k == LENGTH)

@@ -26,6 +26,7 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
+    from hsd_fast.processors import LogitsTransform
     from hsd_fast.sampling_metadata import SamplingMetadata
 
 
@@ -63,7 +64,14 @@ class ProposalLevel:
     compiles its steps, for a proposer that runs a model), and the models it runs, which the run
     holds as it holds its levels' models."""
 
-    def proposer(self, num_rows: int, sampling: SamplingMetadata, compile: bool = False) -> Proposer:
+    def proposer(
+        self,
+        num_rows: int,
+        sampling: SamplingMetadata,
+        compile: bool = False,
+        transform: LogitsTransform | None = None,
+    ) -> Proposer:
+        """``transform``: the run's sampling transform, for a level that draws (``draws_q``)."""
         raise NotImplementedError
 
     @property

@@ -22,7 +22,9 @@ import hsd_fast
 from hsd_fast import other_tokenizer_steps, zoo
 from hsd_fast.bridge import TokenBytes, complete_prefix, shared_ids
 from hsd_fast.latency import BridgedCost
+from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile import ProfileCache, ProfileNoiseWarning
+from hsd_fast.sampling_metadata import SamplingMetadata
 from hsd_fast.testing.exactness import pooled_chi_square
 
 pytestmark = pytest.mark.hf
@@ -197,9 +199,13 @@ def test_a_draft_behind_a_permuted_vocabulary_agrees_as_often_as_itself() -> Non
 VOCAB, STEPS = 4, 3
 
 
-def _sampled(target, draft, middle, target_tok, draft_tok, samples: int, shared: bool | None = None):
+def _sampled(
+    target, draft, middle, target_tok, draft_tok, samples: int, shared: bool | None = None, **sampling
+):
     """``samples`` sampled continuations through the bridge (``shared``: the draft's sampling mode,
-    None: what ``draft_tokenizers=`` gives), the exact distribution and the run's stats."""
+    None: what ``draft_tokenizers=`` gives; ``sampling``: temperature, top_k), the exact distribution
+    and the run's stats."""
+    sampling = {"temperature": 1.0, "top_k": None} | sampling
     prompt = torch.tensor(target_tok("abcda").input_ids)
     ids = prompt.expand(samples, -1)
     if shared is None:
@@ -208,11 +214,11 @@ def _sampled(target, draft, middle, target_tok, draft_tok, samples: int, shared:
         draft, tokenizers = hsd_fast.OtherTokenizerDraft(draft, draft_tok, target_tok, shared), {}
     out = target.generate(
         ids, attention_mask=torch.ones_like(ids), custom_generate=hsd_fast.generate, drafts=[draft, middle],
-        T=[2, 2], do_sample=True, top_k=None, max_new_tokens=STEPS, eos_token_id=None, seed=0, compile=False,
-        output_hsd_stats=True, **tokenizers,
+        T=[2, 2], do_sample=True, max_new_tokens=STEPS, eos_token_id=None, seed=0, compile=False,
+        output_hsd_stats=True, **tokenizers, **sampling,
     )  # fmt: skip
     samples = [tuple(row) for row in out.sequences[:, len(prompt) :].tolist()]
-    return samples, exact_distribution(target, prompt, VOCAB, STEPS), out.hsd_stats
+    return samples, exact_distribution(target, prompt, VOCAB, STEPS, **sampling), out.hsd_stats
 
 
 @pytest.fixture(scope="module")
@@ -230,10 +236,14 @@ def four_letters():
     return target, draft, middle, target_tok, draft_tok
 
 
-@pytest.mark.parametrize("shared", [False, None], ids=["point masses", "shared vocabulary (the default)"])
-def test_sampling_through_the_bridge_is_exact(four_letters, shared) -> None:
+@pytest.mark.parametrize(
+    "shared, sampling",
+    [(False, {}), (None, {}), (None, {"temperature": 0.6, "top_k": 3})],
+    ids=["point masses", "shared vocabulary (the default)", "shared, a temperature among processors"],
+)
+def test_sampling_through_the_bridge_is_exact(four_letters, shared, sampling) -> None:
     target, draft, middle, target_tok, draft_tok = four_letters
-    samples, exact, stats = _sampled(target, draft, middle, target_tok, draft_tok, 4000, shared)
+    samples, exact, stats = _sampled(target, draft, middle, target_tok, draft_tok, 4000, shared, **sampling)
     assert pooled_chi_square(samples, exact).p_value > 1e-3
     assert stats.drafted[0] > 0 and stats.accepted[1] > 0 and stats.corrections[1] > 0, stats.summary()
 
@@ -247,6 +257,22 @@ def test_the_draft_samples_from_the_shared_vocabulary_by_default(four_letters) -
     assert not hsd_fast.OtherTokenizerDraft(draft, draft_tok, target_tok, False).draws_q(greedy=False)
     sources, targets = shared_ids(TokenBytes.of(draft_tok), TokenBytes.of(target_tok))
     assert (draft_tok.convert_ids_to_tokens(sources), targets) == (list("abcd"), [0, 1, 2, 3])
+
+
+def test_the_draft_draws_at_a_temperature_among_the_processors(four_letters) -> None:
+    """With top-k beside the temperature the logits reach the ops processed (the ops' temperature
+    is 1): the draft scales its own logits by the processors' temperature, as a model draft's are."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper
+
+    _, draft, _, target_tok, draft_tok = four_letters
+    spec = hsd_fast.OtherTokenizerDraft(draft, draft_tok, target_tok)
+    sampling = SamplingMetadata.build(1, torch.device("cpu"))
+    plain = spec.proposer(1, sampling, transform=LogitsTransform([TemperatureLogitsWarper(0.5)]))
+    both = spec.proposer(
+        1, sampling, transform=LogitsTransform([TopKLogitsWarper(3), TemperatureLogitsWarper(0.5)])
+    )
+    assert plain.shared.scale.item() == 1.0  # the ops divide by the temperature themselves
+    assert both.shared.scale.item() == 2.0
 
 
 @pytest.mark.parametrize(
