@@ -24,6 +24,7 @@ from hsd_fast.bridge import TokenBytes, complete_prefix, shared_ids
 from hsd_fast.latency import BridgedCost
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile import ProfileCache, ProfileNoiseWarning
+from hsd_fast.profile.proposal_replay import replay
 from hsd_fast.sampling_metadata import SamplingMetadata
 from hsd_fast.testing.exactness import pooled_chi_square
 
@@ -273,6 +274,18 @@ def test_the_draft_draws_at_a_temperature_among_the_processors(four_letters) -> 
     )
     assert plain.shared.scale.item() == 1.0  # the ops divide by the temperature themselves
     assert both.shared.scale.item() == 2.0
+
+
+def test_the_replay_of_a_sampling_draft_keeps_each_tokens_q(four_letters) -> None:
+    """The selector's replay (``proposal_replay.replay``) of a sampled run draws as the run does and
+    keeps each proposed token's q, at which the profile prices it (min(1, p / q)); greedy, none."""
+    _, draft, _, target_tok, draft_tok = four_letters
+    spec = hsd_fast.OtherTokenizerDraft(draft, draft_tok, target_tok)
+    ids = torch.randint(0, VOCAB, (3, 24), generator=torch.Generator().manual_seed(0))
+    calls = replay(spec, ids, 3, start=4, transform=LogitsTransform())
+    drawn = [q for call in calls for q in call.q]
+    assert drawn and all(0 < q <= 1 for q in drawn) and min(drawn) < 1
+    assert all(call.q is None for call in replay(spec, ids, 3, start=4))
 
 
 @pytest.mark.parametrize(

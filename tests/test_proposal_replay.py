@@ -18,7 +18,13 @@ from hsd_fast import LookupDraft
 from hsd_fast.latency import mean_gain
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile import ProfileCache, ProfileNoiseWarning
-from hsd_fast.profile.proposal_replay import acceptance_by_position, host_seconds, offered_lengths, replay
+from hsd_fast.profile.proposal_replay import (
+    Proposal,
+    acceptance_by_position,
+    host_seconds,
+    offered_lengths,
+    replay,
+)
 from hsd_fast.profile.run_text import continued
 
 TEXT = torch.tensor([[5, 6, 7, 5, 6, 8]])  # [1, 6]
@@ -31,7 +37,7 @@ def test_replay_calls_as_a_run_under_the_target_does() -> None:
     ids = torch.randint(0, 4, (3, 40), generator=torch.Generator().manual_seed(0))
     for start in (1, 20):
         calls = replay(LookupDraft(3, 1), ids, max_T=5, start=start)
-        for (n, t, proposal), following in zip(calls, [*calls[1:], None], strict=True):
+        for (n, t, proposal, _), following in zip(calls, [*calls[1:], None], strict=True):
             row = ids[n].tolist()
             assert proposal == propose_brute_force(row[:t], 5, 3, 1), (n, t)
             matched = 0
@@ -43,15 +49,16 @@ def test_replay_calls_as_a_run_under_the_target_does() -> None:
                 assert following[:2] == (n, t + matched + 1)
             else:  # the row's last call
                 assert following is None or following[0] == n + 1
-        assert {n for n, _, _ in calls} == {0, 1, 2} and all(t >= start for _, t, _ in calls)
-        assert any(len(p) > 1 for _, _, p in calls)  # a 4-token alphabet repeats: long matches
+        assert {c.row for c in calls} == {0, 1, 2} and all(c.t >= start for c in calls)
+        assert any(len(c.tokens) > 1 for c in calls)  # a 4-token alphabet repeats: long matches
+        assert all(c.q is None for c in calls)  # point masses
 
 
 def test_hand_worked_replay_and_lengths() -> None:
     # after [5, 6, 7, 5] the 1-gram (5) occurred at 0: propose 6 7 5, of which 6 is the text: the
     # next call is after [5 6 7 5 6 8]; no other context has a suffix that occurred before
     proposals = replay(SPEC, TEXT, max_T=3)
-    assert [(t, p) for _, t, p in proposals] == [(1, []), (2, []), (3, []), (4, [6, 7, 5]), (6, [])]
+    assert [(c.t, c.tokens) for c in proposals] == [(1, []), (2, []), (3, []), (4, [6, 7, 5]), (6, [])]
     assert offered_lengths(proposals, 3) == pytest.approx((0.8, 0.0, 0.0, 0.2))
     assert offered_lengths(replay(SPEC, TEXT, max_T=2), 2) == pytest.approx((0.8, 0.0, 0.2))
 
@@ -71,6 +78,15 @@ def test_hand_worked_acceptance_by_position() -> None:
     probs[0, 3, 6], probs[0, 4, 7] = 0.8, 0.5
     # a_1 = 0.8; a_2 = 0.8 * 0.5 / 0.8 (weighted by the chance token 1 was accepted)
     assert acceptance_by_position(proposals, TEXT, probs, 3) == pytest.approx((0.8, 0.5, 0.5))
+
+
+def test_a_drawn_proposal_passes_with_p_over_q() -> None:
+    """A token drawn from a q the level hands up (``draws_q``) passes with min(1, p(x) / q(x))."""
+    probs = torch.full((1, 6, 10), 0.01)
+    probs[0, 3, 6], probs[0, 4, 7] = 0.4, 0.5
+    proposals = [Proposal(0, 4, [6, 7], q=[0.5, 0.25])]
+    # a_1 = 0.4 / 0.5; a_2 = min(1, 0.5 / 0.25), weighted by a_1
+    assert acceptance_by_position(proposals, TEXT, probs, 2) == pytest.approx((0.8, 1.0))
 
 
 def test_a_lookup_that_never_matches_has_nothing_offered_and_no_rates() -> None:

@@ -389,8 +389,10 @@ class ProfileCache:
         else:
             draft = f"{model_identity(spec.model)} {tokenizer_identity(spec.tokenizer)}"
             kind, level = "bridged", f"{draft} to {tokenizer_identity(spec.target_tokenizer)} T{max_T}"
+        shared = " shared" if spec.draws_q(greedy) else ""  # drawn from a shared vocabulary: q handed up
         lengths, rates = self._replayed(
-            spec, kind, level, models, ids, transform, greedy, max_T, progress, generation_kwargs, new_tokens
+            spec, kind, level + shared, models, ids, transform, greedy, max_T, progress, generation_kwargs,
+            new_tokens,
         )  # fmt: skip
         cost_key = f"{kind} cost {level} {ids.device.type}"
         if kind == "lookup":  # host work only: compiling changes nothing
@@ -429,7 +431,8 @@ class ProfileCache:
             text_ids = self._run_text(models[-1], ids, text, generation_kwargs, new_tokens)
             vocab = models[-1].get_output_embeddings().weight.shape[0]
             start = run_text.continuation_start(ids)
-            proposals = proposal_replay.replay(spec, text_ids, max_T, start=start)
+            sampled = None if greedy else transform  # a level that draws replays its draws
+            proposals = proposal_replay.replay(spec, text_ids, max_T, start=start, transform=sampled)
             self.entries[lengths_key] = list(proposal_replay.offered_lengths(proposals, max_T))
             replayed = tqdm(
                 zip(models, rate_keys, strict=True),

@@ -17,7 +17,9 @@ calibration text as the level would meet it in a run:
 - ``offered_lengths``: how often a call offers 0, 1, ... tokens;
 - ``acceptance_by_position``: per position j of a proposal, the rate a model accepts token j given
   it accepted tokens 1..j-1 (``latency.Acceptance``), under the sampling transform: p(x) for a
-  sampled verification of a point-mass draft, argmax == x for a greedy one. Teacher-forced, so a
+  sampled verification of a point-mass draft, min(1, p(x) / q(x)) for a level that draws its
+  proposals from a q it hands up (``draws_q``: a sampled replay draws them as the run would, seeded,
+  and keeps each one's q), argmax == x for a greedy one. Teacher-forced, so a
   token can only be scored while the proposal before it equals the text (its context is then
   known): proposals are followed until they leave the text;
 - ``host_seconds``: the engine's work per call (propose, write the proposal; its q, a point mass,
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -39,32 +42,50 @@ import torch
 from hsd_fast.decode_state import DecodeState
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile.costs import interleaved_medians
-from hsd_fast.proposal_level import ProposalLevel
+from hsd_fast.proposal_level import ProposalLevel, Proposals
 from hsd_fast.sampling_metadata import SamplingMetadata
 
-Proposal = tuple[int, int, list[int]]  # (row, t, tokens proposed after the row's first t tokens)
+
+class Proposal(NamedTuple):
+    """One call of a proposal level in a replay."""
+
+    row: int
+    t: int  # the call proposes after the row's first t tokens
+    tokens: list[int]
+    q: list[float] | None = None  # each token's probability under the q it was drawn from (draws_q)
 
 
 def replay(
-    spec: ProposalLevel, ids: torch.Tensor, max_T: int, start: int = 1, compile: bool = False
+    spec: ProposalLevel,
+    ids: torch.Tensor,
+    max_T: int,
+    start: int = 1,
+    compile: bool = False,
+    transform: LogitsTransform | None = None,
 ) -> list[Proposal]:
     """The level's calls (proposals of at most ``max_T`` tokens) on each row of ``ids`` ([N, L]) as
     a run under the target makes them (module doc): the first after the row's first ``start``
     tokens, each next one after the tokens of the proposal that equal the text and one more. The
     rows are replayed side by side, as a batch of that many rows would be (one call for all rows
-    at each step, each row at its own position); the calls come back ordered by row and position."""
+    at each step, each row at its own position); the calls come back ordered by row and position.
+    ``transform``: a sampled run's, for a level that ``draws_q`` then (its draws seeded, each
+    token's q kept); None replays a greedy run."""
     num_rows, length = ids.shape
-    proposer = spec.proposer(num_rows, SamplingMetadata.build(num_rows, ids.device, greedy=True), compile)
+    sampled = transform is not None and spec.draws_q(greedy=False)
+    temperature = transform.temperature if sampled else 1.0
+    sampling = SamplingMetadata.build(num_rows, ids.device, temperature=temperature, greedy=not sampled)
+    proposer = spec.proposer(num_rows, sampling, compile, transform)
     text = ids.tolist()
     at = np.full(num_rows, start, dtype=np.int64)  # [N] each row's next call: after its first `at` tokens
     calls = []
     while (rows := np.flatnonzero(at <= length)).size:
         wanted = np.full(rows.size, max_T, dtype=np.int64)  # [R]
-        proposed, counts = proposer.propose(ids, rows, at[rows], wanted)[:2]
+        proposals = proposer.propose(ids, rows, at[rows], wanted)
+        proposed, counts, q = proposals.tokens, proposals.counts, _drawn_q(proposals, sampling)
         accepted = np.zeros(rows.size, dtype=np.int64)  # [R] the proposed tokens that equal the text
         for i, (n, t) in enumerate(zip(rows.tolist(), at[rows].tolist(), strict=True)):
             proposal = proposed[i, : counts[i]].tolist()
-            calls.append((n, t, proposal))
+            calls.append(Proposal(n, t, proposal, None if q is None else q[i, : counts[i]].tolist()))
             while accepted[i] < len(proposal) and t + accepted[i] < length:
                 if proposal[accepted[i]] != text[n][t + accepted[i]]:
                     break
@@ -74,9 +95,21 @@ def replay(
     return sorted(calls, key=lambda call: call[:2])
 
 
+def _drawn_q(proposals: Proposals, sampling: SamplingMetadata) -> np.ndarray | None:
+    """[R, W'] each proposed token's probability under the q it was drawn from (None: point
+    masses)."""
+    if proposals.q_logits is None:
+        return None
+    q_logits = proposals.q_logits  # [R, W', V']
+    tokens = torch.from_numpy(proposals.tokens[:, : q_logits.shape[1]]).to(q_logits.device)  # [R, W']
+    logits = q_logits.gather(-1, tokens[..., None])[..., 0].float()  # [R, W']
+    temperature = sampling.temperature[: logits.shape[0], None]  # [R, 1]: every row's is the run's
+    return (logits / temperature - proposals.q_lse).exp().cpu().numpy()
+
+
 def offered_lengths(proposals: list[Proposal], max_T: int) -> tuple[float, ...]:
     """The fraction of calls that offer b tokens, b = 0..max_T (the last: at least max_T)."""
-    counts = np.bincount([len(p) for _, _, p in proposals], minlength=max_T + 1)[: max_T + 1]
+    counts = np.bincount([len(p.tokens) for p in proposals], minlength=max_T + 1)[: max_T + 1]
     return tuple(float(c) for c in counts / max(1, len(proposals)))
 
 
@@ -91,21 +124,22 @@ def acceptance_by_position(
     with nothing to score takes the rate before it (a_1: 0, as for a lookup that never matches)."""
     greedy = scores.dim() == 2
     length = ids.shape[1]
-    # The scorable tokens: (proposal, j, row, index of the scores, token), while the proposal is text.
+    # The scorable tokens: (proposal, j, row, index of the scores, token, its q), while the proposal is text.
     items = []
-    for k, (n, t, tokens) in enumerate(proposals):
+    for k, (n, t, tokens, q) in enumerate(proposals):
         for j, token in enumerate(tokens, start=1):
             i = t + j - 2  # the scores of the token after the first t + j - 1 tokens
             if i >= length:
                 break
-            items.append((k, j, n, i, token))
+            items.append((k, j, n, i, token, 1.0 if q is None else q[j - 1]))
             if t + j - 1 >= length or int(ids[n, t + j - 1]) != token:
                 break  # the next token's context is not the text any more
     if not items:
         return (0.0,) * max_T
-    k_, j_, n_, i_, x_ = (torch.tensor(column) for column in zip(*items, strict=True))
-    # greedy accepts iff x is the argmax; sampling accepts x with probability p(x) (the draft is a point mass)
-    accepted = (scores[n_, i_] == x_).double() if greedy else scores[n_, i_, x_].double()
+    k_, j_, n_, i_, x_, q_ = (torch.tensor(column) for column in zip(*items, strict=True))
+    # greedy accepts iff x is the argmax; sampling accepts x with probability min(1, p(x) / q(x)), which
+    # is p(x) for a point mass
+    accepted = (scores[n_, i_] == x_).double() if greedy else (scores[n_, i_, x_].double() / q_).clamp(max=1)
     numerator, denominator = np.zeros(max_T + 1), np.zeros(max_T + 1)
     weight, current = 1.0, -1
     for k, j, a in zip(k_.tolist(), j_.tolist(), accepted.tolist(), strict=True):
