@@ -517,6 +517,8 @@ _EAGER_SECONDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _decide_compile(compile: bool | str, runners: Sequence[Runner], block_sizes: Sequence[int]) -> bool:
     if compile == "auto":
+        if not all(getattr(r, "compilable", True) for r in runners):
+            return False
         spent = _EAGER_SECONDS.get(runners[-1], {}).get(_hierarchy_key(runners, block_sizes), 0.0)
         return spent >= AUTO_COMPILE_AFTER_SECONDS
     if not isinstance(compile, bool):

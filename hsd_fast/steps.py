@@ -34,7 +34,9 @@ class Runner(Protocol):
     Optional: ``reuse_of(lower) -> Runner | None``, a runner this level verifies with when the level
     below (``lower``) is an early exit of its own model: its forward starts from the hidden states
     ``lower`` kept, so the engine feeds ``lower`` every position of a block before the step
-    (docs/design.md, "Early-exit levels")."""
+    (docs/design.md, "Early-exit levels"); ``compilable = False``, a runner whose forward cannot be
+    traced (host-side bookkeeping, as the table runners of the exactness tests), which
+    ``compile="auto"`` then leaves eager."""
 
     vocab_size: int
     dtype: torch.dtype  # of the logits it returns

@@ -4,7 +4,10 @@ here, first. Triton itself is imported only to check its version: where it is no
 (macOS, Windows) the tests marked ``triton`` skip and the rest run."""
 
 import functools
+import gc
 import os
+import sys
+from collections.abc import Iterator
 
 import torch
 
@@ -54,6 +57,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("triton"):
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def forget_models_after_each_module() -> Iterator[None]:
+    """hsd_fast's caches (a model's runner, its compiled steps, exit views) are keyed by the model
+    weakly but hold it through the runner they map it to, so every model a test module built stays
+    alive with its graphs (on a CPU each holds a copy of the weights): the two workers of a full run
+    grew to 12 and 9 GiB and memory ran out. After each module the caches are emptied, dynamo is
+    reset and the module's models can go."""
+    yield
+    caches = {
+        "hf_runner": ["_RUNNERS"],
+        "level_step": ["_STEPS"],
+        "other_tokenizer_steps": ["_COMPILED"],
+        "engine": ["_EAGER_SECONDS"],
+        "exit_reuse": ["_REFUSALS", "_TOP_VIEWS"],
+        "early_exit": ["_VIEWS", "_ORIGINS"],
+        "controller": ["_KEPT"],
+    }
+    for module, names in caches.items():
+        loaded = sys.modules.get(f"hsd_fast.{module}")  # only what the module's tests imported
+        for name in names if loaded is not None else ():
+            getattr(loaded, name).clear()
+    torch._dynamo.reset()
+    gc.collect()
 
 
 @pytest.fixture(autouse=True)

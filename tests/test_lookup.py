@@ -154,6 +154,7 @@ def test_compile_auto_knows_a_lookup_hierarchy_across_requests(monkeypatch) -> N
     ``compile="auto"`` keys it by value, so one request's eager seconds count for the next with an
     equal lookup level, and not for another one."""
     target = TableRunner(table_family(VOCAB, ORDER, 1)[0])
+    target.compilable = True  # its steps are built eagerly below: only the decision is recorded
     monkeypatch.setattr(engine, "AUTO_COMPILE_AFTER_SECONDS", 1e-9)  # one eager request buys a compile
     asked: list[bool] = []  # whether the run asked for compiled steps, per level
     build = LevelStep.of

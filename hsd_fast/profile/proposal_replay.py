@@ -78,20 +78,21 @@ def replay(
     text = ids.tolist()
     at = np.full(num_rows, start, dtype=np.int64)  # [N] each row's next call: after its first `at` tokens
     calls = []
-    while (rows := np.flatnonzero(at <= length)).size:
-        wanted = np.full(rows.size, max_T, dtype=np.int64)  # [R]
-        proposals = proposer.propose(ids, rows, at[rows], wanted)
-        proposed, counts, q = proposals.tokens, proposals.counts, _drawn_q(proposals, sampling)
-        accepted = np.zeros(rows.size, dtype=np.int64)  # [R] the proposed tokens that equal the text
-        for i, (n, t) in enumerate(zip(rows.tolist(), at[rows].tolist(), strict=True)):
-            proposal = proposed[i, : counts[i]].tolist()
-            calls.append(Proposal(n, t, proposal, None if q is None else q[i, : counts[i]].tolist()))
-            while accepted[i] < len(proposal) and t + accepted[i] < length:
-                if proposal[accepted[i]] != text[n][t + accepted[i]]:
-                    break
-                accepted[i] += 1
-        proposer.invalidate(rows, at[rows] + accepted)  # the target's own token follows them
-        at[rows] += accepted + 1
+    with torch.inference_mode():  # the draft of a bridged level runs a model
+        while (rows := np.flatnonzero(at <= length)).size:
+            wanted = np.full(rows.size, max_T, dtype=np.int64)  # [R]
+            proposals = proposer.propose(ids, rows, at[rows], wanted)
+            proposed, counts, q = proposals.tokens, proposals.counts, _drawn_q(proposals, sampling)
+            accepted = np.zeros(rows.size, dtype=np.int64)  # [R] the proposed tokens that equal the text
+            for i, (n, t) in enumerate(zip(rows.tolist(), at[rows].tolist(), strict=True)):
+                proposal = proposed[i, : counts[i]].tolist()
+                calls.append(Proposal(n, t, proposal, None if q is None else q[i, : counts[i]].tolist()))
+                while accepted[i] < len(proposal) and t + accepted[i] < length:
+                    if proposal[accepted[i]] != text[n][t + accepted[i]]:
+                        break
+                    accepted[i] += 1
+            proposer.invalidate(rows, at[rows] + accepted)  # the target's own token follows them
+            at[rows] += accepted + 1
     return sorted(calls, key=lambda call: call[:2])
 
 

@@ -74,6 +74,7 @@ class TableRunner:
     their tree slots, and a node's context is read along its ancestors (what it may see)."""
 
     dtype = torch.float32
+    compilable = False  # host-side bookkeeping in every forward: compile="auto" leaves it eager
 
     def __init__(self, model: TableModel) -> None:
         self.model = model
