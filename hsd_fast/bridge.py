@@ -19,8 +19,9 @@ import json
 import re
 import weakref
 
+from hsd_fast.attached import attached
+
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
-_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> its TokenBytes
 
 
 @functools.cache
@@ -54,10 +55,10 @@ class TokenBytes:
 
     @classmethod
     def of(cls, tokenizer) -> TokenBytes:
-        table = _TABLES.get(tokenizer)
-        if table is None:
-            table = _TABLES[tokenizer] = cls(tokenizer)
-        return table
+        tables = attached(tokenizer, "bytes")
+        if "table" not in tables:
+            tables["table"] = cls(tokenizer)
+        return tables["table"]
 
     def bytes_of(self, ids) -> bytes:
         """The stream of ``ids`` (special tokens add nothing)."""

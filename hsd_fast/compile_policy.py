@@ -6,6 +6,7 @@ graph, whether memory holds another one, and what of a model a compiled step ass
 from __future__ import annotations
 
 import types
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -59,7 +60,20 @@ def compiled_step(step: Callable, device: torch.device) -> Callable:
         options["triton.cudagraphs"] = True  # mode="reduce-overhead", which cannot take options too
     else:
         options["cpp_wrapper"] = CPP_WRAPPER
-    return torch.compile(own, fullgraph=True, dynamic=False, options=options)
+    compiled = torch.compile(own, fullgraph=True, dynamic=False, options=options)
+    weakref.finalize(compiled, _forget_graphs, code)
+    return compiled
+
+
+def _forget_graphs(code: types.CodeType) -> None:
+    """Drop what dynamo keeps for ``code`` (its cache entries, their guards and compiled code) once
+    the step is gone: dynamo keeps them on the code object, which its own tables keep alive (the
+    compiled code maps back to it), so they stayed until ``torch._dynamo.reset()``. The frozen weight
+    copies of a CPU graph are not among them: inductor keeps those beyond ``reset()`` too
+    (docs/design.md, "Caches and slots")."""
+    forget = getattr(torch._dynamo.eval_frame, "remove_from_cache", None)
+    if forget is not None:
+        forget(code)
 
 
 class Compiling:

@@ -26,6 +26,7 @@ from transformers.cache_utils import Cache
 
 from hsd_fast import attention, exit_reuse
 from hsd_fast.architectures import layer_types, module_source, window
+from hsd_fast.attached import attached
 from hsd_fast.buffer_pool import graph_buffer
 from hsd_fast.compat import embeddable_ids, fit_logits
 from hsd_fast.early_exit import exit_of, with_hidden_tap
@@ -118,7 +119,6 @@ class SlotCache(Cache):
 ATTENTION_VARIABLE = "HSD_FAST_ATTENTION"
 """Where a user picks the attention path of the runners ``generate`` makes ("dense" or "auto")."""
 
-_RUNNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(vocab, copy): runner}
 _LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _ModelLock
 _LOCKS_GUARD = threading.Lock()  # makes a model's lock exactly once
 
@@ -209,7 +209,7 @@ class HFRunner:
         serve every later ``generate`` call (a new runner would compile anew). ``copy``: which of the
         runners of a model that a request uses at several levels (each level needs its own cache).
         The caller holds the model's lock (``models_held``): the runner is not thread-safe."""
-        runners = _RUNNERS.setdefault(model, {})
+        runners = attached(model, "runners")  # {(vocab, copy): runner}
         key = (vocab_size, copy)
         if key not in runners:
             runners[key] = cls(model, vocab_size)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import functools
 import time
 import warnings
-import weakref
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
+from hsd_fast.attached import attached
 from hsd_fast.compile_policy import (
     COMPILE_AFTER_USES,
     COMPILED_MAX_WIDTH,
@@ -29,9 +29,6 @@ from hsd_fast.decode_state import DecodeState
 from hsd_fast.layout import MAX_WIDTH, bucket, head_chunks
 from hsd_fast.steps import Runner, draft_step, feed_step, verify_step
 from hsd_fast.tree_steps import tree_draft_step, tree_verify_step
-
-# runner -> {(level, top, compile, point mass, id of the tree's level 0 runner): step}
-_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _feed(level: LevelStep, width: int, out_width: int, keep_q: bool, use_kernel: bool | None) -> Callable:
@@ -124,7 +121,7 @@ class LevelStep:
         level; ``tree_below``: level 1 verifying the token trees this level 0 runner drafts), kept
         with the runner so that what was built (and compiled) for it serves every later run, unless
         the model changed since."""
-        steps = _STEPS.setdefault(runner, {})
+        steps = attached(runner, "steps")  # {(level, top, compile, point mass, id(tree_below)): step}
         key = (level, top, compile, point_mass, None if tree_below is None else id(tree_below))
         if key not in steps or steps[key].fingerprint != fingerprint(runner):
             steps[key] = cls(runner, level, top, compile, point_mass=point_mass, tree_below=tree_below)

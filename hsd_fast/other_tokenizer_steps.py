@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import functools
 import time
-import weakref
 from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from hsd_fast.attached import attached
 from hsd_fast.compile_policy import (
     COMPILE_AFTER_USES,
     COMPILED_MAX_WIDTH,
@@ -40,9 +40,6 @@ from hsd_fast.layout import MAX_WIDTH, FedBlock, bucket, capacity_bucket
 from hsd_fast.positions import max_positions
 from hsd_fast.triton_kernels.keyed_random_torch import DRAFT
 from hsd_fast.triton_kernels.ops import sample
-
-# runner -> (its model's fingerprint, {(rows, slots, width, count, sampled): compiled step}): kept across runs
-_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class SharedSampling(NamedTuple):
@@ -143,10 +140,10 @@ class DraftSteps:
         self.uses: dict[tuple[int, int, bool], int] = {}  # (block width, draft count, sampled) -> calls
         self.compiled: dict[tuple, Callable] | None = None  # (rows, slots, width, count, sampled) -> step
         if compile:  # the runner's graphs serve later runs, unless its weights changed since
-            kept = _COMPILED.get(self.runner)
-            if kept is None or kept[0] != fingerprint(self.runner):
-                kept = _COMPILED[self.runner] = (fingerprint(self.runner), {})
-            self.compiled = kept[1]
+            kept = attached(self.runner, "draft steps")  # {"of": (fingerprint, {key: compiled step})}
+            if "of" not in kept or kept["of"][0] != fingerprint(self.runner):
+                kept["of"] = (fingerprint(self.runner), {})
+            self.compiled = kept["of"][1]
         self.seconds = 0.0  # in the draft model's forwards
 
     def reserve(self, positions: int, expected: int = 0) -> bool:

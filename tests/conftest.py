@@ -6,7 +6,6 @@ here, first. Triton itself is imported only to check its version: where it is no
 import functools
 import gc
 import os
-import sys
 from collections.abc import Iterator
 
 import torch
@@ -61,25 +60,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True, scope="module")
 def forget_models_after_each_module() -> Iterator[None]:
-    """hsd_fast's caches (a model's runner, its compiled steps, exit views) are keyed by the model
-    weakly but hold it through the runner they map it to, so every model a test module built stays
-    alive with its graphs (on a CPU each holds a copy of the weights): the two workers of a full run
-    grew to 12 and 9 GiB and memory ran out. After each module the caches are emptied, dynamo is
-    reset and the module's models can go."""
+    """After each test module its models go (their runners and steps live on them and go along:
+    ``tests/test_caches.py``); dynamo's caches are reset so that the next module compiles from a
+    clean slate rather than beside the graphs of models it never sees."""
     yield
-    caches = {
-        "hf_runner": ["_RUNNERS"],
-        "level_step": ["_STEPS"],
-        "other_tokenizer_steps": ["_COMPILED"],
-        "engine": ["_EAGER_SECONDS"],
-        "exit_reuse": ["_REFUSALS", "_TOP_VIEWS"],
-        "early_exit": ["_VIEWS", "_ORIGINS"],
-        "controller": ["_KEPT"],
-    }
-    for module, names in caches.items():
-        loaded = sys.modules.get(f"hsd_fast.{module}")  # only what the module's tests imported
-        for name in names if loaded is not None else ():
-            getattr(loaded, name).clear()
     torch._dynamo.reset()
     gc.collect()
 

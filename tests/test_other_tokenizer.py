@@ -42,7 +42,7 @@ def byte_level_tokenizer(pieces: list[str], merges: list[tuple[str, str]] = (), 
     return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=eos)
 
 
-def _printable() -> list[str]:
+def printable() -> list[str]:
     """The 96 bytes 32..127 in the byte-level alphabet (space is written 'Ġ')."""
     tok = byte_level_tokenizer(["a"])  # any: only its pre-tokenizer's alphabet is read
     return [tok.backend_tokenizer.pre_tokenizer.pre_tokenize_str(chr(b))[0][0] for b in range(32, 128)]
@@ -51,7 +51,7 @@ def _printable() -> list[str]:
 @pytest.fixture(scope="module")
 def tokenizers():
     """A target tokenizer of single characters (96 ids) and a draft one that also merges pairs."""
-    chars = _printable()
+    chars = printable()
     pairs = [("Ġ", "t"), ("h", "e"), ("e", "r"), ("i", "n"), ("Ġ", "a"), ("o", "n"), ("r", "e"), ("a", "t")]
     return byte_level_tokenizer(chars), byte_level_tokenizer(chars + [a + b for a, b in pairs], pairs)
 
