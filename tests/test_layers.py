@@ -28,8 +28,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     ("kernels", "the C++ ledger and lookup index, the Triton kernels and their torch references",
      ("_C", "triton_kernels", "triton_kernels.*")),
     ("base", "data types and pure functions every layer shares",
-     ("layout", "stats", "report", "processors", "processor_ops", "sampling_metadata", "proposal_level",
-      "lookup", "tree", "schedule", "positions", "hierarchy_types", "switching_types", "cli_args")),
+     ("attached", "layout", "stats", "report", "processors", "processor_ops", "sampling_metadata",
+      "proposal_level", "lookup", "tree", "schedule", "positions", "hierarchy_types", "switching_types",
+      "cli_args")),
     ("model", "the latency model: pure Python and the C++ ledger, never the engine",
      ("latency", "tree_latency", "selector", "batch_latency", "controller")),
     ("steps", "one level's step: run state, step math, compile policy, buffers, token trees, the target's "
