@@ -90,3 +90,20 @@ def _saved(model: torch.nn.Module) -> bytes:
     buffer = io.BytesIO()
     torch.save(model, buffer)
     return buffer.getvalue()
+
+
+def test_a_cache_belongs_to_one_owner() -> None:
+    class Plain:
+        pass
+
+    class Slotted:
+        __slots__ = ("__weakref__",)
+
+    first = Plain()
+    attached(first, "steps")["key"] = "value"
+    by_hand = object.__new__(Plain)
+    by_hand.__dict__ = dict(first.__dict__)  # a shallow copy that shares the store object
+    assert attached(by_hand, "steps") == {} and attached(first, "steps") == {"key": "value"}
+    slotted = Slotted()  # no __dict__: kept in a weak table instead
+    attached(slotted, "steps")["key"] = "value"
+    assert attached(slotted, "steps") == {"key": "value"} and attached(Slotted(), "steps") == {}
