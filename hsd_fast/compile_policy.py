@@ -61,7 +61,7 @@ def compiled_step(step: Callable, device: torch.device) -> Callable:
     else:
         options["cpp_wrapper"] = CPP_WRAPPER
     compiled = torch.compile(own, fullgraph=True, dynamic=False, options=options)
-    weakref.finalize(compiled, _forget_graphs, code)
+    weakref.finalize(compiled, _forget_graphs, code).atexit = False  # at exit everything goes anyway
     return compiled
 
 

@@ -140,10 +140,10 @@ class DraftSteps:
         self.uses: dict[tuple[int, int, bool], int] = {}  # (block width, draft count, sampled) -> calls
         self.compiled: dict[tuple, Callable] | None = None  # (rows, slots, width, count, sampled) -> step
         if compile:  # the runner's graphs serve later runs, unless its weights changed since
-            kept = attached(self.runner, "draft steps")  # {"of": (fingerprint, {key: compiled step})}
-            if "of" not in kept or kept["of"][0] != fingerprint(self.runner):
-                kept["of"] = (fingerprint(self.runner), {})
-            self.compiled = kept["of"][1]
+            kept = attached(self.runner, "draft steps")  # the graphs, and the weights they were built for
+            if kept.get("fingerprint") != fingerprint(self.runner):
+                kept.update(fingerprint=fingerprint(self.runner), graphs={})
+            self.compiled = kept["graphs"]
         self.seconds = 0.0  # in the draft model's forwards
 
     def reserve(self, positions: int, expected: int = 0) -> bool:

@@ -159,8 +159,7 @@ def test_compiled_shared_sampling_draws_what_the_eager_steps_draw(four_letters) 
 
 def _compiled_draft_steps(draft: torch.nn.Module, vocab_size: int) -> list[tuple]:
     """The keys of the compiled steps kept for ``draft`` as a draft with another tokenizer."""
-    kept = attached(HFRunner.of(draft, vocab_size), "draft steps")
-    return list(kept["of"][1]) if "of" in kept else []
+    return list(attached(HFRunner.of(draft, vocab_size), "draft steps").get("graphs", {}))
 
 
 def _permuted(tok, model):
