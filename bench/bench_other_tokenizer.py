@@ -2,6 +2,9 @@
 corpus with a 4,096-entry BPE) through our byte bridge (``hsd_fast.OtherTokenizerDraft``), beside HF's
 own path for such a pair (``assistant_model=`` with ``tokenizer=`` / ``assistant_tokenizer=``,
 "universal assisted generation") and beside ``xs``, the same shape with the target's tokenizer.
+``xxs4k`` (the ``xxs`` shape on the same 4,096-entry tokenizer) drafts alone through the bridge, and
+under ``xs4k`` in their own tokenizer (``draft_tokenizers=[None, tok4k]``: a hierarchy inside the
+bridged level, ``other_tokenizer_chain``).
 
 The comparison the issue asks is of algorithms: ours over our no-draft decoding against HF's over its
 own ``generate``. One process, interleaved passes after a warm-up (``bench.timing.interleaved``), batch
@@ -11,7 +14,8 @@ draft_tokenizers=)``: the bridged draft profiled by replay, its calls timed per 
 the zoo's calibration windows, not on the prompts measured.
 Columns: ``agreement`` (of the drafts level 1 verified, the share it accepted),
 ``tokens_per_target_forward`` (new tokens per forward of the target), ``bridge_share`` (the byte
-bridge's host time over the run's wall time, ``HSDStats.bridge_seconds``). A row that raises (HF's
+bridge's host time over the run's wall time, ``HSDStats.bridge_seconds``), ``chain_kept`` (of the ids
+``xxs4k`` drafted under ``xs4k``, the share ``xs4k`` kept). A row that raises (HF's
 sampled path for such a pair does, on transformers 5.24) is reported, not timed. Greedy outputs
 are checked equal to HF ``generate``. Sampled, the bridged draft draws from the vocabulary it shares
 with the target (all of ``xs4k``'s), and one more row verifies its most likely ids as point masses
@@ -21,6 +25,7 @@ with the target (all of ``xs4k``'s), and one more row verifies its most likely i
     python bench/bench_other_tokenizer.py --sampled                 # temperature 0.8
     python bench/bench_other_tokenizer.py --twin [--sampled]        # the target's cost twin
     python bench/bench_other_tokenizer.py --twin --compile --select --T 2 3   # compiled, with the pick
+    python bench/bench_other_tokenizer.py --twin --draft-twin --compile --T 3    # xs4k costs a middle draft
 
 Writes bench/results/<stem>.{json,md}.
 """
@@ -45,8 +50,12 @@ from hsd_fast.zoo.calibration import read_calibration
 TITLE = "A draft with another tokenizer"
 COLUMNS = [
     "config", "tok_s", "x_hf", "x_ours_no_draft", "agreement", "tokens_per_target_forward", "bridge_share",
+    "chain_kept",
 ]  # fmt: skip
 TWIN_NOTE = " as its cost twin (hidden 768, 12 layers, MLP 2048; the same logits)"
+DRAFT_TWIN_NOTE = (
+    " as its cost twin (hidden 384, 8 layers, MLP 1024: the twin scenario's sm; the same logits)"
+)
 
 
 def _pick(target, xs4k, tok, tok4k, args, sampling: dict) -> hsd_fast.Hierarchy:
@@ -81,9 +90,17 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="our steps compiled (default: eager)")
     parser.add_argument("--T", type=int, nargs="+", default=[3, 5], help="block sizes of the bridged draft")
     parser.add_argument(
+        "--chain-T", type=int, default=3, help="block size of xxs4k under xs4k (the chained rows)"
+    )
+    parser.add_argument(
         "--twin",
         action="store_true",
         help="s as its cost twin (hidden 768, 12 layers, MLP 2048: same logits)",
+    )
+    parser.add_argument(
+        "--draft-twin",
+        action="store_true",
+        help="xs4k as a cost twin of a middle draft's size (hidden 384, 8 layers, MLP 1024: same logits)",
     )
     parser.add_argument("--select", action="store_true", help="add the selector's pick (xs4k a candidate)")
     parser.add_argument("--cache", type=Path, default=None, help="profile cache for --select (default: none)")
@@ -93,9 +110,11 @@ def main() -> None:
     torch.manual_seed(0)
 
     tok, tok4k = zoo.load_tokenizer(), zoo.load_tokenizer("xs4k")
-    target, xs, xs4k = zoo.load("s"), zoo.load("xs"), zoo.load("xs4k")
+    target, xs, xs4k, xxs4k = zoo.load("s"), zoo.load("xs"), zoo.load("xs4k"), zoo.load("xxs4k")
     if args.twin:  # the cost of a larger target, the same tokens and acceptance
         target = zoo.cost_twin(target, hidden_size=768, num_layers=12, intermediate_size=2048)
+    if args.draft_twin:  # a bridged draft that costs what a middle draft does: where a chain may pay
+        xs4k = zoo.cost_twin(xs4k, hidden_size=384, num_layers=8, intermediate_size=1024)
     sets = prompts(tok, args.prompt_len)
     n = args.max_new_tokens
     sampling = (
@@ -110,6 +129,10 @@ def main() -> None:
     }
     bridged = {"target_tokenizer": tok, "draft_tokenizers": [tok4k]}
 
+    def chained(t: int) -> dict:  # xxs4k drafting for xs4k in their tokenizer, xs4k crossing to s's
+        return {"target_tokenizer": tok, "draft_tokenizers": [None, tok4k], "drafts": [xxs4k, xs4k],
+                "T": [args.chain_T, t]}  # fmt: skip
+
     rows: dict[str, dict] = {
         "HF generate": {},
         "HF assisted, xs4k (assistant_tokenizer=, default schedule)": {
@@ -119,6 +142,9 @@ def main() -> None:
         "ours, no draft": ours,
         **{f"ours, xs4k (bridged) > s T=[{t}]": ours | bridged | {"drafts": [xs4k], "T": [t]}
            for t in args.T},
+        **{f"ours, xxs4k (bridged) > s T=[{t}]": ours | bridged | {"drafts": [xxs4k], "T": [t]}
+           for t in args.T},
+        **{f"ours, xxs4k > xs4k (bridged) > s T=[{args.chain_T}, {t}]": ours | chained(t) for t in args.T},
         "ours, xs > s T=[4] (the target's tokenizer)": ours | {"drafts": [xs], "T": [4]},
     }  # fmt: skip
     if args.sampled:  # the other sampled mode: the draft's most likely ids verified as point masses
@@ -163,14 +189,15 @@ def main() -> None:
             row["tokens_per_target_forward"] = tokens / sum(s.row_forwards[top] for s in stats)
             wall = sum(sum(s.wall_time) for s in stats)
             row["bridge_share"] = sum(s.bridge_seconds for s in stats) / wall if wall else None
+            drafted = sum(s.chain_drafted for s in stats)
+            row["chain_kept"] = sum(s.chain_accepted for s in stats) / drafted if drafted else None
         sequences = [o.sequences if hasattr(o, "sequences") else o for o in outputs[name]]
         if not args.sampled:
             row["equal_to_hf"] = [s.tolist() for s in sequences] == reference
         table.append(row)
         print({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
-    stem = args.stem or "other_tokenizer" + ("_twin" if args.twin else "") + "_cpu" + (
-        "_sampled" * args.sampled
-    )
+    twins = ("_twin" if args.twin else "") + ("_draft_twin" if args.draft_twin else "")
+    stem = args.stem or "other_tokenizer" + twins + "_cpu" + ("_sampled" * args.sampled)
     mode = "temperature 0.8" if args.sampled else "greedy"
     notes = [
         f"Target zoo s{TWIN_NOTE if args.twin else ''}, batch 1, {mode}, {n} new tokens after each of "
@@ -181,6 +208,8 @@ def main() -> None:
         "xs4k: the xs shape with the zoo's 4,096-entry tokenizer (whose ids are the first 4,096 of the "
         "target's 8,192: nested vocabularies, different splits); our bridge re-encodes bytes either way.",
     ]
+    if args.draft_twin:
+        notes.append(f"xs4k{DRAFT_TWIN_NOTE} in every row that uses it (HF's included).")
     notes += [f"{name}: not measured, it raised {error}" for name, error in failed.items()]
     meta = run_meta("cpu", passes=args.passes, max_new_tokens=n, sampled=args.sampled)
     write_results(stem, TITLE, notes, COLUMNS, table, meta)

@@ -140,3 +140,16 @@ def _piece_bytes(tokenizer, i: int, piece: str, style: str) -> bytes:
             return bytes([int(fallback.group(1), 16)])
         return piece.replace("▁", " ").encode("utf-8")
     return tokenizer.decode([i]).encode("utf-8")
+
+
+def common_prefix(a, b) -> int:
+    """How many leading items ``a`` and ``b`` (bytes or lists) share: a binary search over slice
+    comparisons, each a C-level compare, rather than a Python loop over a long stream."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low

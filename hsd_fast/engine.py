@@ -320,6 +320,7 @@ def run_hsd(
     if switcher is None:
         stats = logs[0][1].stats()
         stats.bridge_seconds = getattr(proposer, "bridge_seconds", 0.0)
+        stats.chain_drafted, stats.chain_accepted = getattr(proposer, "chain_counts", (0, 0))
     else:
         lifted = [log.stats().lifted(switcher.levels_of(c), len(runners)) for c, log in logs]
         stats = functools.reduce(operator.add, lifted)

@@ -108,8 +108,9 @@ def generate(
     Drafts with another tokenizer (docs/design.md, "Drafts with another tokenizer"):
     ``draft_tokenizers`` gives one tokenizer per draft (None: the tokenizer of the level above), with
     ``target_tokenizer`` the target's (HF drops ``tokenizer=`` and ``assistant_tokenizer=`` before it
-    calls this function). The first draft may have another tokenizer: it drafts in its own tokens and
-    proposes through a byte bridge, verified as point masses (exact, greedy or sampled).
+    calls this function). One level may have another tokenizer than the level above it: it drafts in
+    its own tokens and proposes through a byte bridge (exact, greedy or sampled); the drafts below it
+    share its tokenizer and draft for it in its own tokens.
     """
     dropped = _dropped_by_hf(sys._getframe(1))
     streamer = EndOnce.of(hsd_streamer)

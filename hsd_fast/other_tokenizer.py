@@ -42,11 +42,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from hsd_fast.bridge import TokenBytes, complete_prefix, shared_ids
-from hsd_fast.other_tokenizer_steps import DraftSteps, SharedSampling
+from hsd_fast.bridge import TokenBytes, common_prefix, complete_prefix, shared_ids
+from hsd_fast.other_tokenizer_chain import ChainSteps, chain_steps
+from hsd_fast.other_tokenizer_steps import SharedSampling
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.proposal_level import ProposalLevel, Proposals
 from hsd_fast.sampling_metadata import SamplingMetadata
+
+MAX_CHAIN_BLOCK = 64  # as the engine's MAX_BLOCK_SIZE (T= is checked against it first)
+"""The most ids a model under the draft drafts per verification (greedy agreement decides how many
+pay; past a few, they are thrown away)."""
 
 SHARED_SAMPLING_MIN = 0.5
 """The share of the draft's ids (those that spell text) that must each be one target id for a
@@ -61,17 +66,30 @@ class OtherTokenizerDraft(ProposalLevel):
     and ``wrap``). Both tokenizers must be HF fast tokenizers. ``shared_sampling``: how a sampled run
     verifies it (module doc): None (the default) draws from the shared vocabulary where the draft
     shares at least ``SHARED_SAMPLING_MIN`` of its ids with the target, else proposes point masses;
-    True / False force either."""
+    True / False force either. ``below``: smaller models in ``tokenizer``'s ids, smallest first,
+    that draft ``model``'s greedy ids for it (``other_tokenizer_chain``; ``block_sizes``: one per
+    model, the ids it drafts per verification by the next); the proposals stay the same, point
+    masses."""
 
     model: torch.nn.Module
     tokenizer: Any
     target_tokenizer: Any
     shared_sampling: bool | None = None  # sampled runs: True / False force the mode (module doc)
+    below: tuple[torch.nn.Module, ...] = ()  # models in ``tokenizer``'s ids drafting for ``model``
+    block_sizes: tuple[int, ...] = ()  # ids each of ``below`` drafts per verification by the next
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, torch.nn.Module):
             kind = type(self.model).__name__
             raise TypeError(f"OtherTokenizerDraft: model must be a torch.nn.Module, got {kind}")
+        object.__setattr__(self, "below", tuple(self.below))
+        object.__setattr__(self, "block_sizes", tuple(self.block_sizes))
+        _check_below(self.below, self.block_sizes, self.model)
+        if self.below and self.shared_sampling:
+            raise ValueError(
+                "OtherTokenizerDraft: a draft with models below it proposes its greedy ids (point "
+                "masses): shared_sampling=True needs it alone"
+            )
         for name in ("tokenizer", "target_tokenizer"):
             if not hasattr(getattr(self, name), "convert_ids_to_tokens"):
                 raise TypeError(
@@ -93,7 +111,7 @@ class OtherTokenizerDraft(ProposalLevel):
         """Whether a run samples from the shared vocabulary (module doc): where it samples, unless
         ``shared_sampling`` says otherwise, when the draft shares at least ``SHARED_SAMPLING_MIN``
         of its ids that spell text."""
-        if greedy or self.shared_sampling is False:
+        if greedy or self.shared_sampling is False or self.below:
             return False
         sources, _ = shared_ids(TokenBytes.of(self.tokenizer), TokenBytes.of(self.target_tokenizer))
         spelled = sum(piece is not None for piece in TokenBytes.of(self.tokenizer).table)
@@ -101,7 +119,26 @@ class OtherTokenizerDraft(ProposalLevel):
 
     @property
     def models(self) -> tuple[torch.nn.Module, ...]:
-        return (self.model,)
+        return (*self.below, self.model)
+
+
+def _check_below(below: tuple, block_sizes: tuple, model: torch.nn.Module) -> None:
+    """``below`` models, one block size each in [1, ``MAX_CHAIN_BLOCK``], no model twice (a model
+    holds one cache per run)."""
+    for i, m in enumerate(below):
+        if not isinstance(m, torch.nn.Module):
+            raise TypeError(
+                f"OtherTokenizerDraft: below[{i}] must be a torch.nn.Module, got {type(m).__name__}"
+            )
+    if len(block_sizes) != len(below) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 1 <= t <= MAX_CHAIN_BLOCK for t in block_sizes
+    ):
+        raise ValueError(
+            f"OtherTokenizerDraft: block_sizes needs one int in [1, {MAX_CHAIN_BLOCK}] per model in below "
+            f"({len(below)}), got {list(block_sizes)}"
+        )
+    if len({id(m) for m in (*below, model)}) != len(below) + 1:
+        raise ValueError("OtherTokenizerDraft: a model appears twice among model and below")
 
 
 @dataclass
@@ -130,7 +167,8 @@ class BridgedProposer:
     ) -> None:
         self.draft = TokenBytes.of(spec.tokenizer)
         self.target = TokenBytes.of(spec.target_tokenizer)
-        self.steps = DraftSteps(spec.model, len(self.draft.table), num_rows, compile)
+        models, vocab = (*spec.below, spec.model), len(self.draft.table)
+        self.steps = chain_steps(models, spec.block_sizes, vocab, num_rows, compile)
         # ids the draft's tokenizer puts before a text (a BOS): the draft's context starts with them
         self.lead = list(spec.tokenizer("", add_special_tokens=True)["input_ids"])
         self.draft_eos = {int(e) for e in _eos_ids(spec.model, spec.tokenizer)}
@@ -139,6 +177,11 @@ class BridgedProposer:
         self.shared = self._shared_sampling(sampling, temperature) if spec.draws_q(sampling.greedy) else None
         self.target_positions = 0  # the run's token buffer, in target ids (propose)
         self.bridge_seconds = 0.0  # host time in the bridge itself (encoding, bookkeeping)
+
+    @property
+    def chain_counts(self) -> tuple[int, int]:
+        """Ids the models under the draft drafted for it, and how many it kept (0, 0: none under it)."""
+        return (self.steps.drafted, self.steps.accepted) if isinstance(self.steps, ChainSteps) else (0, 0)
 
     @property
     def model_seconds(self) -> float:
@@ -243,7 +286,7 @@ class BridgedProposer:
         last (more bytes could merge into it), and the window after them is re-encoded; the draft's
         cache keeps the ids that did not change. False where the draft's tokenizer cannot spell it."""
         stream, old = row.stream, row.draft_stream
-        common = _common_prefix(old, stream)
+        common = common_prefix(old, stream)
         keep = bisect.bisect_right(row.draft_ends, common)  # ids wholly inside the common prefix
         if common < len(old) or common < len(stream):
             keep = max(keep - 1, 0)
@@ -257,7 +300,7 @@ class BridgedProposer:
         offsets = row.draft_ends[:keep] + [start] * len(lead)
         for n in self.draft.lengths(window):
             offsets.append(offsets[-1] + n if offsets else n)
-        row.fed = min(row.fed, _common_prefix(row.draft_ids, new_ids))
+        row.fed = min(row.fed, common_prefix(row.draft_ids, new_ids))
         del old[common:]  # the draft's stream becomes the row's: only what differs is copied
         old += stream[common:]
         row.draft_ids, row.draft_ends = new_ids, offsets
@@ -317,19 +360,6 @@ def _cut(row: _Row, n: int) -> None:
     if n < len(row.target_ends):
         del row.target_ends[n:]
         del row.stream[row.target_ends[-1] if row.target_ends else 0 :]
-
-
-def _common_prefix(a, b) -> int:
-    """How many leading items ``a`` and ``b`` (bytes or lists) share: a binary search over slice
-    comparisons, each a C-level compare, rather than a Python loop over a long stream."""
-    low, high = 0, min(len(a), len(b))
-    while low < high:
-        mid = (low + high + 1) // 2
-        if a[:mid] == b[:mid]:
-            low = mid
-        else:
-            high = mid - 1
-    return low
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer) -> list[int]:

@@ -98,6 +98,14 @@ def _draft_ids(
     return torch.stack(drafted, 1)
 
 
+def _most_likely_after_each(
+    runner: HFRunner, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor
+) -> torch.Tensor:
+    """The most likely id after each position of a block ``[B, L]``: ``[B, L]`` (a verification of
+    greedy proposals by the model, ``other_tokenizer_chain``)."""
+    return runner.forward(FedBlock(input_ids, positions, valid), input_ids.shape[1]).argmax(-1)
+
+
 def _sampled_draft_ids(
     runner: HFRunner,
     input_ids: torch.Tensor,  # [B, L]
@@ -195,13 +203,32 @@ class DraftSteps:
         self.seconds += time.perf_counter() - started
         return result
 
-    def _feed_heads(self, spans: dict[int, tuple[int, list[int]]]) -> dict[int, tuple[int, list[int]]]:
-        """Cache the first ``MAX_WIDTH`` ids of every span longer than that (eagerly, no LM head);
-        returns the spans left."""
-        heads = {r: (start, ids[:MAX_WIDTH]) for r, (start, ids) in spans.items() if len(ids) > MAX_WIDTH}
+    def verify(self, spans: dict[int, tuple[int, list[int]]], last: int) -> dict[int, list[int]]:
+        """Feed each row's span (as ``advance``) and return the model's most likely id after each of
+        its ``last`` ids (every span holds at least that many): the verification of greedy proposals
+        (``other_tokenizer_chain``)."""
+        started = time.perf_counter()
+        spans = dict(spans)
+        while max(len(ids) for _, ids in spans.values()) > MAX_WIDTH:
+            spans = self._feed_heads(spans, keep=last)
+        width = bucket(max(len(ids) for _, ids in spans.values()))
+        best = self._step(width, 0, False)(*self._block(spans, width)).tolist()  # the one host sync
+        self.seconds += time.perf_counter() - started
+        return {r: best[r][width - last :] for r in spans}
+
+    def _feed_heads(
+        self, spans: dict[int, tuple[int, list[int]]], keep: int = 0
+    ) -> dict[int, tuple[int, list[int]]]:
+        """Cache the first ``MAX_WIDTH`` ids of every span longer than that (eagerly, no LM head),
+        leaving at least ``keep`` ids of each; returns the spans left."""
+        heads = {
+            r: (start, ids[: min(MAX_WIDTH, len(ids) - keep)])
+            for r, (start, ids) in spans.items()
+            if len(ids) > MAX_WIDTH
+        }
         input_ids, positions, valid = self._block(heads, MAX_WIDTH)
         self.runner.forward(FedBlock(input_ids, positions, valid), 0)
-        rest = {r: (start + MAX_WIDTH, ids[MAX_WIDTH:]) for r, (start, ids) in heads.items()}
+        rest = {r: (start + len(head), spans[r][1][len(head) :]) for r, (start, head) in heads.items()}
         return spans | rest
 
     def _block(
@@ -219,18 +246,21 @@ class DraftSteps:
         return tuple(torch.from_numpy(a).to(self.device) for a in (input_ids, positions, valid))
 
     def _step(self, width: int, count: int, sampled: bool) -> Callable:
-        """The step of this block width and draft count (``sampled``: ``_sampled_draft_ids``):
-        compiled where the run compiles, the block is narrow and the shape has been used
-        ``COMPILE_AFTER_USES`` times; else eager."""
+        """The step of this block width and draft count (count 0: ``_most_likely_after_each``;
+        ``sampled``: ``_sampled_draft_ids``): compiled where the run compiles, the block is narrow
+        and the shape has been used ``COMPILE_AFTER_USES`` times; else eager."""
         shape = (width, count, sampled)
         self.uses[shape] = self.uses.get(shape, 0) + 1
-        eager = functools.partial(_sampled_draft_ids if sampled else _draft_ids, self.runner, count=count)
+        if count == 0:
+            eager = functools.partial(_most_likely_after_each, self.runner)
+        else:
+            eager = functools.partial(_sampled_draft_ids if sampled else _draft_ids, self.runner, count=count)
         if self.compiled is None or width > COMPILED_MAX_WIDTH:
             return eager
         key = (self.num_rows, self.capacity, *shape)
         if key not in self.compiled:
             if self.uses[shape] < COMPILE_AFTER_USES:
                 return eager
-            name = f"other-tokenizer draft {width}x{count}{' sampled' if sampled else ''}"
+            name = f"other-tokenizer draft {width}x{count or 'verify'}{' sampled' if sampled else ''}"
             self.compiled[key] = Compiling(compiled_step(eager, self.device), name, self.device)
         return self.compiled[key]

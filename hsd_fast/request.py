@@ -120,7 +120,8 @@ def resolve_levels(
     ``adapt`` (True, a policy, or an ``Adaptive``): ``drafts`` are candidates, ``trees`` the token
     trees a round may draft, and ``hierarchy`` (if given) the first round's hierarchy.
     ``draft_tokenizers`` (one per draft, None: the tokenizer of the level above) with
-    ``target_tokenizer``: a first draft with another tokenizer becomes an ``OtherTokenizerDraft``."""
+    ``target_tokenizer``: the draft with another tokenizer than the level above becomes an
+    ``OtherTokenizerDraft``, the drafts below it (in its tokenizer) its ``below`` (``bridged_drafts``)."""
     if assistant_model is not None:
         if drafts or hierarchy is not None:
             raise ValueError("assistant_model= is the one draft: give it in drafts= (last) instead")
@@ -128,7 +129,7 @@ def resolve_levels(
     if draft_tokenizers is not None:
         if adapt is not False or hierarchy is not None:
             raise ValueError("draft_tokenizers= goes with drafts=; adapt= and hierarchy= do not take it yet")
-        drafts = bridged_drafts(drafts, draft_tokenizers, target_tokenizer)
+        drafts, T = bridged_drafts(drafts, draft_tokenizers, target_tokenizer, T)
     if adapt is not False:
         return _adaptive_levels(drafts, T, tree, hierarchy, adapt, trees)
     if trees:
@@ -490,11 +491,13 @@ def _level_name(level: ProposalLevel) -> str:
     return "a lookup level" if isinstance(level, LookupDraft) else f"an {type(level).__name__}"
 
 
-def bridged_drafts(drafts, draft_tokenizers, target_tokenizer) -> list:
-    """``drafts`` with the first one wrapped as an ``OtherTokenizerDraft`` where
-    ``draft_tokenizers[0]`` is not the target's; every level above it must share the target's
-    tokenizer (None, or one with its vocabulary): a model level verifies in its own vocabulary, and
-    a boundary above level 0 is not supported yet."""
+def bridged_drafts(
+    drafts, draft_tokenizers, target_tokenizer, T: Sequence[int] | None = None
+) -> tuple[list, Sequence[int] | None]:
+    """``drafts`` and ``T`` with the level whose tokenizer differs from the one above it (one such
+    boundary at most) wrapped as an ``OtherTokenizerDraft``, the models below it (sharing its
+    tokenizer) in its ``below`` with their block sizes (``T``'s, else ``DEFAULT_T``). A level's
+    tokenizer is ``draft_tokenizers[i]``, or where that is None the tokenizer of the level above."""
     if isinstance(draft_tokenizers, (str, bytes)) or not isinstance(draft_tokenizers, Sequence):
         kind = type(draft_tokenizers).__name__
         raise TypeError(
@@ -506,9 +509,31 @@ def bridged_drafts(drafts, draft_tokenizers, target_tokenizer) -> list:
             f"{len(draft_tokenizers)} for {len(drafts) if isinstance(drafts, Sequence) else 1} drafts"
         )
     drafts = list(drafts)
-    for i in reversed(range(len(drafts))):  # top down: the highest offending level is named
+    boundary = _tokenizer_boundary(draft_tokenizers, target_tokenizer)
+    if boundary is None:
+        return drafts, T
+    for i, d in enumerate(drafts[: boundary + 1]):
+        if not isinstance(d, torch.nn.Module):
+            where = "is given for" if i == boundary else f"puts drafts[{boundary}]'s tokenizer on"
+            raise TypeError(
+                f"draft_tokenizers[{boundary}] {where} drafts[{i}], which is not a model: {d!r} (a "
+                "level at or below a tokenizer boundary must be a model in that tokenizer)"
+            )
+    sizes = [DEFAULT_T] * len(drafts) if T is None else check_block_sizes(T, len(drafts), "T")
+    bridged = OtherTokenizerDraft(
+        drafts[boundary], draft_tokenizers[boundary], target_tokenizer,
+        below=tuple(drafts[:boundary]), block_sizes=tuple(sizes[:boundary]),
+    )  # fmt: skip
+    return [bridged, *drafts[boundary + 1 :]], None if T is None else sizes[boundary:]
+
+
+def _tokenizer_boundary(draft_tokenizers: Sequence, target_tokenizer) -> int | None:
+    """The level whose tokenizer differs from the level's above it (None: every level shares the
+    target's); a ValueError where two levels do, or where the target's tokenizer is missing."""
+    boundary, above = None, target_tokenizer
+    for i in reversed(range(len(draft_tokenizers))):  # top down: the highest boundary is found first
         tok = draft_tokenizers[i]
-        if tok is None or (target_tokenizer is not None and same_tokenizer(tok, target_tokenizer)):
+        if tok is None or (above is not None and same_tokenizer(tok, above)):
             continue
         if target_tokenizer is None:
             raise ValueError(
@@ -516,17 +541,13 @@ def bridged_drafts(drafts, draft_tokenizers, target_tokenizer) -> list:
                 "target_tokenizer= (target.generate(custom_generate=hsd_fast.generate, ...)) or "
                 "tokenizer= (hsd_fast.wrap)"
             )
-        if i > 0:
+        if boundary is not None:
             raise ValueError(
-                f"draft_tokenizers[{i}] differs from the tokenizer of the level above it: only the first "
-                "(smallest) draft may have another tokenizer (it proposes through the byte bridge)"
+                f"draft_tokenizers[{i}] differs from draft_tokenizers[{boundary}] above it: a hierarchy "
+                "crosses one tokenizer boundary at most (the levels below it share its tokenizer)"
             )
-        if not isinstance(drafts[0], torch.nn.Module):
-            raise TypeError(
-                f"draft_tokenizers[0] is given for drafts[0], which is not a model: {drafts[0]!r}"
-            )
-        drafts[0] = OtherTokenizerDraft(drafts[0], tok, target_tokenizer)
-    return drafts
+        boundary, above = i, tok
+    return boundary
 
 
 def check_input_ids(input_ids, model_kwargs: dict) -> None:

@@ -48,6 +48,10 @@ class HSDStats:
     # a draft with another tokenizer: host seconds of its byte bridge (encoding both ways, keeping the
     # two token domains in step), inside level 0's wall time; its model's forwards are not counted
     bridge_seconds: float = 0.0
+    # models under that draft, in its tokenizer (other_tokenizer_chain): ids they drafted for it and
+    # how many of those it kept (the ids below its top model; the top's own verification only)
+    chain_drafted: int = 0
+    chain_accepted: int = 0
 
     def __post_init__(self) -> None:
         n = self.num_levels
@@ -105,12 +109,12 @@ class HSDStats:
             raise ValueError(f"cannot add stats of {self.num_levels} and {other.num_levels} levels")
         total = HSDStats(self.num_levels)
         total.hierarchies = [*self.hierarchies, *other.hierarchies]
-        total.look_seconds = self.look_seconds + other.look_seconds
-        total.probe_seconds = self.probe_seconds + other.probe_seconds
-        total.bridge_seconds = self.bridge_seconds + other.bridge_seconds
+        scalars = ("look_seconds", "probe_seconds", "bridge_seconds", "chain_drafted", "chain_accepted")
+        for name in scalars:
+            setattr(total, name, getattr(self, name) + getattr(other, name))
         for f in fields(self):
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if f.name in ("num_levels", "hierarchies", "look_seconds", "probe_seconds", "bridge_seconds"):
+            if f.name in ("num_levels", "hierarchies", *scalars):
                 continue
             if mine and isinstance(mine[0], list):
                 setattr(total, f.name, [_summed(a, b) for a, b in zip(mine, theirs, strict=True)])
@@ -179,6 +183,11 @@ class HSDStats:
         if self.bridge_seconds:
             lines.append(
                 f"byte bridge (another tokenizer at level 0): {self.bridge_seconds:.3f} s of host time"
+            )
+        if self.chain_drafted:
+            lines.append(
+                f"models under the bridged draft: {self.chain_accepted} of {self.chain_drafted} drafted ids "
+                f"kept ({self.chain_accepted / self.chain_drafted:.0%})"
             )
         return "\n".join(lines)
 

@@ -141,7 +141,7 @@ def wrap(
     ``tree``, ``adapt`` and ``trees`` as in ``hsd_fast.generate``; ``assistant_model``, as in HF's
     assisted generation: ``drafts=[assistant_model]``. ``tokenizer``: the target's (the default for
     ``stop_strings``); with ``draft_tokenizers`` (one per draft, None: the tokenizer of the level
-    above) the first draft may have another tokenizer (``hsd_fast.generate``)."""
+    above) one draft may have another tokenizer than the level above it (``hsd_fast.generate``)."""
     return HSDModel(
         target,
         drafts,

@@ -1,6 +1,7 @@
-"""The zoo's second tokenizer: `xs4k`, a draft in `xs`'s shape over a byte-level BPE of 4096 entries of
-its own (`zoo/tokenizer_4096`), loads with that tokenizer by name, stays out of the family and continues
-code; the shared tokenizer (8192 entries) stays the default for every other name."""
+"""The zoo's second tokenizer: `xs4k` and `xxs4k`, drafts in `xs`'s and `xxs`'s shapes over a byte-level
+BPE of 4096 entries of its own (`zoo/tokenizer_4096`), load with that tokenizer by name, stay out of
+the family and continue code; the shared tokenizer (8192 entries) stays the default for every other
+name."""
 
 import json
 from pathlib import Path
@@ -9,7 +10,14 @@ import pytest
 import torch
 
 from hsd_fast import zoo
-from hsd_fast.zoo.build import CPU_STEPS, LEARNING_RATES, OWN_TOKENIZER, _training_record, read_manifest
+from hsd_fast.zoo.build import (
+    CPU_STEPS,
+    LEARNING_RATES,
+    OWN_TOKENIZER,
+    SHAPE_OF,
+    _training_record,
+    read_manifest,
+)
 from hsd_fast.zoo.train import TrainConfig
 
 pytestmark = pytest.mark.hf
@@ -69,35 +77,40 @@ def test_the_manifest_describes_its_tokenizer(tokenizer, shared) -> None:
         assert tokenizer.convert_ids_to_tokens(same) != shared.convert_ids_to_tokens(same)
     assert set(record["sources"]) == set(manifest["corpus"]["sources"])
     assert "## xs4k" in (REPO_ZOO / "README.md").read_text()
+    assert "## xxs4k" in (REPO_ZOO / "README.md").read_text()
+    assert manifest["models"]["xxs4k"]["tokenizer"] == directory
 
 
 def test_load_tokenizer_by_model_name() -> None:
     for name in zoo.names(variants=True):
-        assert len(zoo.load_tokenizer(name)) == (4096 if name == "xs4k" else 8192), name
+        assert len(zoo.load_tokenizer(name)) == (4096 if name in OWN_TOKENIZER else 8192), name
     with pytest.raises(ValueError, match="no zoo model 'giant'"):
         zoo.load_tokenizer("giant")
 
 
 def test_it_stays_out_of_the_family() -> None:
     """Code that builds hierarchies from `zoo.names()` never meets a draft with another vocabulary."""
-    assert "xs4k" not in zoo.names() and "xs4k" in zoo.names(variants=True)
+    for name in ("xxs4k", "xs4k"):
+        assert name not in zoo.names() and name in zoo.names(variants=True)
+        assert not zoo.in_family(read_manifest(REPO_ZOO)["models"][name])
     assert zoo.names()[-1] == "s"
     assert zoo.in_family(read_manifest(REPO_ZOO)["models"]["s"])
-    assert not zoo.in_family(read_manifest(REPO_ZOO)["models"]["xs4k"])
 
 
-def test_the_model_matches_its_tokenizer_and_record(model, tokenizer) -> None:
+@pytest.mark.parametrize("name", ["xxs4k", "xs4k"])
+def test_the_model_matches_its_tokenizer_and_record(name, tokenizer) -> None:
+    model = zoo.load(name)
     assert model.config.vocab_size == len(tokenizer) == 4096
-    assert tuple(model.get_input_embeddings().weight.shape) == (4096, 128)
-    assert model.config.eos_token_id == model.config.pad_token_id == tokenizer.eos_token_id
     fields = ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "intermediate_size")
-    xs = json.loads((zoo.zoo_dir() / "xs" / "config.json").read_text())
-    assert [getattr(model.config, f) for f in fields] == [xs[f] for f in fields]
-    record = read_manifest(REPO_ZOO)["models"]["xs4k"]
+    shape = json.loads((zoo.zoo_dir() / SHAPE_OF[name] / "config.json").read_text())
+    assert tuple(model.get_input_embeddings().weight.shape) == (4096, shape["hidden_size"])
+    assert model.config.eos_token_id == model.config.pad_token_id == tokenizer.eos_token_id
+    assert [getattr(model.config, f) for f in fields] == [shape[f] for f in fields]
+    record = read_manifest(REPO_ZOO)["models"][name]
     assert record["params"] == sum(p.numel() for p in model.parameters())
     assert record["grown_from"] is None and "variant_of" not in record  # from scratch
-    config = TrainConfig("xs4k", CPU_STEPS["xs4k"], lr=LEARNING_RATES["xs4k"])
-    assert record["steps"] == CPU_STEPS["xs4k"]
+    config = TrainConfig(name, CPU_STEPS[name], lr=LEARNING_RATES[name])
+    assert record["steps"] == CPU_STEPS[name]
     assert record["training"] == json.loads(json.dumps(_training_record(config, "cpu")))
 
 

@@ -481,8 +481,8 @@ def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, no
     if not args.eager:
         configs.append(cfg.hf_compiled(scenario.target, sampling, n))
     for draft_name, draft in scenario.drafts.items():
-        if draft_name in scenario.exits:
-            continue  # HF's own early exit below stands for these
+        if draft_name in scenario.exits or getattr(draft, "below", ()):
+            continue  # HF's own early exit below stands for exits; HF has no chain of drafts
         if draft_name in _bridged(scenario) and not _hf_runs(
             cfg.hf_assisted(scenario.target, draft_name, draft, sampling, 2), prompts, draft_name, notes
         ):

@@ -113,25 +113,40 @@ def twin_scenario() -> Scenario:
     return scenario
 
 
+CHAIN_T = 3
+"""The block size of ``xxs4k`` under ``xs4k`` in the tokenizers scenario."""
+
+
 def tokenizers_scenario() -> Scenario:
     """The cost twin's target with two drafts of one shape: ``xs`` on the target's tokenizer and
-    ``xs4k`` on a tokenizer of its own, bridged (docs/design.md, "Drafts with another tokenizer")."""
+    ``xs4k`` on a tokenizer of its own, bridged (docs/design.md, "Drafts with another tokenizer"),
+    alone and with ``xxs4k`` drafting for it in their tokenizer (a hierarchy inside the bridged level,
+    block size ``CHAIN_T``)."""
     from hsd_fast import zoo
 
     scenario = twin_scenario()
-    other = OtherTokenizerDraft(zoo.load("xs4k"), zoo.load_tokenizer("xs4k"), zoo.load_tokenizer())
+    tok4k, tok = zoo.load_tokenizer("xs4k"), zoo.load_tokenizer()
+    xs4k = zoo.load("xs4k")
+    chained = OtherTokenizerDraft(xs4k, tok4k, tok, below=(zoo.load("xxs4k"),), block_sizes=(CHAIN_T,))
     scenario.name = "tokenizers"
-    scenario.drafts = {"xs4k": other, "xs": scenario.drafts["xs"]}
+    scenario.drafts = {
+        "xs4k": OtherTokenizerDraft(xs4k, tok4k, tok), "xs4k+xxs4k": chained, "xs": scenario.drafts["xs"]
+    }  # fmt: skip
     scenario.description = (
-        f"{scenario.description}; drafts xs and xs4k (xs's shape on a 4,096-entry tokenizer of its own, "
-        "through the byte bridge)"
+        f"{scenario.description}; drafts xs, xs4k (xs's shape on a 4,096-entry tokenizer of its own, "
+        f"through the byte bridge) and xs4k+xxs4k (xxs4k drafting {CHAIN_T} ids per xs4k verification in "
+        "their tokenizer, xs4k bridged)"
     )
     return scenario
 
 
 def draft_models(scenario: Scenario) -> list[torch.nn.Module]:
-    """Every draft's model (a bridged draft's included), in order."""
-    return [d.model if isinstance(d, OtherTokenizerDraft) else d for d in scenario.drafts.values()]
+    """Every draft's models (a bridged draft's included, with those under it), in order."""
+    return [
+        m
+        for d in scenario.drafts.values()
+        for m in (d.models if isinstance(d, OtherTokenizerDraft) else (d,))
+    ]
 
 
 def tiny_scenario(seed: int = 0) -> Scenario:

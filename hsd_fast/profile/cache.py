@@ -388,6 +388,9 @@ class ProfileCache:
             kind, level = "lookup", f"{spec.max_ngram}-{spec.min_ngram} T{max_T}"
         else:
             draft = f"{model_identity(spec.model)} {tokenizer_identity(spec.tokenizer)}"
+            draft += "".join(
+                f" over {model_identity(m)} T{t}" for m, t in zip(spec.below, spec.block_sizes, strict=True)
+            )
             kind, level = "bridged", f"{draft} to {tokenizer_identity(spec.target_tokenizer)} T{max_T}"
         shared = " shared" if spec.draws_q(greedy) else ""  # drawn from a shared vocabulary: q handed up
         lengths, rates = self._replayed(

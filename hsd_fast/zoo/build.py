@@ -71,17 +71,18 @@ EXIT_WEIGHTS = {"se": linear_exit_weights(SIZES["s"].num_layers, final=0.4)}
 # it; the model's manifest record names it). The model is trained from scratch (no zoo model shares its ids
 # to grow from) on the corpus in that tokenizer's ids, and stays out of the family (`zoo.names()`): it
 # cannot draft for the family token for token.
-OWN_TOKENIZER = {"xs4k": "tokenizer_4096"}
+OWN_TOKENIZER = {"xxs4k": "tokenizer_4096", "xs4k": "tokenizer_4096"}
 TOKENIZER_VOCAB = {"tokenizer": 8192, "tokenizer_4096": 4096}  # directory under zoo/ -> entries
-SHAPE_OF = {"xs4k": "xs"}
+SHAPE_OF = {"xxs4k": "xxs", "xs4k": "xs"}
 # Steps of 16 x 256 tokens per size, sized for the 2-core CPU machine (~8 minutes for xxs from scratch;
 # an se step computes the head six times: ~2x an s step; an xs4k step: ~0.45 s on 2 threads, 0.7 on 1).
 # xs4k takes as many steps as xs has seen with its parent (1000 + 250): the two drafts of one shape, on
 # two tokenizers, compare at equal training.
 CPU_STEPS = {"xxs": 1000, "xs": 250, "sm": 250, "s": 250, "m": 250, "l": 250, "se": 160, "xs4k": 1250}
+CPU_STEPS["xxs4k"] = CPU_STEPS["xxs"]  # a draft for xs4k in their tokenizer, trained as xxs is
 LEARNING_RATES = {"xxs": 3e-3, "xs": 1.5e-3, "sm": 1.5e-3, "s": 1.5e-3, "m": 1e-3, "l": 1e-3, "se": 1e-3}
-LEARNING_RATES["xs4k"] = 3e-3  # from scratch, as xxs
-DEFAULT_SIZES = ("xxs", "xs", "sm", "s", "se", "xs4k")
+LEARNING_RATES["xs4k"] = LEARNING_RATES["xxs4k"] = 3e-3  # from scratch, as xxs
+DEFAULT_SIZES = ("xxs", "xs", "sm", "s", "se", "xxs4k", "xs4k")
 
 
 def read_manifest(zoo_dir: Path) -> dict:

@@ -256,6 +256,13 @@ def _own_tokenizer_lines(manifest: dict, name: str, shared: list[str]) -> list[s
     header = ["name", "tokenizer", "params", "grown from", "tokens seen", "train time", "device"]
     header += [*(f"val loss {s}" for s in sources), "int8 argmax agreement"]
     counts = mine["sources"].values()
+    corpus = record.get("corpus")  # a model built from other text than the recorded corpus says so
+    tokens_sha = corpus["tokens_sha256"] if corpus else mine["tokens_sha256"]
+    differs = (
+        f" Its corpus text (sha256 `{corpus['text_sha256']}`) is not the recorded one: {corpus['differs']}."
+        if corpus
+        else ""
+    )
     return [
         f"## {name}: a draft on another tokenizer",
         "",
@@ -269,8 +276,8 @@ def _own_tokenizer_lines(manifest: dict, name: str, shared: list[str]) -> list[s
         f"{training['lr']}, otherwise as the family (below), on the corpus in its tokenizer's ids "
         f"({sum(c['train'] for c in counts) / 1e6:.2f} M training tokens, "
         f"{sum(c['val'] for c in counts) / 1e3:.1f} k validation; token arrays sha256 "
-        f"`{mine['tokens_sha256']}`). It is not in `zoo.names()` (it cannot draft for the family token for "
-        "token; `names(variants=True)` lists it). " + nested + ".",
+        f"`{tokens_sha}`). It is not in `zoo.names()` (it cannot draft for the family token for "
+        "token; `names(variants=True)` lists it). " + nested + "." + differs,
         "",
         *markdown_table(header, rows),
         "",
