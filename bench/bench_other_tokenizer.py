@@ -4,7 +4,7 @@ own path for such a pair (``assistant_model=`` with ``tokenizer=`` / ``assistant
 "universal assisted generation") and beside ``xs``, the same shape with the target's tokenizer.
 ``xxs4k`` (the ``xxs`` shape on the same 4,096-entry tokenizer) drafts alone through the bridge, and
 under ``xs4k`` in their own tokenizer (``draft_tokenizers=[None, tok4k]``: a hierarchy inside the
-bridged level, ``other_tokenizer_chain``).
+bridged level, ``other_tokenizer_chain``), as does the lookup level over ``xs4k``'s ids.
 
 The comparison the issue asks is of algorithms: ours over our no-draft decoding against HF's over its
 own ``generate``. One process, interleaved passes after a warm-up (``bench.timing.interleaved``), batch
@@ -15,7 +15,7 @@ the zoo's calibration windows, not on the prompts measured.
 Columns: ``agreement`` (of the drafts level 1 verified, the share it accepted),
 ``tokens_per_target_forward`` (new tokens per forward of the target), ``bridge_share`` (the byte
 bridge's host time over the run's wall time, ``HSDStats.bridge_seconds``), ``chain_kept`` (of the ids
-``xxs4k`` drafted under ``xs4k``, the share ``xs4k`` kept). A row that raises (HF's
+``xxs4k`` or the lookup level drafted under ``xs4k``, the share ``xs4k`` kept). A row that raises (HF's
 sampled path for such a pair does, on transformers 5.24) is reported, not timed. Greedy outputs
 are checked equal to HF ``generate``. Sampled, the bridged draft draws from the vocabulary it shares
 with the target (all of ``xs4k``'s), and one more row verifies its most likely ids as point masses
@@ -129,9 +129,10 @@ def main() -> None:
     }
     bridged = {"target_tokenizer": tok, "draft_tokenizers": [tok4k]}
 
-    def chained(t: int) -> dict:  # xxs4k drafting for xs4k in their tokenizer, xs4k crossing to s's
-        return {"target_tokenizer": tok, "draft_tokenizers": [None, tok4k], "drafts": [xxs4k, xs4k],
-                "T": [args.chain_T, t]}  # fmt: skip
+    def chained(t: int, below=xxs4k, below_t: int = args.chain_T) -> dict:
+        """``below`` drafting for xs4k in their tokenizer, xs4k crossing to the target's."""
+        return {"target_tokenizer": tok, "draft_tokenizers": [None, tok4k], "drafts": [below, xs4k],
+                "T": [below_t, t]}  # fmt: skip
 
     rows: dict[str, dict] = {
         "HF generate": {},
@@ -145,6 +146,7 @@ def main() -> None:
         **{f"ours, xxs4k (bridged) > s T=[{t}]": ours | bridged | {"drafts": [xxs4k], "T": [t]}
            for t in args.T},
         **{f"ours, xxs4k > xs4k (bridged) > s T=[{args.chain_T}, {t}]": ours | chained(t) for t in args.T},
+        **{f"ours, lookup > xs4k (bridged) > s T=[4, {t}]": ours | chained(t, "lookup", 4) for t in args.T},
         "ours, xs > s T=[4] (the target's tokenizer)": ours | {"drafts": [xs], "T": [4]},
     }  # fmt: skip
     if args.sampled:  # the other sampled mode: the draft's most likely ids verified as point masses

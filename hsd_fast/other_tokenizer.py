@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from hsd_fast.bridge import TokenBytes, common_prefix, complete_prefix, shared_ids
+from hsd_fast.lookup import LookupDraft, as_lookup
 from hsd_fast.other_tokenizer_chain import ChainSteps, chain_steps
 from hsd_fast.other_tokenizer_steps import SharedSampling
 from hsd_fast.processors import LogitsTransform
@@ -66,23 +67,23 @@ class OtherTokenizerDraft(ProposalLevel):
     and ``wrap``). Both tokenizers must be HF fast tokenizers. ``shared_sampling``: how a sampled run
     verifies it (module doc): None (the default) draws from the shared vocabulary where the draft
     shares at least ``SHARED_SAMPLING_MIN`` of its ids with the target, else proposes point masses;
-    True / False force either. ``below``: smaller models in ``tokenizer``'s ids, smallest first,
-    that draft ``model``'s greedy ids for it (``other_tokenizer_chain``; ``block_sizes``: one per
-    model, the ids it drafts per verification by the next); the proposals stay the same, point
-    masses."""
+    True / False force either. ``below``: smaller models in ``tokenizer``'s ids, smallest first (the
+    first may be the lookup level, ``"lookup"`` or a ``LookupDraft``), that draft ``model``'s greedy
+    ids for it (``other_tokenizer_chain``; ``block_sizes``: one per level, the ids it drafts per
+    verification by the next); the proposals stay the same, point masses."""
 
     model: torch.nn.Module
     tokenizer: Any
     target_tokenizer: Any
     shared_sampling: bool | None = None  # sampled runs: True / False force the mode (module doc)
-    below: tuple[torch.nn.Module, ...] = ()  # models in ``tokenizer``'s ids drafting for ``model``
+    below: tuple[torch.nn.Module | LookupDraft, ...] = ()  # drafting for ``model`` in ``tokenizer``'s ids
     block_sizes: tuple[int, ...] = ()  # ids each of ``below`` drafts per verification by the next
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, torch.nn.Module):
             kind = type(self.model).__name__
             raise TypeError(f"OtherTokenizerDraft: model must be a torch.nn.Module, got {kind}")
-        object.__setattr__(self, "below", tuple(self.below))
+        object.__setattr__(self, "below", tuple(as_lookup(b) or b for b in self.below))
         object.__setattr__(self, "block_sizes", tuple(self.block_sizes))
         _check_below(self.below, self.block_sizes, self.model)
         if self.below and self.shared_sampling:
@@ -119,16 +120,17 @@ class OtherTokenizerDraft(ProposalLevel):
 
     @property
     def models(self) -> tuple[torch.nn.Module, ...]:
-        return (*self.below, self.model)
+        return (*(m for m in self.below if not isinstance(m, LookupDraft)), self.model)
 
 
 def _check_below(below: tuple, block_sizes: tuple, model: torch.nn.Module) -> None:
-    """``below`` models, one block size each in [1, ``MAX_CHAIN_BLOCK``], no model twice (a model
-    holds one cache per run)."""
+    """``below``: models (the first may be the lookup level), one block size each in [1,
+    ``MAX_CHAIN_BLOCK``], no model twice (a model holds one cache per run)."""
     for i, m in enumerate(below):
-        if not isinstance(m, torch.nn.Module):
+        if not isinstance(m, torch.nn.Module) and not (i == 0 and isinstance(m, LookupDraft)):
             raise TypeError(
-                f"OtherTokenizerDraft: below[{i}] must be a torch.nn.Module, got {type(m).__name__}"
+                f"OtherTokenizerDraft: below[{i}] must be a torch.nn.Module (below[0] may be the lookup "
+                f"level), got {m!r}"
             )
     if len(block_sizes) != len(below) or not all(
         isinstance(t, int) and not isinstance(t, bool) and 1 <= t <= MAX_CHAIN_BLOCK for t in block_sizes
@@ -137,7 +139,8 @@ def _check_below(below: tuple, block_sizes: tuple, model: torch.nn.Module) -> No
             f"OtherTokenizerDraft: block_sizes needs one int in [1, {MAX_CHAIN_BLOCK}] per model in below "
             f"({len(below)}), got {list(block_sizes)}"
         )
-    if len({id(m) for m in (*below, model)}) != len(below) + 1:
+    models = [m for m in (*below, model) if isinstance(m, torch.nn.Module)]
+    if len({id(m) for m in models}) != len(models):
         raise ValueError("OtherTokenizerDraft: a model appears twice among model and below")
 
 
@@ -167,11 +170,11 @@ class BridgedProposer:
     ) -> None:
         self.draft = TokenBytes.of(spec.tokenizer)
         self.target = TokenBytes.of(spec.target_tokenizer)
-        models, vocab = (*spec.below, spec.model), len(self.draft.table)
-        self.steps = chain_steps(models, spec.block_sizes, vocab, num_rows, compile)
         # ids the draft's tokenizer puts before a text (a BOS): the draft's context starts with them
         self.lead = list(spec.tokenizer("", add_special_tokens=True)["input_ids"])
         self.draft_eos = {int(e) for e in _eos_ids(spec.model, spec.tokenizer)}
+        levels, vocab = (*spec.below, spec.model), len(self.draft.table)
+        self.steps = chain_steps(levels, spec.block_sizes, vocab, num_rows, compile, sorted(self.draft_eos))
         self.target_eos = int(sampling.eos_ids[0]) if sampling.eos_ids.numel() else None
         self.rows = [_Row() for _ in range(num_rows)]
         self.shared = self._shared_sampling(sampling, temperature) if spec.draws_q(sampling.greedy) else None

@@ -513,11 +513,12 @@ def bridged_drafts(
     if boundary is None:
         return drafts, T
     for i, d in enumerate(drafts[: boundary + 1]):
-        if not isinstance(d, torch.nn.Module):
+        if not isinstance(d, torch.nn.Module) and not (i == 0 < boundary and as_lookup(d)):
             where = "is given for" if i == boundary else f"puts drafts[{boundary}]'s tokenizer on"
             raise TypeError(
                 f"draft_tokenizers[{boundary}] {where} drafts[{i}], which is not a model: {d!r} (a "
-                "level at or below a tokenizer boundary must be a model in that tokenizer)"
+                "level at or below a tokenizer boundary must be a model in that tokenizer, or under "
+                "it the lookup level, first)"
             )
     sizes = [DEFAULT_T] * len(drafts) if T is None else check_block_sizes(T, len(drafts), "T")
     bridged = OtherTokenizerDraft(

@@ -3,21 +3,25 @@ the draft's tokenizer draft its greedy ids for it. The chain decodes exactly the
 would (checked step by step against ``DraftSteps``, with rows whose ids change between calls), so a
 run's proposals, stats and output are those of the draft alone; ``draft_tokenizers`` with a boundary
 above level 0 builds it on both API paths; sampled runs stay exact (point masses; a planted bug
-fails the same test); bad chains are refused."""
+fails the same test); the selector prices a chained draft as one level; bad chains are refused."""
 
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
 from hf_models import noisy_copy, tiny_model
 from planted_bugs import proposals_verified_as_drafts
 from test_other_tokenizer import _greedy, _sampled, four_letters, tokenizers  # noqa: F401 (fixtures)
+from test_profile import FakeClock
 
 import hsd_fast
+from hsd_fast.latency import BridgedCost
 from hsd_fast.other_tokenizer_chain import ChainSteps, chain_steps
 from hsd_fast.other_tokenizer_steps import DraftSteps
+from hsd_fast.profile import ProfileCache, ProfileNoiseWarning
 from hsd_fast.testing.exactness import pooled_chi_square
 
 pytestmark = pytest.mark.hf
@@ -71,6 +75,14 @@ def test_a_lower_model_equal_to_the_top_has_every_proposal_kept() -> None:
     assert chain.accepted == chain.drafted > 0
 
 
+def test_the_lookup_level_under_the_top_keeps_its_ids() -> None:
+    """The lookup level at the bottom of a chain: 0..k proposals per row from the row's own ids."""
+    top, _ = _draft_pair()
+    chain = chain_steps([hsd_fast.LookupDraft(2, 1), top], [3], VOCAB, 3, compile=False, eos_ids=[0])
+    _calls_as_the_bridge_makes_them(DraftSteps(copy.deepcopy(top), VOCAB, 3, compile=False), chain)
+    assert chain.drafted > 0
+
+
 def test_a_chain_of_three_decodes_as_its_top() -> None:
     top, middle = _draft_pair()
     bottom = noisy_copy(middle, 0.3, seed=12)
@@ -104,6 +116,12 @@ def test_a_boundary_above_level_0_gives_the_targets_greedy_on_both_paths(tokeniz
     assert chained.hsd_stats.accepted == alone.hsd_stats.accepted
     assert 0 < chained.hsd_stats.chain_accepted < chained.hsd_stats.chain_drafted
     assert "models under the bridged draft" in chained.hsd_stats.summary()
+    looked_up = _greedy(target, ids, drafts=["lookup", top], draft_tokenizers=[None, draft_tok], **run)
+    assert looked_up.sequences.tolist() == expected.tolist()
+    assert (
+        looked_up.hsd_stats.accepted
+        == _greedy(target, ids, drafts=[top], draft_tokenizers=[draft_tok], **run).hsd_stats.accepted
+    )  # T=4 for both: the same proposals
     wrapped = hsd_fast.wrap(
         target, [below, top], T=[3, 4], tokenizer=target_tok, draft_tokenizers=[draft_tok, draft_tok]
     )
@@ -161,8 +179,10 @@ def test_bad_chains_are_refused(tokenizers) -> None:  # noqa: F811
     call |= {"target_tokenizer": target_tok}
     with pytest.raises(ValueError, match="one tokenizer boundary at most"):
         target.generate(ids, drafts=[below, top], draft_tokenizers=[target_tok, draft_tok], **call)
-    with pytest.raises(TypeError, match=r"drafts\[0\], which is not a model"):
-        target.generate(ids, drafts=["lookup", top], draft_tokenizers=[None, draft_tok], **call)
+    with pytest.raises(TypeError, match=r"drafts\[1\], which is not a model"):
+        target.generate(ids, drafts=[below, "lookup", top], draft_tokenizers=[None, None, draft_tok], **call)
+    with pytest.raises(TypeError, match=r"below\[1\] must be a torch.nn.Module"):
+        hsd_fast.OtherTokenizerDraft(top, draft_tok, target_tok, below=[below, "lookup"], block_sizes=[2, 2])
     with pytest.raises(ValueError, match="one block size per draft"):
         target.generate(ids, drafts=[below, top], T=[2], draft_tokenizers=[None, draft_tok], **call)
     with pytest.raises(ValueError, match="block_sizes needs one int"):
@@ -171,3 +191,33 @@ def test_bad_chains_are_refused(tokenizers) -> None:  # noqa: F811
         hsd_fast.OtherTokenizerDraft(top, draft_tok, target_tok, below=[top], block_sizes=[2])
     with pytest.raises(ValueError, match="shared_sampling=True"):
         hsd_fast.OtherTokenizerDraft(top, draft_tok, target_tok, True, below=[below], block_sizes=[2])
+
+
+def test_select_hierarchy_prices_a_chained_draft_as_one_level(tokenizers) -> None:  # noqa: F811
+    """A chained draft is one candidate, profiled as any draft with another tokenizer: its rates are
+    its top model's (the same proposals), its calls are timed with the chain inside. On a fake clock
+    where the model under the top costs a tenth of it and always agrees, a call drafting 4 ids costs
+    less than the top's alone."""
+    target_tok, draft_tok = tokenizers
+    target = tiny_model("llama", vocab_size=len(target_tok), lm_head_scale=2.0)
+    top, _ = _draft_pair()
+    below = copy.deepcopy(top)
+    clock = FakeClock()
+    for model, scale in ((top, 1), (below, 0.1), (target, 40)):
+        clock.attach(model, scale=scale)
+    texts = ["the cat sat on the mat and", "in there we went to the end", "at the end of the line we"]
+    prompts = torch.tensor([target_tok(t).input_ids[:24] for t in texts])  # [3, 24]
+    common = {"prompts": prompts, "clock": clock, "progress": False, "max_T": 4, "min_gain": 0.0}
+    alone = hsd_fast.OtherTokenizerDraft(top, draft_tok, target_tok)
+    chained = hsd_fast.OtherTokenizerDraft(top, draft_tok, target_tok, below=[below], block_sizes=[3])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ProfileNoiseWarning)
+        picks = [
+            hsd_fast.select_hierarchy(target, [spec], cache=ProfileCache(), **common)
+            for spec in (alone, chained)
+        ]
+    (alone_cost, chained_cost), (alone_rates, chained_rates) = zip(
+        *((p.profile.costs[0], p.profile.alpha[0][1]) for p in picks), strict=True
+    )
+    assert chained_rates == alone_rates
+    assert isinstance(chained_cost, BridgedCost) and chained_cost.draft(4) < alone_cost.draft(4)

@@ -389,7 +389,7 @@ class ProfileCache:
         else:
             draft = f"{model_identity(spec.model)} {tokenizer_identity(spec.tokenizer)}"
             draft += "".join(
-                f" over {model_identity(m)} T{t}" for m, t in zip(spec.below, spec.block_sizes, strict=True)
+                f" over {_level_key(m)} T{t}" for m, t in zip(spec.below, spec.block_sizes, strict=True)
             )
             kind, level = "bridged", f"{draft} to {tokenizer_identity(spec.target_tokenizer)} T{max_T}"
         shared = " shared" if spec.draws_q(greedy) else ""  # drawn from a shared vocabulary: q handed up
@@ -520,3 +520,10 @@ def _aside(path: Path) -> Path:
     while aside.exists():
         aside, n = path.with_name(f"{path.name}.corrupt-{stamp}-{n}"), n + 1
     return aside
+
+
+def _level_key(level: torch.nn.Module | LookupDraft) -> str:
+    """A model's identity, or the lookup level's settings, in a profile key."""
+    if isinstance(level, LookupDraft):
+        return f"lookup {level.max_ngram}-{level.min_ngram}"
+    return model_identity(level)
