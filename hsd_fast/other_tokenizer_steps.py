@@ -205,8 +205,9 @@ class DraftSteps:
 
     def verify(self, spans: dict[int, tuple[int, list[int]]], last: int) -> dict[int, list[int]]:
         """Feed each row's span (as ``advance``) and return the model's most likely id after each of
-        its ``last`` ids (every span holds at least that many): the verification of greedy proposals
-        (``other_tokenizer_chain``)."""
+        the block's last ``last`` columns (spans are right-aligned: for a span shorter than that, the
+        first entries belong to no id of it, so callers read the tail): the verification of greedy
+        proposals (``other_tokenizer_chain``)."""
         started = time.perf_counter()
         spans = dict(spans)
         while max(len(ids) for _, ids in spans.values()) > MAX_WIDTH:
