@@ -43,16 +43,13 @@ import numpy as np
 import torch
 
 from hsd_fast.bridge import TokenBytes, common_prefix, complete_prefix, shared_ids
+from hsd_fast.engine import MAX_BLOCK_SIZE
 from hsd_fast.lookup import LookupDraft, as_lookup
 from hsd_fast.other_tokenizer_chain import ChainSteps, chain_steps
 from hsd_fast.other_tokenizer_steps import SharedSampling
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.proposal_level import ProposalLevel, Proposals
 from hsd_fast.sampling_metadata import SamplingMetadata
-
-MAX_CHAIN_BLOCK = 64  # as the engine's MAX_BLOCK_SIZE (T= is checked against it first)
-"""The most ids a model under the draft drafts per verification (greedy agreement decides how many
-pay; past a few, they are thrown away)."""
 
 SHARED_SAMPLING_MIN = 0.5
 """The share of the draft's ids (those that spell text) that must each be one target id for a
@@ -125,7 +122,7 @@ class OtherTokenizerDraft(ProposalLevel):
 
 def _check_below(below: tuple, block_sizes: tuple, model: torch.nn.Module) -> None:
     """``below``: models (the first may be the lookup level), one block size each in [1,
-    ``MAX_CHAIN_BLOCK``], no model twice (a model holds one cache per run)."""
+    ``MAX_BLOCK_SIZE``], no model twice (a model holds one cache per run)."""
     for i, m in enumerate(below):
         if not isinstance(m, torch.nn.Module) and not (i == 0 and isinstance(m, LookupDraft)):
             raise TypeError(
@@ -133,10 +130,10 @@ def _check_below(below: tuple, block_sizes: tuple, model: torch.nn.Module) -> No
                 f"level), got {m!r}"
             )
     if len(block_sizes) != len(below) or not all(
-        isinstance(t, int) and not isinstance(t, bool) and 1 <= t <= MAX_CHAIN_BLOCK for t in block_sizes
+        isinstance(t, int) and not isinstance(t, bool) and 1 <= t <= MAX_BLOCK_SIZE for t in block_sizes
     ):
         raise ValueError(
-            f"OtherTokenizerDraft: block_sizes needs one int in [1, {MAX_CHAIN_BLOCK}] per model in below "
+            f"OtherTokenizerDraft: block_sizes needs one int in [1, {MAX_BLOCK_SIZE}] per model in below "
             f"({len(below)}), got {list(block_sizes)}"
         )
     models = [m for m in (*below, model) if isinstance(m, torch.nn.Module)]

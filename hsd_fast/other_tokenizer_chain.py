@@ -81,13 +81,13 @@ class ChainSteps:
 
     @property
     def capacity(self) -> int:
-        """Positions every level can take before one needs a larger cache (the overshoot held back)."""
+        """Positions every level can take before one needs a larger cache (the overshoot held back;
+        a chain below holds back its own)."""
         return min(self.top.capacity, self.lower.capacity) - self.overshoot
 
     @property
     def overshoot(self) -> int:
-        below = self.lower.overshoot if isinstance(self.lower, ChainSteps) else 0
-        return self.block_size + 1 + below
+        return self.block_size + 1
 
     def fits(self, positions: int) -> bool:
         return self.top.fits(positions + self.overshoot) and self.lower.fits(positions + self.overshoot)

@@ -75,6 +75,15 @@ def test_complete_prefix_stops_at_an_unfinished_or_broken_character() -> None:
     assert complete_prefix(b"ab\xffcd") == 2
 
 
+def padded_batch(tok, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``texts`` as a left-padded batch (id 0) and its attention mask, both [B, L]."""
+    rows = [tok(t).input_ids for t in texts]
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
 def _greedy(model, ids, **kwargs):
     kwargs.setdefault("attention_mask", torch.ones_like(ids))  # id 0 is a character here, not padding
     return model.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None, **kwargs)
@@ -103,10 +112,8 @@ def test_greedy_in_a_padded_batch_with_an_eos_under_a_second_draft(tokenizers) -
     middle = tiny_model("llama", vocab_size=len(target_tok), layers=2, seed=5)
     draft = tiny_model("llama", vocab_size=len(draft_tok), layers=2, seed=3)
     texts = ["the cat sat on the mat", "in there", "at the end of the line we stop"]
-    rows = [target_tok(t).input_ids for t in texts]
-    width = max(map(len, rows))
-    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    ids, mask = padded_batch(target_tok, texts)
+    width = ids.shape[1]
     free = _greedy(target, ids, attention_mask=mask)
     eos = int(free[1, width + 5])  # row 1 stops there (or earlier)
     kwargs = {"attention_mask": mask, "eos_token_id": eos, "pad_token_id": 0}
@@ -126,10 +133,7 @@ def test_compiled_draft_steps_in_a_padded_batch_equal_the_targets_greedy(tokeniz
     target = tiny_model("llama", vocab_size=len(target_tok), lm_head_scale=2.0)
     draft = tiny_model("llama", vocab_size=len(draft_tok), layers=2, seed=3)
     draft.generation_config.eos_token_id = len(draft_tok) - 1  # a merged pair ends the draft's text
-    rows = [target_tok(t).input_ids for t in ["the cat sat on the mat", "in there", "at the end"]]
-    width = max(map(len, rows))
-    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    ids, mask = padded_batch(target_tok, ["the cat sat on the mat", "in there", "at the end"])
     expected = _greedy(target, ids, attention_mask=mask)
     out = _greedy(
         target, ids, attention_mask=mask, custom_generate=hsd_fast.generate, drafts=[draft], T=[3],

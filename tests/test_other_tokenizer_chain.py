@@ -14,7 +14,7 @@ import pytest
 import torch
 from hf_models import noisy_copy, tiny_model
 from planted_bugs import proposals_verified_as_drafts
-from test_other_tokenizer import _greedy, _sampled, four_letters, tokenizers  # noqa: F401 (fixtures)
+from test_other_tokenizer import _greedy, _sampled, four_letters, padded_batch, tokenizers  # noqa: F401 (fixtures)
 from test_profile import FakeClock
 
 import hsd_fast
@@ -135,10 +135,7 @@ def test_a_chained_draft_under_a_middle_level_in_a_padded_batch(tokenizers) -> N
     target = tiny_model("llama", vocab_size=len(target_tok), lm_head_scale=2.0)
     middle = tiny_model("llama", vocab_size=len(target_tok), layers=2, seed=5)
     top, below = _draft_pair()
-    rows = [target_tok(t).input_ids for t in ["the cat sat on the mat", "in there", "at the end of it"]]
-    width = max(map(len, rows))
-    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    ids, mask = padded_batch(target_tok, ["the cat sat on the mat", "in there", "at the end of it"])
     expected = _greedy(target, ids, attention_mask=mask)
     out = _greedy(
         target, ids, attention_mask=mask, custom_generate=hsd_fast.generate, drafts=[below, top, middle],
