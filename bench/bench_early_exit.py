@@ -1,6 +1,6 @@
 """Early-exit levels (``hsd_fast.EarlyExit``) against the zoo's separate drafts and HF's own
-``assistant_early_exit``, on a target trained for exits (zoo ``se``; ``--target s`` for the
-untrained one).
+``assistant_early_exit``, on a target trained for exits (zoo ``se``, ``s`` trained on; ``--target sx``
+for ``s``'s shape trained from scratch with the exit loss; ``--target s`` for the untrained one).
 
 Ours (one process, interleaved passes after warm-up, ``bench.timing.interleaved``): no draft, each
 single level (lookup, xxs, xs, exit 1-3), and chains of two or three; each chain's block sizes are the
@@ -17,6 +17,7 @@ its ``generate``). Greedy outputs are checked equal to the target's own.
     python bench/bench_early_exit.py --cache /tmp/ee_twin.json --twin --stem early_exit_twin_cpu
     python bench/bench_early_exit.py --cache /tmp/c.json --twin --compile --few \
         --stem early_exit_twin_compiled_cpu
+    python bench/bench_early_exit.py --target sx --cache /tmp/sx.json --stem early_exit_sx_cpu
 
 Writes bench/results/<stem>.{json,md}.
 """
@@ -67,7 +68,9 @@ def prompts(tokenizer, prompt_len: int) -> list[tuple[str, torch.Tensor]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--target", default="se", help="zoo target (default se, trained for exits)")
+    parser.add_argument(
+        "--target", default="se", help="zoo target (default se, trained for exits; sx: from scratch)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--passes", type=int, default=2)

@@ -37,6 +37,7 @@ from hsd_fast.latency import (
     expected_latency,
     sharing_the_cache,
     verify_tokens,
+    verifying_costs,
 )
 from hsd_fast.layout import bucket
 from hsd_fast.schedule import draft_count, drafts_wanted
@@ -69,7 +70,7 @@ def batch_latency(
             f"{len(costs) - 1} draft level(s) need as many alphas and T, got {len(alphas)} and {len(T)}"
         )
     rng = random.Random(seed)
-    costs = sharing_the_cache(costs)
+    costs = sharing_the_cache(verifying_costs(costs))
     per_token = [
         _run_seconds(costs, alphas, T, rows, max_new_tokens, rng) / max_new_tokens for _ in range(runs)
     ]

@@ -218,7 +218,9 @@ class LatencyController:
                 )
             index.append(found[0])
         index.append(len(profile.candidates) - 1)  # the target
-        costs = [profile.costs[i] for i in index]
+        # an adaptive run recomputes an exit's layers in its verifier (the layers' K/V below the exit
+        # are not kept across hierarchies): every verification at its full cost
+        costs = [_without_reuse(profile.costs[i]) for i in index]
         alpha = [[profile.alpha[i][j] for j in index] for i in index]
         return cls(costs, alpha, **kwargs)
 
@@ -606,3 +608,8 @@ def _predicted(cost: Cost, level: int, size: int) -> float:
     if level == 0:
         return draft_seconds(cost, max(size, 1))
     return cost(size)
+
+
+def _without_reuse(cost: Cost) -> Cost:
+    """``cost`` without the verifications from its hidden states an exit's profile lists."""
+    return replace(cost, reused_by=()) if getattr(cost, "reused_by", ()) else cost

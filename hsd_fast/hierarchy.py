@@ -108,12 +108,14 @@ def select_hierarchy(
     models = [m for m in everything if not isinstance(m, ProposalLevel)]
     context = context or prompts.shape[1]
     transform, greedy = generation_sampling(target, **generation_kwargs)
+    crowds = crowd_bytes(models)
     costs = [
         cache.costs(m, context, compile, transform, greedy, batch, crowd_bytes=crowd, clock=clock)
-        for m, crowd in zip(
-            tqdm(models, desc="step costs", disable=not progress), crowd_bytes(models), strict=True
-        )
+        for m, crowd in zip(tqdm(models, desc="step costs", disable=not progress), crowds, strict=True)
     ]
+    # an exit's verifier starts from its hidden states in a fixed hierarchy: priced as it runs
+    timing = {"context": context, "compile": compile, "transform": transform, "greedy": greedy}
+    costs = cache.with_exit_reuse(models, costs, crowds, **timing, batch=batch, clock=clock)
     run = {"new_tokens": max_new_tokens}  # rates on text as long as the run (profile.run_text)
     alpha = cache.acceptance(models, prompts, transform, greedy, progress, generation_kwargs, **run)
     present = [i for i, c in enumerate(everything) if not isinstance(c, ProposalLevel)]  # in costs

@@ -300,6 +300,18 @@ def level_outcomes(
     return outcomes
 
 
+def verifying_costs(levels: Sequence[Cost]) -> list[Cost]:
+    """The levels' costs as each verifies the level below it: where that level is an early exit the
+    level verifies from its hidden states (the exit's cost lists this level's cost, by identity, in
+    ``reused_by``), what that verification costs instead (docs/design.md, "Early-exit levels");
+    otherwise, and at level 0, the level's own."""
+    out = list(levels[:1])
+    for below, cost in itertools.pairwise(levels):
+        reused = (verify for upper, verify in getattr(below, "reused_by", ()) if upper is cost)
+        out.append(next(reused, cost))
+    return out
+
+
 def sharing_the_cache(levels: Sequence[Cost]) -> list[Cost]:
     """The levels' costs as a run pays them: where two or more models take turns (a lookup level has
     no weights), each model's step runs right after the others' and finds its weights pushed out of
@@ -315,7 +327,7 @@ def expected_latency(costs: Sequence[Cost], alphas: Sequence[Acceptance], T: Seq
     taken as the levels share the cache (``sharing_the_cache``)."""
     if len(costs) == 1:
         return decode_seconds(costs[0])
-    costs = sharing_the_cache(costs)
+    costs = sharing_the_cache(verifying_costs(costs))
     below = level_outcomes(costs, alphas, T)[-1]
     verify = _verify_seconds(costs, T, len(costs) - 1, below)
     return (below.cost + verify) / below.mean(lambda b: expected_gain(alphas[-1], b))
@@ -335,6 +347,7 @@ def fixed_block_latency(costs: Sequence[Cost], alphas: Sequence[Acceptance], T: 
     _check(costs, alphas, T)
     if len(costs) == 1:
         return decode_seconds(costs[0])
+    costs = verifying_costs(costs)
     produce = draft_seconds(costs[0], T[0])  # seconds for level 0 to produce its block
     block = block_sizes(costs[0], T[0])
     for i in range(1, len(costs)):

@@ -34,6 +34,7 @@ from hsd_fast.latency import (
     expected_latency,
     first_verify_seconds,
     mean_gain,
+    verifying_costs,
 )
 
 
@@ -116,9 +117,10 @@ def _verify_and_gain(costs, alpha, chain, m: int) -> tuple[float, float]:
     """Expected seconds of m's verification of the block ``chain`` returns, and expected gain: the
     block is T' for a chain of models, random for a lookup level alone."""
     below, t_below = chain[-1]
+    above = verifying_costs([costs[below], costs[m]])[1]  # from an exit's hidden states, if it is one
     if len(chain) > 1:
-        return costs[m](t_below + 1), expected_gain(alpha[below][m], t_below)
-    verify = first_verify_seconds(costs[m], costs[below], t_below)
+        return above(t_below + 1), expected_gain(alpha[below][m], t_below)
+    verify = first_verify_seconds(above, costs[below], t_below)
     return verify, mean_gain(alpha[below][m], block_sizes(costs[below], t_below))
 
 

@@ -12,20 +12,15 @@ greedy check here and by that chi-square.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from unittest import mock
-
 import pytest
 import torch
 from arch_configs import tiny_model as family_model
-from exit_levels import NEW, deep_model, hsd, prompts
+from exit_levels import NEW, counted, deep_model, hsd, prompts
 from planted_bugs import exit_not_caught_up
 
 from hsd_fast import exit_reuse
 from hsd_fast.doctor import early_exit_line
 from hsd_fast.early_exit import EarlyExit
-from hsd_fast.hf_runner import HFRunner
 
 pytestmark = pytest.mark.hf
 
@@ -37,30 +32,6 @@ def deep() -> torch.nn.Module:
 
 def _prompts(model, count: int = 3) -> list[torch.Tensor]:
     return prompts(model, count, seed=5)
-
-
-@contextlib.contextmanager
-def _counted(layer: torch.nn.Module, exit_level: torch.nn.Module) -> Iterator[dict[str, int]]:
-    """Counts the block columns fed through ``layer`` and through the runner forwards of
-    ``exit_level``, while active."""
-    counts = {"layer": 0, "exit": 0}
-    forward = HFRunner.forward
-
-    def count_exit(runner, block, *args, **kwargs):
-        if runner.model is exit_level:
-            counts["exit"] += block.input_ids.numel()
-        return forward(runner, block, *args, **kwargs)
-
-    def count_layer(module, args, kwargs) -> None:
-        states = next(v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor))
-        counts["layer"] += states.shape[0] * states.shape[1]  # [B, L, H]
-
-    handle = layer.register_forward_pre_hook(count_layer, with_kwargs=True)
-    try:
-        with mock.patch.object(HFRunner, "forward", count_exit):
-            yield counts
-    finally:
-        handle.remove()
 
 
 # ----------------------------------------------------------------------------- which pairs reuse
@@ -99,7 +70,7 @@ def test_the_target_verifies_from_the_exits_hidden_states(deep) -> None:
     for reuse in (True, False):
         exit_level = EarlyExit(deep, 2, reuse=reuse)
         hsd(deep, ids, drafts=[exit_level], T=[3])  # warm: prepared, probed
-        with _counted(deep.model.layers[0], exit_level) as counts[reuse]:
+        with counted(deep.model.layers[0], exit_level) as counts[reuse]:
             assert hsd(deep, ids, drafts=[exit_level], T=[3]).tolist() == expected
     assert counts[True]["layer"] == counts[True]["exit"] > 0
     assert counts[False]["layer"] > counts[False]["exit"] > 0

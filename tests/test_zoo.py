@@ -2,6 +2,7 @@
 greedy output; the corpus split, the token file and the trainer behave; the build finds its sources,
 regenerates the calibration windows, and the package ships exactly what loading reads."""
 
+import argparse
 import copy
 import dataclasses
 import fnmatch
@@ -25,6 +26,8 @@ from hsd_fast.cli import main
 from hsd_fast.zoo import card, corpus
 from hsd_fast.zoo.build import (
     CPU_STEPS,
+    DEFAULT_SIZES,
+    EXIT_STRIDE,
     EXIT_WEIGHTS,
     LEARNING_RATES,
     _training_record,
@@ -34,6 +37,7 @@ from hsd_fast.zoo.build import (
     write_calibration,
 )
 from hsd_fast.zoo.calibration import read_calibration
+from hsd_fast.zoo.commands import add_parser
 from hsd_fast.zoo.corpus import (
     Document,
     MissingSourcesError,
@@ -47,6 +51,7 @@ from hsd_fast.zoo.corpus import (
 from hsd_fast.zoo.models import SIZES, load_int8, new_model, save_int8
 from hsd_fast.zoo.train import (
     TrainConfig,
+    config_record,
     exit_logits,
     exit_loss,
     exit_losses,
@@ -209,6 +214,26 @@ def test_exit_loss_weighs_every_layers_exit() -> None:
         assert torch.allclose(loss, sum(w * x for w, x in zip(weights, losses, strict=True)), atol=1e-6)
 
 
+def test_exit_stride_scores_the_early_exits_on_every_strideth_position() -> None:
+    """Over the ``stride`` offsets the strided loss averages to the full one (the last layer is
+    scored everywhere at each), one offset is not it, and the gradient reaches every layer."""
+    model = new_model(SIZES["xs"], vocab_size=300, seed=1)  # 4 layers
+    batch = torch.randint(0, 300, (2, 17), generator=torch.Generator().manual_seed(0))  # 16 positions
+    weights = linear_exit_weights(4, final=0.4)
+    with torch.no_grad():
+        full = exit_loss(model, batch, weights)
+        strided = [exit_loss(model, batch, weights, stride=4, offset=o) for o in range(4)]
+        assert torch.allclose(sum(strided) / 4, full, atol=1e-5)
+        assert not torch.allclose(strided[1], full, atol=1e-4)
+        last_only = exit_loss(model, batch, (0, 0, 0, 1.0), stride=4)
+        assert torch.allclose(last_only, lm_loss(model, batch), atol=1e-6)
+    exit_loss(model, batch, weights, stride=4, offset=2).backward()
+    assert all(layer.mlp.down_proj.weight.grad.abs().sum() > 0 for layer in model.model.layers)
+    # recorded only where set: records of models trained before the option existed are unchanged
+    assert "exit_stride" not in config_record(TrainConfig("xs", 1, exit_weights=weights))
+    assert config_record(TrainConfig("xs", 1, exit_weights=weights, exit_stride=4))["exit_stride"] == 4
+
+
 def test_trainer_with_exit_weights_logs_every_exit(tokenizer) -> None:
     weights = linear_exit_weights(2, final=0.5)
     config = TrainConfig("xxs", steps=3, batch_size=2, seq_len=32, warmup=1, exit_weights=weights)
@@ -222,7 +247,7 @@ def test_se_is_s_trained_for_early_exits() -> None:
     """`se` loads by name but stays out of the family (`names()`: the default target is still `s`);
     its record is what `zoo build` would train again, and the exit loss bought better exits."""
     se = zoo.load("se")
-    assert "se" not in zoo.names() and zoo.names(variants=True)[-1] == "se"
+    assert "se" not in zoo.names() and "se" in zoo.names(variants=True)
     fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
     assert [getattr(se.config, f) for f in fields] == [getattr(zoo.load("s").config, f) for f in fields]
     models = read_manifest(REPO_ZOO)["models"]
@@ -240,6 +265,41 @@ def test_se_is_s_trained_for_early_exits() -> None:
     exits = read_manifest(REPO_ZOO)["exits"]
     assert exits["se"]["drafts"][-5:] == exits["s"]["drafts"] == [f"exit {k}" for k in range(1, 6)]
     assert exits["se"]["greedy"][-5] > exits["s"]["greedy"][0]  # exit 1
+
+
+def test_sx_is_s_shape_trained_from_scratch_for_early_exits() -> None:
+    """`sx` stays out of the family, its record is what `zoo build` would train again (from scratch,
+    exits scored on every 4th position), and its early exits from layer 2 on agree with it more than
+    any separately trained zoo model does, greedy and sampled (what the exit loss from scratch buys:
+    `s`'s exits owe their agreement to its growth from the smaller sizes)."""
+    sx = zoo.load("sx")
+    assert "sx" not in zoo.names() and "sx" in zoo.names(variants=True)
+    fields = ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size")
+    assert [getattr(sx.config, f) for f in fields] == [getattr(zoo.load("s").config, f) for f in fields]
+    models = read_manifest(REPO_ZOO)["models"]
+    record = models["sx"]
+    assert record["grown_from"] is None and record["variant_of"] == "s"
+    assert record["params"] == models["s"]["params"] and record["steps"] == CPU_STEPS["sx"]
+    config = TrainConfig(
+        "sx",
+        CPU_STEPS["sx"],
+        lr=LEARNING_RATES["sx"],
+        exit_weights=EXIT_WEIGHTS["sx"],
+        exit_stride=EXIT_STRIDE["sx"],
+    )
+    assert record["training"] == json.loads(json.dumps(_training_record(config, "cpu")))
+    exits = read_manifest(REPO_ZOO)["exits"]["sx"]
+    family = ["xxs", "xs", "sm", "s"]
+    assert exits["drafts"] == [*family, *(f"exit {k}" for k in range(1, 6))]
+    for key in ("greedy", "sum_min_t1"):
+        best_model = max(exits[key][: len(family)])
+        assert all(rate > best_model for rate in exits[key][len(family) + 1 :]), key  # exits 2..5
+
+
+def test_zoo_build_builds_every_default_size_by_default() -> None:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    assert tuple(parser.parse_args(["zoo", "build"]).sizes) == DEFAULT_SIZES
 
 
 def test_new_model_draws_from_its_own_generator() -> None:

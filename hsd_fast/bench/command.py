@@ -335,10 +335,13 @@ def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> tuple[
     transform, greedy = generation_sampling(scenario.target, **sampling)
     context = _prompt_tokens(scenario) + args.max_new_tokens // 2
     desc = f"step costs{'' if args.eager else ' (compiled)'}, batch {batch}"
+    crowds = crowd_bytes(models)
     costs = [
         cache.costs(m, context, not args.eager, transform, greedy, batch, crowd_bytes=crowd)
-        for m, crowd in zip(tqdm(models, desc=desc), crowd_bytes(models), strict=True)
+        for m, crowd in zip(tqdm(models, desc=desc), crowds, strict=True)
     ]
+    timing = {"context": context, "compile": not args.eager, "transform": transform, "greedy": greedy}
+    costs = cache.with_exit_reuse(models, costs, crowds, **timing, batch=batch)  # exits' verifiers
     run = {"new_tokens": args.max_new_tokens}  # rates on text as long as the runs (profile.run_text)
     alpha = cache.acceptance(
         models, scenario.calibration, transform, greedy, generation_kwargs=sampling, **run

@@ -68,14 +68,15 @@ EXITS = (1, 2, 3)  # the early-exit levels of the `exits` scenario (its target h
 
 
 def exits_scenario() -> Scenario:
-    """The zoo's drafts and early exits of a target trained for them (``se``, where the zoo has it;
-    ``s`` otherwise): ``xxs``, ``xs``, then ``exit1``.. (``hsd_fast.EarlyExit(target, k)``), which
-    cost more than ``xs`` and less than the target (docs/design.md, "Early-exit levels")."""
+    """The zoo's drafts and early exits of a target trained for them (``sx``, trained from scratch
+    with the exit loss, else ``se``, where the zoo has them; ``s`` otherwise): ``xxs``, ``xs``, then
+    ``exit1``.. (``hsd_fast.EarlyExit(target, k)``), which cost more than ``xs`` and less than the
+    target (docs/design.md, "Early-exit levels")."""
     from hsd_fast import zoo
     from hsd_fast.early_exit import EarlyExit
 
     scenario = zoo_scenario()
-    name = "se" if "se" in zoo.names(variants=True) else "s"
+    name = next((n for n in ("sx", "se") if n in zoo.names(variants=True)), "s")
     target = zoo.load(name) if name != "s" else scenario.target
     scenario.name = "exits"
     scenario.target = target

@@ -25,6 +25,7 @@ sees half a file), and a failed write (a read-only home) is a warning.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -40,6 +41,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from hsd_fast.early_exit import exit_of
+from hsd_fast.exit_reuse import refusal
 from hsd_fast.latency import Acceptance, BridgedCost, LookupCost
 from hsd_fast.lookup import LookupDraft
 from hsd_fast.processors import LogitsTransform
@@ -50,7 +53,9 @@ from hsd_fast.profile.costs import (
     CostProfile,
     anchor_seconds,
     forward_costs,
+    reuse_costs,
     timing_environment,
+    without_layers,
 )
 from hsd_fast.proposal_level import ProposalLevel
 
@@ -229,17 +234,21 @@ class ProfileCache:
         greedy: bool = True,
         batch: int = 1,
         crowd_bytes: int = 0,
+        below: torch.nn.Module | None = None,
         **kwargs,
     ) -> CostProfile:
         """``model``'s step costs at ``context`` cached tokens, on the path ``generate`` takes
         (compiled or not, greedy or sampled under ``transform``), for ``batch`` rows; with
         ``crowd_bytes`` (the other candidates' weights), also timed after that much memory went
-        through the cache (``CostProfile.crowded``)."""
+        through the cache (``CostProfile.crowded``). With ``below``, an early exit of ``model``: its
+        verification steps from the exit's hidden states (``reuse_costs``; no draft steps)."""
         transform = transform or LogitsTransform()
         compile = compile and not transform.needs_prefixes  # processors called per position run eagerly
         p = next(model.parameters())
+        identity = model_identity(model)
+        identity = identity if below is None else f"{model_identity(below)}>{identity}"  # a pair's
         key = (
-            f"cost {model_identity(model)} {p.device.type} {str(p.dtype).removeprefix('torch.')} {context} "
+            f"cost {identity} {p.device.type} {str(p.dtype).removeprefix('torch.')} {context} "
             f"{'compiled' if compile else 'eager'} {sampling_key(transform, greedy)}{_batch_key(batch)}"
             f"{f' crowd {crowd_bytes}' if crowd_bytes else ''} [{timing_environment(p.device)}]"
         )
@@ -252,7 +261,7 @@ class ProfileCache:
         )
         shipped = usable and key in self._shipped and _is_number(entry.get("anchor"))
         if not shipped and not (usable and self._same_speed(entry, p.device, clock)):
-            profile = forward_costs(
+            profile = (forward_costs if below is None else functools.partial(reuse_costs, exit_model=below))(
                 model,
                 context=context,
                 compile=compile,
@@ -273,6 +282,35 @@ class ProfileCache:
         scale = self._anchor(p.device, clock) / entry["anchor"] if shipped else 1.0
         crowded = _scaled(_cost_profile(entry["crowded"]), scale) if crowd_bytes else None
         return replace(_scaled(_cost_profile(entry), scale), crowded=crowded)
+
+    def with_exit_reuse(
+        self, models: Sequence[torch.nn.Module], costs: Sequence[CostProfile], crowds: Sequence[int], **kwargs
+    ) -> list[CostProfile]:
+        """``costs`` (one per model of ``models``, as ``costs`` timed them with ``kwargs``) with each
+        early exit's ``reused_by`` filled in, for every other model that verifies it from its hidden
+        states (``exit_reuse.refusal``): that model's cost and what such a verification costs. The
+        target's is timed (``costs(target, below=exit)``, with the target's ``crowds`` entry); a deeper
+        exit's is derived from it (``without_layers``: the target's minus the layers the deeper exit
+        lacks), which saves compiling a step per pair of exits. Deeper exits first, so a shallow exit
+        names the final cost object of a deeper exit above it."""
+        out = list(costs)
+        origin = [exit_of(m) for m in models]
+        for low in sorted(range(len(models)), key=lambda i: -(origin[i] or (None, 0))[1]):
+            if origin[low] is None:
+                continue
+            target = next((i for i, m in enumerate(models) if m is origin[low][0]), None)
+            if target is None or refusal(models[low], models[target]) is not None:
+                continue
+            timed = self.costs(models[target], crowd_bytes=crowds[target], below=models[low], **kwargs)
+            deeper = [
+                i
+                for i, o in enumerate(origin)
+                if o is not None and o[0] is origin[low][0] and refusal(models[low], models[i]) is None
+            ]
+            reused = [(out[target], timed)]
+            reused += [(out[i], without_layers(timed, costs[target], costs[i])) for i in deeper]
+            out[low] = replace(out[low], reused_by=tuple(reused))
+        return out
 
     def _anchor(self, device: torch.device, clock) -> float:
         """``anchor_seconds`` on ``device``, timed once per cache (per process, in practice)."""

@@ -52,6 +52,10 @@ class CostProfile:
     # the same steps timed after other models' weights went through the cache (``forward_costs``'s
     # ``crowd_bytes``): what a step costs in a chain of several models (docs/design.md, §8.8)
     crowded: CostProfile | None = None
+    # For an early exit: (the cost of a level that verifies it from its hidden states, what that
+    # verification costs: ``reuse_costs``) per such level; the selector matches the first by identity
+    # (``latency.verifying_costs``). Set by ``ProfileCache.with_exit_reuse``, never stored.
+    reused_by: tuple[tuple[Callable[[int], float], CostProfile], ...] = ()
 
     @functools.cached_property
     def fit(self) -> AffineCost:
@@ -96,14 +100,7 @@ def forward_costs(
     runner = HFRunner(model, model.get_output_embeddings().weight.shape[0])
     device = next(model.parameters()).device
     positions = context + max(*spans, *drafts) + 1
-    ids = torch.randint(3, runner.vocab_size, (batch, positions), device=device)
-    transform = transform or LogitsTransform()
-    compile = compile and not transform.needs_prefixes  # processors called per position run eagerly
-    sampling = SamplingMetadata.build(batch, device, temperature=transform.temperature, greedy=greedy)
-    ring_dtype = torch.float32 if transform.processors else runner.dtype
-    state = DecodeState(
-        list(ids), positions, 2 * positions, runner.vocab_size, ring_dtype, sampling, transform, not greedy
-    )
+    state, compile = _timing_state(runner, device, batch, positions, transform, greedy, compile)
     runner.prepare(batch, positions)
     # Each measured shape is compiled at its first call, inside the warm-up: with the default
     # (compile at the third use) the compilation could fall among the timed calls.
@@ -115,12 +112,103 @@ def forward_costs(
     steps += [lambda k=k: draft(state, rows, at, at + 1, at, np.full_like(at, k)) for k in drafts]
     with torch.inference_mode():
         verify(state, rows, np.zeros_like(at), at, at - 1)  # prefill the context once
-        medians, noise = interleaved_medians(steps, clock, device, warmup, repeats)
-        crowded = None
-        if crowd_bytes > 0:
-            crowd = cache_crowd(crowd_bytes, device)
-            crowded = _profile(spans, drafts, *interleaved_medians(steps, clock, device, 0, repeats, crowd))
+        return _timed(steps, spans, drafts, clock, device, warmup, repeats, crowd_bytes)
+
+
+def without_layers(reused: CostProfile, upper: CostProfile, deeper: CostProfile) -> CostProfile:
+    """What a deeper exit (cost ``deeper``) pays to verify from an exit's hidden states, given what
+    the exit's target (``upper``) pays for that (``reused``): the same minus the target's layers the
+    deeper exit lacks, ``upper(n) - deeper(n)`` (the two share the fixed cost and the head: an exit is
+    the target cut short), at each of ``reused``'s spans; the crowded profile alike, where all three
+    have one."""
+    seconds = tuple(
+        max(0.0, r - (upper(n) - deeper(n))) for n, r in zip(reused.spans, reused.seconds, strict=True)
+    )
+    crowded = None
+    if reused.crowded is not None and upper.crowded is not None and deeper.crowded is not None:
+        crowded = without_layers(reused.crowded, upper.crowded, deeper.crowded)
+    noise = max(reused.noise, upper.noise, deeper.noise)
+    return CostProfile(reused.spans, seconds, (), (), noise, crowded=crowded)
+
+
+def _timing_state(
+    runner: HFRunner, device: torch.device, batch: int, positions: int, transform, greedy: bool, compile: bool
+) -> tuple[DecodeState, bool]:
+    """The decoding state steps are timed in (random ids, ``batch`` rows of ``positions``), and
+    whether the steps compile: processors called per position run eagerly."""
+    transform = transform or LogitsTransform()
+    ids = torch.randint(3, runner.vocab_size, (batch, positions), device=device)
+    sampling = SamplingMetadata.build(batch, device, temperature=transform.temperature, greedy=greedy)
+    ring_dtype = torch.float32 if transform.processors else runner.dtype
+    state = DecodeState(
+        list(ids), positions, 2 * positions, runner.vocab_size, ring_dtype, sampling, transform, not greedy
+    )
+    return state, compile and not transform.needs_prefixes
+
+
+def _timed(steps, spans, drafts, clock, device, warmup: int, repeats: int, crowd_bytes: int) -> CostProfile:
+    """``steps`` (the verifications over ``spans``, then the draft steps) timed by
+    ``interleaved_medians``; with ``crowd_bytes``, timed again after that much memory went through
+    the cache (the profile's ``crowded``)."""
+    medians, noise = interleaved_medians(steps, clock, device, warmup, repeats)
+    crowded = None
+    if crowd_bytes > 0:
+        crowd = cache_crowd(crowd_bytes, device)
+        crowded = _profile(spans, drafts, *interleaved_medians(steps, clock, device, 0, repeats, crowd))
     return replace(_profile(spans, drafts, medians, noise), crowded=crowded)
+
+
+REUSE_SPANS = (1, 2, 4, 8)
+"""The verifications ``reuse_costs`` times: after an exit a verification feeds T + 1 <= 9 tokens, and
+compiled, each span is a graph to compile per pair."""
+
+
+def reuse_costs(
+    upper: torch.nn.Module,
+    exit_model: torch.nn.Module,
+    spans: Sequence[int] = REUSE_SPANS,
+    context: int = 128,
+    repeats: int = 5,
+    warmup: int = 2,
+    clock: Callable[[], float] = time.perf_counter,
+    compile: bool = False,
+    greedy: bool = True,
+    transform: LogitsTransform | None = None,
+    batch: int = 1,
+    crowd_bytes: int = 0,
+) -> CostProfile:
+    """What ``upper`` costs to verify n tokens of its early exit ``exit_model`` when it starts from the
+    exit's hidden states (``exit_reuse``; the pair must pass ``exit_reuse.refusal``), timed as
+    ``forward_costs`` times steps: the exit's catch-up (it feeds the block's last token, which it
+    drew but never fed) and ``upper``'s layers from the exit's depth on over the n tokens, with its
+    head and the verification op. The profile has no draft steps."""
+    if batch < 1:
+        raise ValueError(f"reuse_costs: batch must be >= 1, got {batch}")
+    vocab_size = upper.get_output_embeddings().weight.shape[0]
+    lower, verifier = HFRunner(exit_model, vocab_size), HFRunner(upper, vocab_size)
+    device = next(upper.parameters()).device
+    positions = context + max(spans) + 1
+    state, compile = _timing_state(verifier, device, batch, positions, transform, greedy, compile)
+    lower.prepare(batch, positions)  # the exit's runner keeps its hidden states from here on
+    verifier.prepare(batch, positions)
+    from_hidden = verifier.reuse_of(lower)
+    if from_hidden is None:
+        raise ValueError("reuse_costs: the upper model cannot verify this exit from its hidden states")
+    catch_up = LevelStep(lower, level=0, top=2, compile=compile, compile_after_uses=1)
+    verify = LevelStep(from_hidden, level=1, top=2, compile=compile, compile_after_uses=1)
+    rows = np.arange(batch, dtype=np.int64)
+    at = np.full(batch, context, dtype=np.int64)  # [B] each row's cached tokens
+
+    def step(n: int) -> None:
+        # the hidden states at [at, at + n - 1) were written by earlier calls: timing does not read them
+        catch_up.feed(state, rows, at + n - 1, at + n)
+        verify(state, rows, at, at + n, at)
+
+    steps = [lambda n=n: step(n) for n in spans]
+    with torch.inference_mode():
+        catch_up.feed(state, rows, np.zeros_like(at), at)  # the context, through the exit...
+        verify(state, rows, np.zeros_like(at), at, at - 1)  # ...and the upper layers from it
+        return _timed(steps, spans, (), clock, device, warmup, repeats, crowd_bytes)
 
 
 def _profile(spans: Sequence[int], drafts: Sequence[int], medians: list[float], noise: float) -> CostProfile:

@@ -4,6 +4,7 @@
 >>> zoo.names()                       # smallest first
 >>> target = zoo.load("s"); drafts = [zoo.load("xxs"), zoo.load("xs")]
 >>> se = zoo.load("se")               # s trained on for early exits: hsd_fast.EarlyExit(se, k)
+>>> sx = zoo.load("sx")               # s's shape trained from scratch for early exits
 >>> tokenizer = zoo.load_tokenizer()
 >>> other = zoo.load("xs4k")          # xs's shape on a tokenizer of its own (4096 entries)...
 >>> other_tokenizer = zoo.load_tokenizer("xs4k")  # ...which it loads by the model's name
@@ -60,8 +61,9 @@ def in_family(record: dict) -> bool:
 def names(variants: bool = False) -> list[str]:
     """The zoo's family of sizes, smallest first (the last one: the target by default wherever the
     zoo is used; each can draft for the larger ones, token for token). With ``variants``, also every
-    other model, in order of size: those trained on from a size in its own shape for another purpose
-    (``se``, ``s`` trained for early exits: ``hsd_fast.EarlyExit``) and those on a tokenizer of their
+    other model, in order of size: those of a size's shape trained for another purpose (``se``, ``s``
+    trained on for early exits: ``hsd_fast.EarlyExit``; ``sx``, ``s``'s shape trained from scratch for
+    them) and those on a tokenizer of their
     own (``xs4k``: ``load_tokenizer("xs4k")``), which cannot draft for the family token for token."""
     models = manifest().get("models")
     if not isinstance(models, dict):

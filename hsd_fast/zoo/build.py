@@ -57,13 +57,19 @@ from hsd_fast.zoo.twin import cost_twin
 # each size after the first starts from the previous one, expanded by `cost_twin` (same function, larger
 # shape), and trains on: every size has seen its parent's tokens plus its own.
 GROWN_FROM = {"xs": "xxs", "sm": "xs", "s": "sm", "m": "s", "l": "m"}
-# Variants: a size trained on in its own shape (its weights as the start, no cost_twin) for another
-# purpose. se: s trained for early exits, with a LayerSkip-style loss (every layer's output through the
-# final norm and head; the last layer keeps 0.4 of the weight, the others share the rest in proportion
-# to depth), so that its first k layers make good drafts (hsd_fast.EarlyExit).
-VARIANTS = {"se": "s"}
-GROWN_FROM |= VARIANTS
-EXIT_WEIGHTS = {"se": linear_exit_weights(SIZES["s"].num_layers, final=0.4)}
+# Variants: a size's shape trained for another purpose, kept out of the family (`zoo.names()`).
+# se: s trained on (its weights as the start, no cost_twin) for early exits, with a LayerSkip-style
+# loss (every layer's output through the final norm and head; the last layer keeps 0.4 of the weight,
+# the others share the rest in proportion to depth), so that its first k layers make good drafts
+# (hsd_fast.EarlyExit). sx: s's shape trained *from scratch* with the same loss. s was grown from xs and
+# sm, so its (and se's) early layers stay close to those drafts and cost more than they do; sx's layers
+# owe nothing to the smaller sizes, as a real target's early layers owe nothing to its separately trained
+# drafts. Its early exits are scored on every 4th position (`TrainConfig.exit_stride`), which makes a
+# step 1.35x a plain one instead of 2.3x.
+VARIANTS = {"se": "s", "sx": "s"}  # variant -> the size whose shape it has
+GROWN_FROM |= {"se": "s"}
+EXIT_WEIGHTS = {name: linear_exit_weights(SIZES["s"].num_layers, final=0.4) for name in VARIANTS}
+EXIT_STRIDE = {"sx": 4}
 # Models on a tokenizer of their own, for drafting across tokenizers: xs4k, the shape of xs over a
 # byte-level BPE of 4096 entries. Such a tokenizer is trained as the shared one (zoo/tokenizer) was, by
 # `train_tokenizer` on the same training documents with another vocabulary size, and committed in a
@@ -73,16 +79,18 @@ EXIT_WEIGHTS = {"se": linear_exit_weights(SIZES["s"].num_layers, final=0.4)}
 # cannot draft for the family token for token.
 OWN_TOKENIZER = {"xxs4k": "tokenizer_4096", "xs4k": "tokenizer_4096"}
 TOKENIZER_VOCAB = {"tokenizer": 8192, "tokenizer_4096": 4096}  # directory under zoo/ -> entries
-SHAPE_OF = {"xxs4k": "xxs", "xs4k": "xs"}
+SHAPE_OF = {"xxs4k": "xxs", "xs4k": "xs", "sx": "s"}
 # Steps of 16 x 256 tokens per size, sized for the 2-core CPU machine (~8 minutes for xxs from scratch;
-# an se step computes the head six times: ~2x an s step; an xs4k step: ~0.45 s on 2 threads, 0.7 on 1).
+# an se step computes the head six times: ~2x an s step; an sx step 1.85 s on 2 threads; an xs4k step:
+# ~0.45 s on 2 threads, 0.7 on 1).
 # xs4k takes as many steps as xs has seen with its parent (1000 + 250): the two drafts of one shape, on
 # two tokenizers, compare at equal training.
 CPU_STEPS = {"xxs": 1000, "xs": 250, "sm": 250, "s": 250, "m": 250, "l": 250, "se": 160, "xs4k": 1250}
 CPU_STEPS["xxs4k"] = CPU_STEPS["xxs"]  # a draft for xs4k in their tokenizer, trained as xxs is
+CPU_STEPS["sx"] = 1400  # from scratch: 5.7 M tokens, about what s has seen with its parents
 LEARNING_RATES = {"xxs": 3e-3, "xs": 1.5e-3, "sm": 1.5e-3, "s": 1.5e-3, "m": 1e-3, "l": 1e-3, "se": 1e-3}
-LEARNING_RATES["xs4k"] = LEARNING_RATES["xxs4k"] = 3e-3  # from scratch, as xxs
-DEFAULT_SIZES = ("xxs", "xs", "sm", "s", "se", "xxs4k", "xs4k")
+LEARNING_RATES["xs4k"] = LEARNING_RATES["xxs4k"] = LEARNING_RATES["sx"] = 3e-3  # from scratch, as xxs
+DEFAULT_SIZES = ("xxs", "xs", "sm", "s", "se", "sx", "xxs4k", "xs4k")
 
 
 def read_manifest(zoo_dir: Path) -> dict:
@@ -219,7 +227,7 @@ def build_model(
     own = OWN_TOKENIZER.get(size)
     vocab_size = (manifest["tokenizers"][own] if own else manifest["tokenizer"])["vocab_size"]
     parent = GROWN_FROM.get(size) if GROWN_FROM.get(size) in manifest["models"] else None
-    if size in VARIANTS and parent is None:
+    if size in GROWN_FROM and parent is None and size in VARIANTS:
         raise ValueError(f"{size} is trained on from {VARIANTS[size]}: build {VARIANTS[size]} first")
     config = TrainConfig(
         size,
@@ -227,6 +235,7 @@ def build_model(
         lr=LEARNING_RATES[size],
         grown_from=parent,
         exit_weights=EXIT_WEIGHTS.get(size),
+        exit_stride=EXIT_STRIDE.get(size, 1),
     )
     init = None
     if parent:

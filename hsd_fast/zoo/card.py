@@ -159,7 +159,8 @@ def _exit_lines(manifest: dict) -> list[str]:
     for name, record in models.items():
         if name not in measured or "exit_weights" not in record["training"]:
             continue
-        mine, parent = measured[name], record["grown_from"]
+        # compared with the model it was trained on from, or (trained from scratch) the size of its shape
+        mine, parent = measured[name], record["grown_from"] or record["variant_of"]
         theirs = measured.get(parent, {"drafts": []})
         exit_losses = record.get("val_loss_exits", {})
         rows = []
@@ -193,18 +194,26 @@ def _exit_lines(manifest: dict) -> list[str]:
         header += [f"{parent}'s: sum-min t=1", "val loss"]
         layers = record["shape"]["num_layers"]
         weights = "/".join(f"{w:g}" for w in record["training"]["exit_weights"])
+        stride = record["training"].get("exit_stride", 1)
+        start = (
+            f"`{parent}` trained on for {record['steps']} steps"
+            if record["grown_from"]
+            else f"`{parent}`'s shape trained from scratch for {record['steps']} steps"
+        )
+        scored = f" (layers 1..{layers - 1} on every {stride}th position)" if stride > 1 else ""
+        peer = "" if record["grown_from"] else f" (the `{parent}` row: another training of the same shape)"
         out += [
             f"## Early exits of {name}",
             "",
-            f"`{name}` is `{parent}` trained on for {record['steps']} steps with an early-exit loss "
+            f"`{name}` is {start} with an early-exit loss "
             "(LayerSkip-style): the cross-entropy of every layer's output passed through the model's own "
-            f"final norm and head, weighted {weights} for layers 1..{layers}. Exit k is the first k "
+            f"final norm and head, weighted {weights} for layers 1..{layers}{scored}. Exit k is the first k "
             f"layers, the final norm and the head (`hsd_fast.EarlyExit({name}, k)`), drafting for the "
             f"full `{name}`; the zoo's sizes are listed as drafts of `{name}` to compare. Measured by "
             f"`hsd-fast zoo accept --exits --write` (`hsd_fast.zoo.build.measure_exits`: "
             f"`hsd_fast.profile.acceptance`, {mine['tokens']} teacher-forced calibration tokens, every "
             f"source pooled); the `{parent}` columns: the same exits of `{parent}` (never trained for "
-            f"them) against the full `{parent}`. Validation loss: the mean over the sources of the "
+            f"them) against the full `{parent}`{peer}. Validation loss: the mean over the sources of the "
             "exit's (or the model's) loss on the validation windows." + grown,
             "",
             *markdown_table(header, rows),
@@ -256,13 +265,9 @@ def _own_tokenizer_lines(manifest: dict, name: str, shared: list[str]) -> list[s
     header = ["name", "tokenizer", "params", "grown from", "tokens seen", "train time", "device"]
     header += [*(f"val loss {s}" for s in sources), "int8 argmax agreement"]
     counts = mine["sources"].values()
-    corpus = record.get("corpus")  # a model built from other text than the recorded corpus says so
+    corpus = record.get("corpus")
     tokens_sha = corpus["tokens_sha256"] if corpus else mine["tokens_sha256"]
-    differs = (
-        f" Its corpus text (sha256 `{corpus['text_sha256']}`) is not the recorded one: {corpus['differs']}."
-        if corpus
-        else ""
-    )
+    differs = _other_corpus(record)
     return [
         f"## {name}: a draft on another tokenizer",
         "",
@@ -294,6 +299,17 @@ def _mean(values: dict[str, float]) -> float:
     return sum(values.values()) / len(values)
 
 
+def _other_corpus(record: dict) -> str:
+    """A sentence for a model built from other text than the recorded corpus (its ``corpus`` record),
+    else nothing."""
+    corpus = record.get("corpus")
+    if not corpus:
+        return ""
+    return (
+        f" Its corpus text (sha256 `{corpus['text_sha256']}`) is not the recorded one: {corpus['differs']}."
+    )
+
+
 def _variant_lines(models: dict) -> list[str]:
     """What each variant (a size trained on in its own shape for another purpose) is."""
     lines = []
@@ -307,10 +323,15 @@ def _variant_lines(models: dict) -> list[str]:
             if "exit_weights" in card["training"]
             else "the LM loss"
         )
+        start = (
+            f"`{size}`'s weights as the start (no `cost_twin`), trained on"
+            if card["grown_from"]
+            else f"trained from scratch ({card['tokens_seen'] / 1e6:.1f} M tokens)"
+        )
         lines.append(
-            f"`{name}` is a variant of `{size}`: the same shape, `{size}`'s weights as the start (no "
-            f"`cost_twin`), trained on with {purpose}; its own validation loss differs from `{size}`'s by "
-            f"{change / len(card['val_loss']):+.3f} nats (mean over the sources)."
+            f"`{name}` is a variant of `{size}`: the same shape, {start} with {purpose}; its own "
+            f"validation loss differs from `{size}`'s by {change / len(card['val_loss']):+.3f} nats "
+            "(mean over the sources)." + _other_corpus(card)
         )
     return [" ".join(lines), ""] if lines else []
 

@@ -22,7 +22,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--hash", action="store_true", help="read the text and compare its sha256 with the recorded corpus's"
     )
     build = actions.add_parser("build", help="corpus -> tokenizer -> train -> int8 files (long)")
-    build.add_argument("--sizes", nargs="+", default=["xxs", "xs", "sm", "s", "se", "xs4k"])
+    # build.DEFAULT_SIZES (not imported here: building modules load only when a build runs)
+    sizes = ["xxs", "xs", "sm", "s", "se", "sx", "xxs4k", "xs4k"]
+    build.add_argument("--sizes", nargs="+", default=sizes)
     build.add_argument("--steps", type=int, help="training steps per size (default: per-size CPU budget)")
     build.add_argument("--device", default="cpu", help="cpu or cuda")
     build.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "hsd_fast" / "zoo")
@@ -114,14 +116,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
 
 def _measure_exits(zoo_dir: Path, models: dict, family: list[str]) -> dict[str, dict]:
     """For each model trained with an early-exit loss: its exits and the ``family`` as drafts of it;
-    and, to compare, the exits of the model it was trained on from."""
+    and, to compare, the exits of the model it was trained on from (from scratch: of the size whose
+    shape it has)."""
     from hsd_fast.zoo.build import measure_exits
 
     exits = {}
     for name, record in models.items():
         if "exit_weights" in record["training"]:
             exits[name] = measure_exits(zoo_dir, name, family)
-            parent = record["grown_from"]
+            parent = record["grown_from"] or record.get("variant_of")
             if parent and parent not in exits:
                 exits[parent] = measure_exits(zoo_dir, parent)
     return exits
