@@ -75,6 +75,14 @@ def test_complete_prefix_stops_at_an_unfinished_or_broken_character() -> None:
     assert complete_prefix(b"ab\xffcd") == 2
 
 
+def selection_inputs(tok, clock) -> dict:
+    """``select_hierarchy``'s calibration prompts (three short sentences, [3, 24] ids of ``tok``) and
+    settings for the tests that select over a draft with another tokenizer on a fake ``clock``."""
+    texts = ["the cat sat on the mat and", "in there we went to the end", "at the end of the line we"]
+    prompts = torch.tensor([tok(t).input_ids[:24] for t in texts])  # [3, 24]
+    return {"prompts": prompts, "clock": clock, "progress": False, "max_T": 4, "min_gain": 0.0}
+
+
 def padded_batch(tok, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """``texts`` as a left-padded batch (id 0) and its attention mask, both [B, L]."""
     rows = [tok(t).input_ids for t in texts]
@@ -346,9 +354,7 @@ def test_select_hierarchy_profiles_a_draft_with_another_tokenizer(tokenizers, tm
     clock = FakeClock()
     for model, scale in ((draft, 1), (permuted, 1), (target, 40)):
         clock.attach(model, scale=scale)
-    texts = ["the cat sat on the mat and", "in there we went to the end", "at the end of the line we"]
-    prompts = torch.tensor([target_tok(t).input_ids[:24] for t in texts])  # [3, 24]
-    common = {"prompts": prompts, "clock": clock, "progress": False, "max_T": 4, "min_gain": 0.0}
+    common = selection_inputs(target_tok, clock)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ProfileNoiseWarning)
         direct = hsd_fast.select_hierarchy(target, [draft], cache=ProfileCache(), **common)
@@ -364,7 +370,7 @@ def test_select_hierarchy_profiles_a_draft_with_another_tokenizer(tokenizers, tm
     assert sum(k.startswith("bridged rates ") for k in entries) == 1  # the target, the only model
     assert sum(k.startswith("bridged cost ") for k in entries) == 4  # a call per block size
 
-    ids = prompts[:1, :12]
+    ids = common["prompts"][:1, :12]
     expected = _greedy(target, ids)
     assert (
         _greedy(target, ids, custom_generate=hsd_fast.generate, hierarchy=pick).tolist() == expected.tolist()

@@ -14,7 +14,7 @@ import pytest
 import torch
 from hf_models import noisy_copy, tiny_model
 from planted_bugs import proposals_verified_as_drafts
-from test_other_tokenizer import _greedy, _sampled, four_letters, padded_batch, tokenizers  # noqa: F401 (fixtures)
+from test_other_tokenizer import _greedy, _sampled, four_letters, padded_batch, selection_inputs, tokenizers  # noqa: F401 (fixtures)
 from test_profile import FakeClock
 
 import hsd_fast
@@ -202,9 +202,7 @@ def test_select_hierarchy_prices_a_chained_draft_as_one_level(tokenizers) -> Non
     clock = FakeClock()
     for model, scale in ((top, 1), (below, 0.1), (target, 40)):
         clock.attach(model, scale=scale)
-    texts = ["the cat sat on the mat and", "in there we went to the end", "at the end of the line we"]
-    prompts = torch.tensor([target_tok(t).input_ids[:24] for t in texts])  # [3, 24]
-    common = {"prompts": prompts, "clock": clock, "progress": False, "max_T": 4, "min_gain": 0.0}
+    common = selection_inputs(target_tok, clock)
     alone = hsd_fast.OtherTokenizerDraft(top, draft_tok, target_tok)
     chained = hsd_fast.OtherTokenizerDraft(top, draft_tok, target_tok, below=[below], block_sizes=[3])
     with warnings.catch_warnings():
