@@ -50,6 +50,7 @@ CHAINS = [  # names, smallest first; the target above
 ]  # fmt: skip
 TWIN_NOTE = ", its cost twin: hidden 768, MLP 2048, 6 layers"
 FEW = [(), ("lookup",), ("xxs",), ("exit2",), ("exit3",), ("xxs", "exit2"), ("lookup", "exit2")]
+COLUMNS = ["config", "tok_s", "x own no-draft", "predicted x own no-draft", "x HF generate"]
 VARIED = ("licenses", "man-pages")  # text the zoo never saw (bench.text_sets)
 
 
@@ -92,7 +93,7 @@ def main() -> None:
         target = zoo.cost_twin(target, hidden_size=768, num_layers=6, intermediate_size=2048)
     levels = {"lookup": "lookup", "xxs": zoo.load("xxs"), "xs": zoo.load("xs")}
     levels |= {f"exit{k}": hsd_fast.EarlyExit(target, k) for k in EXITS}
-    # the same exits with the level above recomputing layers < k (not selector candidates)
+    # the same exits with the level above recomputing layers < k (the selector adds them as candidates)
     recomputing = {f"exit{k} (recompute)": hsd_fast.EarlyExit(target, k, reuse=False) for k in EXITS}
     sampling = {"do_sample": True, "temperature": 0.8} if args.sampled else {"do_sample": False}
     calibration = torch.cat([w[:, :128] for w in read_calibration(zoo.zoo_dir()).values()])
@@ -104,13 +105,19 @@ def main() -> None:
     )  # fmt: skip
     profile = pick.profile
     index = {level_identity(c): i for i, c in enumerate(profile.candidates)}
-    position = {name: index[level_identity(level)] for name, level in levels.items()}
+    named = levels | recomputing
+    position = {name: index[level_identity(level)] for name, level in named.items()}
     top = len(profile.costs) - 1
 
+    def latency(chain: tuple[str, ...], T: tuple[int, ...]) -> float:
+        """The latency model's seconds per token for ``chain`` under the target at ``T``."""
+        return chain_latency(profile.costs, profile.alpha, (*(position[n] for n in chain), top), T)
+
     def best_T(chain: tuple[str, ...]) -> tuple[int, ...]:
-        ids = (*(position[n] for n in chain), top)
-        options = itertools.product(range(1, 7), repeat=len(chain))
-        return min(options, key=lambda T: chain_latency(profile.costs, profile.alpha, ids, T))
+        return min(itertools.product(range(1, 7), repeat=len(chain)), key=lambda T: latency(chain, T))
+
+    no_draft = latency((), ())
+    predicted: dict[str, float] = {}  # our runs: predicted speed-up over our no-draft decoding
 
     work = prompts(zoo.load_tokenizer(), args.prompt_len)
     common = {**sampling, "max_new_tokens": args.max_new_tokens, "eos_token_id": None, "pad_token_id": 0}
@@ -141,19 +148,24 @@ def main() -> None:
         runs[f"HF assistant_early_exit={k}"] = run_of(
             f"HF assistant_early_exit={k}", hf=True, assistant_early_exit=k
         )
+    both_ways: list[tuple[str, str]] = []  # (an exit under the target reused, recomputed)
     for chain in FEW if args.few else CHAINS:
         T = best_T(chain) if chain else ()
         name = " > ".join([*chain, args.target]) + (f" T={list(T)}" if chain else " (ours, no draft)")
         runs[name] = run_of(name, drafts=[levels[n] for n in chain], T=list(T))
+        predicted[name] = no_draft / latency(chain, T)
         if chain and chain[-1].startswith("exit"):  # the exit under the target, recomputed
             twin = (*chain[:-1], f"{chain[-1]} (recompute)")
-            name = " > ".join([*twin, args.target]) + f" T={list(T)}"
-            runs[name] = run_of(name, drafts=[(levels | recomputing)[n] for n in twin], T=list(T))
+            T = best_T(twin)
+            both_ways.append((name, " > ".join([*twin, args.target]) + f" T={list(T)}"))
+            runs[both_ways[-1][1]] = run_of(both_ways[-1][1], drafts=[named[n] for n in twin], T=list(T))
+            predicted[both_ways[-1][1]] = no_draft / latency(twin, T)
     pick_names = [
-        next(n for n, lv in levels.items() if level_identity(lv) == level_identity(d)) for d in pick.drafts
+        next(n for n, lv in named.items() if level_identity(lv) == level_identity(d)) for d in pick.drafts
     ]
     pick_name = "selector's pick: " + " > ".join([*pick_names, args.target]) + f" T={list(pick.T)}"
     runs[pick_name] = run_of(pick_name, hierarchy=pick)
+    predicted[pick_name] = no_draft / pick.predicted_latency
 
     timings = interleaved(list(runs.values()), args.passes, CpuMeter())
     seconds = {name: statistics.median(t) for name, t in zip(runs, timings.seconds, strict=True)}
@@ -169,6 +181,8 @@ def main() -> None:
             "x own no-draft": round(base / seconds[name], 3),
             "x HF generate": round(seconds["HF generate"] / seconds[name], 3),
         }
+        if name in predicted:
+            row["predicted x own no-draft"] = round(predicted[name], 3)
         if not args.sampled:
             row["same_output"] = all(torch.equal(a, b) for a, b in zip(outputs[name], reference, strict=True))
         rows.append(row)
@@ -196,17 +210,24 @@ def main() -> None:
         f"HF's best early exit: {hf_exit}, {seconds['HF generate'] / seconds[hf_exit]:.3f}x HF generate.",
         "An exit under the target hands it its hidden states (the target runs layers >= k only, "
         "hsd_fast/exit_reuse.py); rows marked (recompute) use EarlyExit(target, k, reuse=False), the "
-        "target recomputing layers < k. Between two exits the upper one always reuses.",
+        "target recomputing layers < k, at their own best T; the selector has both among its candidates "
+        "(hierarchy.with_recomputing_exits). Between two exits the upper one always reuses.",
     ]
+    # does the latency model tell which way is faster? recomputed over reused speed, predicted and measured
+    ways = {a.split(" T=")[0]: (predicted[b] / predicted[a], seconds[a] / seconds[b]) for a, b in both_ways}
+    right = sum((p > 1) == (m > 1) for p, m in ways.values())
+    notes.append(
+        "Reuse or recompute (recomputed / reused speed, predicted vs measured): "
+        + "; ".join(f"{chain} {p:.2f} vs {m:.2f}" for chain, (p, m) in ways.items())
+        + f". The latency model tells the faster way in {right} of {len(ways)}."
+    )
     meta = run_meta(
         "cpu", batch=1, dtype="float32", sampling=sampling, compiled=args.compile,
         threads=torch.get_num_threads(), target=args.target + (" (cost twin)" if args.twin else ""),
         max_new_tokens=args.max_new_tokens,
         passes=args.passes, redone=timings.redone,
     )  # fmt: skip
-    write_results(
-        args.stem, f"Early-exit levels, target {args.target}", notes, ["config", "tok_s"], rows, meta
-    )
+    write_results(args.stem, f"Early-exit levels, target {args.target}", notes, COLUMNS, rows, meta)
 
 
 if __name__ == "__main__":

@@ -171,7 +171,10 @@ class LatencyController:
         n = len(costs)
         if n < 1 or len(alpha) != n or any(len(row) != n for row in alpha):
             raise ValueError(f"need costs for the candidates and the target and an {n} x {n} alpha matrix")
-        self.prior_costs, self.prior_alpha = list(costs), [list(row) for row in alpha]
+        # an adaptive run recomputes an exit's layers in its verifier (the layers' K/V below the exit
+        # are not kept across hierarchies): every verification at its full cost
+        self.prior_costs = [_without_reuse(c) for c in costs]
+        self.prior_alpha = [list(row) for row in alpha]
         self.max_T, self.every, self.margin, self.resolve_every = max_T, every, margin, resolve_every
         self.max_every, self.look_share = max(max_every, every), look_share
         self.steady = 0  # looks in a row, in this request, that kept the hierarchy
@@ -218,9 +221,7 @@ class LatencyController:
                 )
             index.append(found[0])
         index.append(len(profile.candidates) - 1)  # the target
-        # an adaptive run recomputes an exit's layers in its verifier (the layers' K/V below the exit
-        # are not kept across hierarchies): every verification at its full cost
-        costs = [_without_reuse(profile.costs[i]) for i in index]
+        costs = [profile.costs[i] for i in index]
         alpha = [[profile.alpha[i][j] for j in index] for i in index]
         return cls(costs, alpha, **kwargs)
 

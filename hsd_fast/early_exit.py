@@ -66,6 +66,15 @@ def reuses_hidden(model: torch.nn.Module) -> bool:
     return origin is not None and origin[2]
 
 
+def recomputing_variant(model: object) -> torch.nn.Module | None:
+    """``EarlyExit(target, k, reuse=False)`` for an exit view made with ``reuse=True``: the same
+    level, its verifier recomputing layers ``< k``; None for anything else. The selector offers both
+    and keeps the cheaper (``hierarchy.with_recomputing_exits``)."""
+    origin = _ORIGINS.get(model) if isinstance(model, torch.nn.Module) else None
+    target = origin[0]() if origin is not None and origin[2] else None
+    return None if target is None else EarlyExit(target, origin[1], reuse=False)
+
+
 def num_layers(model: torch.nn.Module) -> int:
     layers = getattr(model.config, "num_hidden_layers", None)
     if not isinstance(layers, int):

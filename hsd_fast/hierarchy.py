@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hsd_fast.batch_latency import select_for_batch
+from hsd_fast.early_exit import exit_of, recomputing_variant
 from hsd_fast.engine import MAX_BLOCK_SIZE
 from hsd_fast.hf_generate import generate
 from hsd_fast.hierarchy_types import Hierarchy, NoDraftWarning, Profile, Selection, TreeDraft
@@ -81,6 +82,10 @@ def select_hierarchy(
     (``OtherTokenizerDraft``, at most one), profiled as a lookup level is, with its own proposals
     through the byte bridge, and the seconds of its calls per block size (docs/design.md, "Drafts
     with another tokenizer"); like a lookup level it can only be level 0.
+
+    An early exit (``EarlyExit``) whose verifier may start from its hidden states is offered both
+    ways, as it is and recomputing (``EarlyExit(target, k, reuse=False)``, ``with_recomputing_exits``):
+    the pick's drafts hold whichever the latency model predicts faster on this machine.
 
     ``min_gain`` (default ``MODEL_ERROR``, the model's measured error on text it was not built on):
     when the best hierarchy is predicted less than that much faster than no-draft decoding, no draft
@@ -145,6 +150,7 @@ def select_hierarchy(
             costs, alpha, everything, tree_sizes, max_T, cache, prompts, transform, greedy, progress,
             generation_kwargs, max_new_tokens,
         )  # fmt: skip
+    costs, alpha, everything = with_recomputing_exits(costs, alpha, everything)  # reuse, or not
     cache.save()
     selection = select_for_batch(costs, alpha, batch, max_T=max_T, max_new_tokens=max_new_tokens)
     selection, no_draft_reason = prefer_no_draft(selection, MODEL_ERROR if min_gain is None else min_gain)
@@ -273,6 +279,47 @@ def with_tree_candidates(
             rates = ranks.get((d, b)) if b is not None else None
             out_alpha[i][j] = out_alpha[j][i] = tree_acceptance(tree, rates) if rates else 0.0
     return out_costs, out_alpha, out_everything
+
+
+def with_recomputing_exits(
+    costs: Sequence[Cost],
+    alpha: Sequence[Sequence[Acceptance]],
+    everything: Sequence,  # the candidates, the target last
+) -> tuple[list[Cost], list[list[Acceptance]], list]:
+    """Candidates extended by a recomputing twin (``EarlyExit(target, k, reuse=False)``, inserted
+    before the target) of every early exit whose verifier may start from its hidden states (its cost
+    lists ``reused_by``): which is faster depends on the machine and the block (on an eager CPU the
+    exit's catch-up forward costs more than the layers it saves), so the selector prices both and
+    keeps the cheaper. A twin costs what its exit costs as a draft, with every verification of it
+    in full; as a verifier it starts from a shallower exit's hidden states as its exit does (it is
+    listed beside it in that exit's ``reused_by``); it accepts what its exit accepts, and nothing
+    passes between the two (they are one level: acceptance 0, never stacked)."""
+    top = len(everything) - 1
+    index_of = {id(c): i for i, c in enumerate(costs)}
+    offered = {id(level) for level in everything}
+    variants = {
+        i: variant
+        for i in range(top)
+        if getattr(costs[i], "reused_by", ())
+        and (variant := recomputing_variant(everything[i])) is not None
+        and id(variant) not in offered  # a candidate already
+    }
+    out = list(costs)
+    twins: dict[int, Cost] = {}
+    for i in sorted(variants, key=lambda i: -exit_of(everything[i])[1]):  # deeper first: verifiers final
+        verifiers = []
+        for upper, verify in costs[i].reused_by:
+            j = index_of[id(upper)]
+            verifiers += [(out[j], verify)] + ([(twins[j], verify)] if j in twins else [])
+        out[i] = replace(costs[i], reused_by=tuple(verifiers))
+        twins[i] = replace(out[i], reused_by=())
+    old = [*range(top), *twins, top]  # each index's candidate in ``costs``: a twin's is its exit's
+    out_alpha = [[alpha[a][b] for b in old] for a in old]
+    for k, i in enumerate(twins):
+        out_alpha[i][top + k] = out_alpha[top + k][i] = 0.0
+    out_costs = [*out[:top], *twins.values(), out[top]]
+    twin_levels = [variants[i] for i in twins]
+    return out_costs, out_alpha, [*everything[:top], *twin_levels, everything[top]]
 
 
 MAX_TREE_RANK = 4

@@ -35,7 +35,7 @@ from transformers.generation.stopping_criteria import (
 
 from hsd_fast.compat import check_devices, check_model, hierarchy_vocab_size
 from hsd_fast.controller import LatencyController
-from hsd_fast.early_exit import EarlyExit, check_exit_order
+from hsd_fast.early_exit import EarlyExit, check_exit_order, recomputing_variant
 from hsd_fast.engine import MAX_BLOCK_SIZE, check_block_sizes
 from hsd_fast.generation_options import check_generation_options
 from hsd_fast.hierarchy_types import Hierarchy
@@ -283,8 +283,13 @@ def _adaptive_levels(drafts, T, tree, hierarchy, adapt, trees) -> Levels:
 
 
 def _start_of(hierarchy: Hierarchy, candidates: list, spec: Adaptive) -> Choice:
-    """``hierarchy`` as a ``Choice`` over ``candidates`` (the first round's hierarchy)."""
+    """``hierarchy`` as a ``Choice`` over ``candidates`` (the first round's hierarchy). An early exit
+    of the hierarchy's is the candidate that is the same exit reusing or not (the selector may have
+    picked its recomputing twin; an adaptive run recomputes either way)."""
     index = {level_identity(c): i for i, c in enumerate(candidates)}
+    for i, c in enumerate(candidates):
+        if (twin := recomputing_variant(c)) is not None:
+            index.setdefault(level_identity(twin), i)
     keys = [level_identity(d) for d in hierarchy.drafts]
     missing = [i for i, k in enumerate(keys) if k not in index]
     if missing:

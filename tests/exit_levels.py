@@ -1,5 +1,5 @@
-"""What the early-exit test files share: a six-layer target, prompts, a greedy HSD call, and a counter of
-the tokens through a layer and through an exit level's forwards."""
+"""What the early-exit test files share: a six-layer target, prompts, a greedy HSD call, a counter of
+the tokens through a layer and through an exit level's forwards, and step costs of a given shape."""
 
 from __future__ import annotations
 
@@ -54,3 +54,13 @@ def counted(layer: torch.nn.Module, exit_level: torch.nn.Module) -> Iterator[dic
             yield counts
     finally:
         handle.remove()
+
+
+def affine_cost(fixed: float, per_token: float):
+    """A ``CostProfile`` whose steps cost ``fixed + per_token * n`` (a draft of k: k such one-token
+    steps)."""
+    from hsd_fast.profile.costs import CostProfile
+
+    sizes = (1, 2, 4, 8)
+    seconds = tuple(fixed + per_token * n for n in sizes)
+    return CostProfile(sizes, seconds, sizes, tuple(k * (fixed + per_token) for k in sizes))

@@ -256,7 +256,19 @@ def test_grid_kinds_name_the_early_exit_hierarchies() -> None:
     assert kinds["best with an early exit"]((0, 2, 3)) and not kinds["best without an early exit"]((0, 2, 3))
     assert kinds["best without an early exit"]((0, 1, 3)) and not kinds["best with an early exit"]((1, 3))
     assert kinds["best single early exit"]((2, 3)) and not kinds["best single early exit"]((1, 3))
+    assert "best single early exit, recomputed" not in kinds  # no twin: the exit cannot reuse
     assert _grid_kinds(SimpleNamespace(exits={}, drafts={}), names) is GRID_KINDS
+    # with the exit's recomputing twin among the candidates, both ways are kinds of their own
+    twins = _grid_kinds(
+        SimpleNamespace(exits={"exit2": 2}, drafts={}), [*names[:3], "exit2 (recompute)", "target"]
+    )
+    assert twins["best single early exit"]((3, 4)) and twins["best with an early exit"]((0, 3, 4))
+    assert twins["best single early exit, reused"]((2, 4)) and not twins["best single early exit, reused"](
+        (3, 4)
+    )
+    assert twins["best single early exit, recomputed"]((3, 4)) and not twins["best without an early exit"](
+        (3, 4)
+    )
 
 
 def test_the_tokenizers_scenario_compares_hierarchies_with_and_without_a_bridged_draft() -> None:
@@ -264,7 +276,7 @@ def test_the_tokenizers_scenario_compares_hierarchies_with_and_without_a_bridged
     name the best with it and without, and the adaptive engine's profile leaves it out."""
     from types import SimpleNamespace
 
-    from hsd_fast.bench.command import _grid_kinds, _without_bridged
+    from hsd_fast.bench.command import _adaptive_profile, _grid_kinds
     from hsd_fast.other_tokenizer import OtherTokenizerDraft
 
     bridged = object.__new__(OtherTokenizerDraft)  # only its type is read here
@@ -274,24 +286,41 @@ def test_the_tokenizers_scenario_compares_hierarchies_with_and_without_a_bridged
     assert kinds["best with another tokenizer"]((1, 3)) and not kinds["best with another tokenizer"]((2, 3))
     assert kinds["best without another tokenizer"]((0, 2, 3))
     costs, alpha = [0.1, 0.2, 0.3, 1.0], [[i * 4 + j for j in range(4)] for i in range(4)]
-    kept = _without_bridged(scenario, costs, alpha, names)
+    kept = _adaptive_profile(scenario, costs, alpha, names)
     assert kept == ([0.1, 0.3, 1.0], [[0, 2, 3], [8, 10, 11], [12, 14, 15]], ["lookup", "xs", "target"])
 
 
-def test_the_best_single_exit_also_runs_with_the_target_recomputing() -> None:
-    """Beside the best single early exit, the `exits` scenario runs it with ``reuse=False``: what
-    verifying from the exit's hidden states saves (its output is the target's all the same)."""
+def test_an_exits_recomputing_twin_runs_by_its_name_and_sits_out_adaptive_runs() -> None:
+    """The `exits` scenario's profile names an exit's recomputing twin ``exitK (recompute)``: a chain
+    naming it runs ``EarlyExit(target, k, reuse=False)`` (its output the target's all the same), and
+    the adaptive engine's profile leaves it out (an adaptive run recomputes every exit)."""
     from types import SimpleNamespace
 
     import torch
     from hf_models import tiny_model
 
-    from hsd_fast.bench.command import _recomputing_exit
+    from hsd_fast.bench import configs as cfg
+    from hsd_fast.bench.command import _adaptive_profile, _drafts
+    from hsd_fast.early_exit import EarlyExit
 
     target = tiny_model("llama", layers=4)
-    scenario = SimpleNamespace(target=target, exits={"exit2": 2})
-    config = _recomputing_exit(scenario, "exit2", (3,), {"do_sample": False}, 12, SimpleNamespace(eager=True))
-    assert config.name.endswith("(best single early exit, the target recomputing layers < k)")
+    scenario = SimpleNamespace(target=target, exits={"exit2": 2}, drafts={"exit2": EarlyExit(target, 2)})
+    names = ["lookup", "exit2", "exit2 (recompute)", "target"]
+    levels = _drafts(scenario, names[:-1])
+    assert levels[1:] == (EarlyExit(target, 2), EarlyExit(target, 2, reuse=False))
+    with pytest.raises(KeyError):
+        _drafts(scenario, ["exit3 (recompute)"])  # not an exit of the scenario's
+    costs, alpha = [0.1, 0.2, 0.2, 1.0], [[i * 4 + j for j in range(4)] for i in range(4)]
+    assert _adaptive_profile(scenario, costs, alpha, names)[2] == ["lookup", "exit2", "target"]
+    config = cfg.ours(
+        target,
+        dict(zip(names[:-1], levels, strict=True)),
+        ["exit2 (recompute)"],
+        (3,),
+        {"do_sample": False},
+        12,
+        False,
+    )
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     sequences, stats = config.generate(ids, torch.ones_like(ids))
     expected = target.generate(ids, do_sample=False, max_new_tokens=12, eos_token_id=None, pad_token_id=0)

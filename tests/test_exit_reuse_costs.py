@@ -17,33 +17,26 @@ from dataclasses import replace
 
 import pytest
 import torch
-from exit_levels import counted, deep_model
+from exit_levels import affine_cost, counted, deep_model
 
 from hsd_fast.controller import _without_reuse
 from hsd_fast.early_exit import EarlyExit
 from hsd_fast.exit_reuse import refusal
 from hsd_fast.latency import expected_latency, verifying_costs
 from hsd_fast.profile import ProfileCache
-from hsd_fast.profile.costs import CostProfile, crowd_bytes, reuse_costs
+from hsd_fast.profile.costs import crowd_bytes, reuse_costs
 from hsd_fast.selector import select
 
 SPANS = (1, 2, 4)
-
-
-def _affine(fixed: float, per_token: float) -> CostProfile:
-    """A profile whose steps cost ``fixed + per_token * n`` (a draft of k: k such one-token steps)."""
-    sizes = (1, 2, 4, 8)
-    seconds = tuple(fixed + per_token * n for n in sizes)
-    return CostProfile(sizes, seconds, sizes, tuple(k * (fixed + per_token) for k in sizes))
 
 
 # ----------------------------------------------------------------------------- the latency model
 
 
 def test_verifying_costs_swap_in_the_reuse_cost_by_identity() -> None:
-    target, reused = _affine(0.010, 0.001), _affine(0.004, 0.0007)
-    exit_cost = replace(_affine(0.003, 0.0005), reused_by=((target, reused),))
-    other = _affine(0.001, 0.0002)
+    target, reused = affine_cost(0.010, 0.001), affine_cost(0.004, 0.0007)
+    exit_cost = replace(affine_cost(0.003, 0.0005), reused_by=((target, reused),))
+    other = affine_cost(0.001, 0.0002)
     assert verifying_costs([exit_cost, target]) == [exit_cost, reused]
     assert verifying_costs([other, exit_cost, target])[1:] == [exit_cost, reused]
     assert verifying_costs([other, target]) == [other, target]  # not an exit: its verifier's own cost
@@ -57,8 +50,9 @@ def test_verifying_costs_swap_in_the_reuse_cost_by_identity() -> None:
 def test_the_selector_picks_by_the_reuse_cost() -> None:
     """A draft D, an exit E of the target t: verifying from E's hidden states makes E worth a level
     between D and t, which at the full verification cost it is not."""
-    draft, exit_cost, target = _affine(0.001, 0.0002), _affine(0.003, 0.0005), _affine(0.010, 0.001)
-    reused = _affine(0.0045, 0.0007)
+    draft, exit_cost = affine_cost(0.001, 0.0002), affine_cost(0.003, 0.0005)
+    target = affine_cost(0.010, 0.001)
+    reused = affine_cost(0.0045, 0.0007)
     alpha = [[1, 0.6, 0.75], [0.6, 1, 0.85], [0.75, 0.85, 1]]
     plain = select([draft, exit_cost, target], alpha)
     assert plain.chain == (0, 2)

@@ -35,8 +35,9 @@ from hsd_fast.bench.scenarios import SCENARIOS, Scenario, draft_models
 from hsd_fast.bench.timing import CpuMeter
 from hsd_fast.cli_args import output_folder, positive_float, positive_int
 from hsd_fast.controller import LatencyController
+from hsd_fast.early_exit import EarlyExit, exit_of
 from hsd_fast.hf_generate import generate
-from hsd_fast.hierarchy import with_proposal_level
+from hsd_fast.hierarchy import with_proposal_level, with_recomputing_exits
 from hsd_fast.hierarchy_types import Hierarchy, Profile, Selection
 from hsd_fast.latency import decode_seconds
 from hsd_fast.lookup import LOOKUP, LookupDraft, as_lookup
@@ -259,7 +260,8 @@ def _mixed(scenario: Scenario, sampling: dict, args: argparse.Namespace, profile
     if _bridged(scenario):
         raise SystemExit("hsd-fast bench --mixed: the adaptive engine takes no draft with another tokenizer")
     candidates = {LOOKUP: LOOKUP, **scenario.drafts}
-    levels = (LookupDraft(), *scenario.drafts.values(), scenario.target)  # the profiles' candidates
+    names = profiles[min(profiles)][2]
+    levels = (*_drafts(scenario, names[:-1]), scenario.target)  # the profiles' candidates
     sets = {name: torch.stack(prompts) for name, prompts in scenario.prompt_sets.items()}
     device = str(next(scenario.target.parameters()).device)
     different = False
@@ -316,11 +318,18 @@ def _grid_kinds(scenario: Scenario, names: list[str]) -> dict:
         }
     if not scenario.exits:
         return GRID_KINDS
-    exits = {i for i, name in enumerate(names) if name in scenario.exits}
-    return GRID_KINDS | {
+    reusing = {i for i, name in enumerate(names) if name in scenario.exits}
+    exits = reusing | {i for i, name in enumerate(names) if _recomputed_k(scenario, name) is not None}
+    kinds = GRID_KINDS | {
         "best single early exit": lambda chain: len(chain) == 2 and chain[0] in exits,
         "best with an early exit": lambda chain: bool(exits & set(chain)),
         "best without an early exit": lambda chain: not exits & set(chain),
+    }
+    if exits == reusing:  # no twins: the exits' verifiers cannot start from their hidden states
+        return kinds
+    return kinds | {  # what verifying from its hidden states saves, or costs, both ways measured
+        "best single early exit, reused": lambda chain: len(chain) == 2 and chain[0] in reusing,
+        "best single early exit, recomputed": lambda chain: len(chain) == 2 and chain[0] in exits - reusing,
     }
 
 
@@ -367,6 +376,11 @@ def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> tuple[
         costs, alpha = with_proposal_level(
             costs, alpha, at, level, [0.0] * at + list(rates)
         )  # none between them
+    levels = [*_drafts(scenario, names[:-1]), scenario.target]
+    costs, alpha, levels = with_recomputing_exits(costs, alpha, levels)  # an exit reusing, or not
+    by_k = {k: name for name, k in scenario.exits.items()}
+    twins = [by_k[exit_of(level)[1]] + RECOMPUTED for level in levels[len(names) - 1 : -1]]
+    names = [*names[:-1], *twins, names[-1]]
     cache.save()
     return costs, alpha, names
 
@@ -388,8 +402,25 @@ def _profile_in_child(args: argparse.Namespace) -> None:
 
 
 def _drafts(scenario: Scenario, names: Sequence[str]) -> tuple:
-    """The draft levels named (a chain's names, the target excluded)."""
-    return tuple(as_lookup(name) or scenario.drafts[name] for name in names)
+    """The draft levels named (a chain's names, the target excluded; an exit's name + ``RECOMPUTED``:
+    that exit with its verifier recomputing layers < k)."""
+    return tuple(as_lookup(n) or _recomputed_exit(scenario, n) or scenario.drafts[n] for n in names)
+
+
+def _recomputed_exit(scenario: Scenario, name: str) -> torch.nn.Module | None:
+    """``EarlyExit(target, k, reuse=False)`` for an exit's name + ``RECOMPUTED``, else None."""
+    k = _recomputed_k(scenario, name)
+    return None if k is None else EarlyExit(scenario.target, k, reuse=False)
+
+
+RECOMPUTED = " (recompute)"
+"""What marks an early exit's recomputing twin in a profile's names (``hierarchy.with_recomputing_exits``)."""
+
+
+def _recomputed_k(scenario: Scenario, name: str) -> int | None:
+    """The exit's ``k`` where ``name`` is an exit's name + ``RECOMPUTED``, else None."""
+    exit_name = name.removesuffix(RECOMPUTED)
+    return scenario.exits.get(exit_name) if exit_name != name else None
 
 
 def _bridged(scenario: Scenario) -> dict[str, OtherTokenizerDraft]:
@@ -397,9 +428,11 @@ def _bridged(scenario: Scenario) -> dict[str, OtherTokenizerDraft]:
     return {n: d for n, d in scenario.drafts.items() if isinstance(d, OtherTokenizerDraft)}
 
 
-def _without_bridged(scenario: Scenario, costs: list, alpha: list[list], names: list[str]) -> tuple:
-    """A profile (costs, alpha, names) without the drafts with another tokenizer."""
-    keep = [i for i, name in enumerate(names) if name not in _bridged(scenario)]
+def _adaptive_profile(scenario: Scenario, costs: list, alpha: list[list], names: list[str]) -> tuple:
+    """A profile (costs, alpha, names) without the drafts with another tokenizer (the adaptive engine
+    refuses them) and the exits' recomputing twins (it recomputes every exit: they are its exits)."""
+    bridged = _bridged(scenario)
+    keep = [i for i, n in enumerate(names) if n not in bridged and _recomputed_k(scenario, n) is None]
     return [costs[i] for i in keep], [[alpha[i][j] for j in keep] for i in keep], [names[i] for i in keep]
 
 
@@ -500,6 +533,7 @@ def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, no
     alone.predicted = {batch: decode_seconds(costs[-1]) for batch, (costs, _, _) in profiles.items()}
     configs.append(alone)
     seen = {((), ()): alone}
+    levels = dict(zip(names[:-1], _drafts(scenario, names[:-1]), strict=True))  # the profile's, by name
     for label, (selection, batches) in hierarchies.items():
         chain = tuple(names[i] for i in selection.chain[:-1])
         same = seen.get((chain, selection.T))
@@ -508,7 +542,7 @@ def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, no
             if same.batches is not None:  # it now runs where this one would have too
                 same.batches = None if batches is None else (*same.batches, *batches)
             continue
-        config = cfg.ours(scenario.target, scenario.drafts, chain, selection.T, sampling, n, not args.eager)
+        config = cfg.ours(scenario.target, levels, chain, selection.T, sampling, n, not args.eager)
         config.name = f"{config.name} ({label})"
         config.batches = batches
         config.predicted = {
@@ -517,15 +551,9 @@ def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, no
         }
         seen[(chain, selection.T)] = config
         configs.append(config)
-    if "best single early exit" in hierarchies:  # what verifying from its hidden states saves
-        selection, batches = hierarchies["best single early exit"]
-        config = _recomputing_exit(scenario, names[selection.chain[0]], selection.T, sampling, n, args)
-        config.batches = batches
-        configs.append(config)
     # the adaptive engine, steered by the latency model: one controller per batch, from that batch's
     # profile (its names: the lookup level, the drafts, the target: the candidates in order)
-    # (a draft with another tokenizer is not among its candidates: the adaptive engine refuses it)
-    kept = {batch: _without_bridged(scenario, *profile) for batch, profile in profiles.items()}
+    kept = {batch: _adaptive_profile(scenario, *profile) for batch, profile in profiles.items()}
     controls = {batch: LatencyController(c, a, max_T=GRID_MAX_T) for batch, (c, a, _) in kept.items()}
     profiled = kept[min(kept)][2]
     adaptive = cfg.ours_adaptive(
@@ -534,17 +562,6 @@ def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, no
     )  # fmt: skip
     configs.append(adaptive)
     return configs
-
-
-def _recomputing_exit(scenario, name: str, T, sampling, n, args) -> cfg.Config:
-    """The early exit ``name`` alone under the target, the target recomputing its layers < k
-    (``EarlyExit(target, k, reuse=False)``) instead of starting from the exit's hidden states."""
-    from hsd_fast.early_exit import EarlyExit
-
-    drafts = {name: EarlyExit(scenario.target, scenario.exits[name], reuse=False)}
-    config = cfg.ours(scenario.target, drafts, [name], T, sampling, n, not args.eager)
-    config.name = f"{config.name} (best single early exit, the target recomputing layers < k)"
-    return config
 
 
 def _best_hf_early_exit(scenario, sampling, n, prompts, notes) -> cfg.Config:
