@@ -407,12 +407,6 @@ def _drafts(scenario: Scenario, names: Sequence[str]) -> tuple:
     return tuple(as_lookup(n) or _recomputed_exit(scenario, n) or scenario.drafts[n] for n in names)
 
 
-def _recomputed_exit(scenario: Scenario, name: str) -> torch.nn.Module | None:
-    """``EarlyExit(target, k, reuse=False)`` for an exit's name + ``RECOMPUTED``, else None."""
-    k = _recomputed_k(scenario, name)
-    return None if k is None else EarlyExit(scenario.target, k, reuse=False)
-
-
 RECOMPUTED = " (recompute)"
 """What marks an early exit's recomputing twin in a profile's names (``hierarchy.with_recomputing_exits``)."""
 
@@ -421,6 +415,12 @@ def _recomputed_k(scenario: Scenario, name: str) -> int | None:
     """The exit's ``k`` where ``name`` is an exit's name + ``RECOMPUTED``, else None."""
     exit_name = name.removesuffix(RECOMPUTED)
     return scenario.exits.get(exit_name) if exit_name != name else None
+
+
+def _recomputed_exit(scenario: Scenario, name: str) -> torch.nn.Module | None:
+    """``EarlyExit(target, k, reuse=False)`` for an exit's name + ``RECOMPUTED``, else None."""
+    k = _recomputed_k(scenario, name)
+    return None if k is None else EarlyExit(scenario.target, k, reuse=False)
 
 
 def _bridged(scenario: Scenario) -> dict[str, OtherTokenizerDraft]:
