@@ -19,6 +19,10 @@ configurations named here, in a fraction of its time.
   size earlier twin runs found best for it, and the chains that put a cheaper level under a draft
   (``xxs > sm``, ``lookup > xs``, ``lookup > sm``); three prompt sets; batch 1. About 50 minutes on
   the 2-core CPU, 40 of them compiling. Writes ``e2e_twin_levels[_sampled]_cpu``.
+- ``pairs``: a draft and its verification launched back to back and read once (the default) against
+  every step read before the next (``round_steps.PAIRED_ROUNDS`` off) on the zoo: ``xxs > s`` T=3,
+  ``xs > s`` T=4, ``xxs > xs > s`` T=[2, 3], with HF ``generate`` and our no-draft decoding; code
+  prompts; batch 1 and 4. Writes ``e2e_zoo_pairs[_sampled]_cpu``.
 
 Result files go to ``--out`` (default bench/results/) as ``<stem>.{json,md,png}``.
 """
@@ -96,6 +100,17 @@ def levels_configs(scenario: Scenario, batch: int, sampling: dict, n: int) -> li
     return references + _ours(scenario, {**SINGLE, **TWO_LEVELS}, sampling, n)
 
 
+PAIRED = {("xxs",): (3,), ("xs",): (4,), ("xxs", "xs"): (2, 3)}  # level 1 verifies level 0's draft
+
+
+def pairs_configs(scenario: Scenario, batch: int, sampling: dict, n: int) -> list[cfg.Config]:
+    """Each hierarchy with its draft and verification launched back to back (the default), then
+    with every step read by the host first."""
+    references = [cfg.hf_generate(scenario.target, sampling, n), _no_draft(scenario, sampling, n)]
+    paired = _ours(scenario, PAIRED, sampling, n)
+    return references + [c for config in paired for c in (config, cfg.steps_read_one_at_a_time(config))]
+
+
 SUITES = {
     "lookup": Suite(
         "zoo", "zoo (lookup level)", "e2e_zoo_lookup", (1, 4), 3, ALL_SETS, lookup_configs,
@@ -111,6 +126,16 @@ SUITES = {
     ),
     "levels": Suite(
         "twin", "twin (two drafts against one)", "e2e_twin_levels", (1,), 3, ALL_SETS, levels_configs
+    ),
+    "pairs": Suite(
+        "zoo", "zoo (a draft and its verification read once)", "e2e_zoo_pairs", (1, 4), 3, ("code",),
+        pairs_configs,
+        (
+            "Paired (the default): level 0's draft and level 1's verification launched back to back, the "
+            "host reading both once; 'steps read one at a time': the host reads each step before launching "
+            "the next. On a CPU every step runs as it is launched: what pairing can save here is host work, "
+            "not idle time of the device.",
+        ),
     ),
 }  # fmt: skip
 

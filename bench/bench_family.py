@@ -54,6 +54,11 @@ ROWS: list[Row] = [
     ("ours, no draft", 1, _ours((), [])),
     ("ours, sm > target T=[4]", 1, _ours(("sm",), [4])),
     ("ours, xs > target T=[4]", 1, _ours(("xs",), [4])),
+    (  # the same graphs, every step read by the host before the next launch (docs/design.md §3.8)
+        "ours, xs > target T=[4], steps read one at a time",
+        1,
+        lambda m, n, c: configs.steps_read_one_at_a_time(_ours(("xs",), [4])(m, n, c)),
+    ),
     ("HF assisted, sm (default schedule)", 1, _assisted(None)),
     ("HF assisted, sm (4 tokens)", 1, _assisted(4)),
     ("HF prompt lookup (10 tokens)", 1, lambda m, n, c: configs.hf_lookup(m["target"], GREEDY, n)),

@@ -6,6 +6,9 @@
         level 0:  draw one token per row            -> ledger.commit_draft
         else:     verify the block of tag level-1   -> ledger.commit_verify (rollback, flush, end)
 
+(``round_steps.py`` runs and commits each step; where level 1 verifies what level 0 is about to
+draft, it launches the two back to back and reads them once.)
+
 The ledger (integers only) decides what to feed and what to keep; this module moves the tensors:
 the token buffer, and for every speculative token the distribution ``p`` of the level that tagged it
 (processed logits + fp32 log-sum-exp), kept in a ring buffer over the speculative window. That
@@ -32,10 +35,10 @@ from hsd_fast.level_step import LevelStep
 from hsd_fast.lookup import LookupDraft
 from hsd_fast.probes import probe
 from hsd_fast.processors import LogitsTransform
-from hsd_fast.proposal_level import ProposalLevel, Proposer
+from hsd_fast.proposal_level import ProposalLevel
 from hsd_fast.round_log import RoundLog
+from hsd_fast.round_steps import Chain, run_step
 from hsd_fast.sampling_metadata import SamplingMetadata
-from hsd_fast.schedule import draft_count, drafts_wanted
 from hsd_fast.stats import HSDStats
 from hsd_fast.steps import Runner
 from hsd_fast.stopping import StopChecker
@@ -98,28 +101,6 @@ def speculative_window(block_sizes: Sequence[int], max_new_tokens: int | None = 
     if max_new_tokens is not None:
         window = min(window, 1 << int(max_new_tokens + 1).bit_length())
     return window
-
-
-@dataclass
-class _Chain:
-    """The levels a run decodes with now (``choice`` over its candidates): their runners, level 0
-    first and the target last, block sizes, and each level's step (None for a proposal level)."""
-
-    choice: Choice
-    runners: list[Runner | ProposalLevel]
-    block_sizes: list[int]
-    steps: list[LevelStep | None]
-    # per level: the levels below to catch up, bottom up, before this level verifies from its
-    # exit's hidden states (docs/design.md, "Early-exit levels"); empty where it recomputes
-    catch_up: list[list[tuple[int, LevelStep]]]
-
-    @property
-    def top(self) -> int:
-        return len(self.runners) - 1
-
-    @property
-    def proposes_from_host(self) -> bool:
-        return isinstance(self.runners[0], ProposalLevel)
 
 
 def run_hsd(
@@ -250,7 +231,7 @@ def run_hsd(
         start = switcher.first()
     assert start is not None
 
-    def chain_of(choice: Choice) -> _Chain:
+    def chain_of(choice: Choice) -> Chain:
         chain = [*(runners[i] for i in choice.drafts), target]
         above_proposals = 1 if _point_masses(chain[0], greedy) else None  # verifies point masses
         tree_below = chain[0] if choice.tree is not None else None  # level 1 moves level 0's cache too
@@ -269,7 +250,11 @@ def run_hsd(
         ]
         catch_up = _reuse_exits(chain, steps, choice, compiled, reuse=adapt is None)
         state.set_tree(tree_buffers.get(choice.tree))
-        return _Chain(choice, chain, choice.block_sizes, steps, catch_up)
+        # Level 1 verifies level 0's draft unread (round_steps.draft_and_verify) where both run a
+        # model, drafting a chain, level 1 recomputing; not in an adaptive run, whose controller
+        # learns each level's own seconds (on a GPU the pair's are known only together).
+        paired = adapt is None and len(chain) > 1 and None not in steps[:2] and choice.tree is None
+        return Chain(choice, chain, choice.block_sizes, steps, catch_up, paired and not catch_up[1])
 
     if switcher is not None and compiled:  # no switch may wait for a compiler: compile after the run
         state.deferred = set()
@@ -286,8 +271,8 @@ def run_hsd(
             round_start = time.perf_counter()
             while (level := ledger.next_level()) >= 0:
                 rows = ledger.rows_for(level)
-                inside, size = _step(chain, level, rows, ledger, state, proposer, budget_end, log, broken)
-                if level == chain.top:
+                done = run_step(chain, level, rows, ledger, state, proposer, budget_end, log, broken)
+                if done[-1].level == chain.top:
                     if stop is not None:
                         _stop_rows(stop, state.tokens, ledger, rows)
                     if on_commit is not None:
@@ -300,7 +285,9 @@ def run_hsd(
                         if len(held):
                             ledger.hold(held)
                 round_end = time.perf_counter()
-                log.timed(level, round_end - round_start, inside, size)
+                around = round_end - round_start - sum(step.wall for step in done)  # the loop's own work
+                for step in done:
+                    log.timed(step.level, step.wall + around * (step is done[-1]), step.inside, step.size)
                 round_start = round_end
             if switcher is None or ledger.all_finished() or (stop is not None and stop.stopped.all()):
                 break
@@ -369,78 +356,6 @@ def _point_masses(level: object, greedy: bool) -> bool:
 
 ADAPTIVE = ("adaptive",)
 """What stands for the block sizes in the eager-time record of an adaptive run (``compile="auto"``)."""
-
-
-def _step(
-    chain: _Chain,
-    level: int,
-    rows: np.ndarray,  # [R] the rows that want ``level``
-    ledger: Ledger,
-    state: DecodeState,
-    proposer: Proposer | None,
-    budget_end: np.ndarray,  # [B]
-    log: RoundLog,
-    broken_levels: set[int],
-) -> tuple[float, int]:
-    """One step of ``level`` for ``rows``: a proposal level's proposals, a draft step (a chain, or a
-    token tree), or a verification, committed to the ledger. Returns the seconds spent inside the
-    step function and the step's size as the latency model counts it: the tokens a draft step drew
-    (a tree: its depth; a proposal call: 0), the widest span a verification fed."""
-    starts, ends, outs = ledger.spans(level, rows)
-    runners, block_sizes, tree = chain.runners, chain.block_sizes, chain.choice.tree
-    if level == 0 and chain.proposes_from_host:
-        assert proposer is not None
-        wanted = drafts_wanted(ledger, rows, budget_end, block_sizes)
-        started = time.perf_counter()
-        proposed = proposer.propose(state.tokens, rows, ends, wanted)
-        state.write_proposals(rows, ends, proposed.tokens, proposed.counts)
-        if proposed.q_logits is not None:
-            state.keep_proposal_q(rows, ends, proposed.counts, proposed.q_logits, proposed.q_lse)
-        ledger.commit_proposal(rows, proposed.counts, proposed.last_is_eos)
-        log.proposed(proposed.counts)
-        return time.perf_counter() - started, 0
-    step = chain.steps[level]
-    assert step is not None
-    if level == 0 and tree is not None:
-        wanted = drafts_wanted(ledger, rows, budget_end, block_sizes)
-        (proposed, _, broken), inside = step(state, rows, starts, ends, outs, wanted)
-        # a row's tree is cut above broken logits (tree_draft_step): the rest is proposed
-        _check_logits(runners, level, rows, broken, broken_levels)
-        ledger.commit_proposal(rows, proposed, np.zeros_like(proposed))
-        log.drafted_tree(starts, ends, tree)
-        size = tree.depth
-    elif level == 0:
-        wanted = drafts_wanted(ledger, rows, budget_end, block_sizes)
-        (drawn, last_is_eos, broken), inside = step(
-            state, rows, starts, ends, outs, wanted, count=draft_count(block_sizes)
-        )
-        stopped = _check_logits(runners, level, rows, broken, broken_levels)
-        for k in range(int(drawn.max())):  # the ledger takes drafts one at a time
-            now = ~stopped & (drawn > k)
-            ledger.commit_draft(rows[now], last_is_eos[now] & (drawn[now] == k + 1))
-        if stopped.any():  # drafting stopped before broken logits: the block closes there
-            ledger.commit_proposal(rows[stopped], drawn[stopped], last_is_eos[stopped])
-        log.drafted(starts, ends, drawn)
-        size = int(drawn.max())
-    else:
-        exit_seconds = 0.0
-        if chain.catch_up[level]:  # the exit below feeds what it has not cached of the block
-            cached = ledger.cached_lens()[rows]  # [R, levels]
-            for lower, lower_step in chain.catch_up[level]:
-                exit_seconds += lower_step.feed(state, rows, cached[:, lower], ends)
-        result, inside = step(state, rows, starts, ends, outs)
-        inside += exit_seconds
-        accepted, is_eos, broken = result[:3]  # [R] each
-        # what a draft level emitted from broken logits is kept as point masses (verify_step)
-        _check_logits(runners, level, rows, broken, broken_levels)
-        if tree is not None and level == 1:
-            log.ranked(result[3:])  # [depth, R] the rank of each accepted node
-        kept, cascaded = ledger.commit_verify(level, rows, accepted, is_eos)
-        log.verified(level, starts, ends, outs, accepted, kept, cascaded)
-        if proposer is not None:  # the emitted token replaced whatever stood at its position
-            proposer.invalidate(rows, outs + 1 + accepted)
-        size = int((ends - starts).max())
-    return inside, size
 
 
 def _probe_candidate(
@@ -536,39 +451,6 @@ def _count_eager(runners: Sequence[Runner], block_sizes: Sequence[int], seconds:
     spent = _EAGER_SECONDS.setdefault(runners[-1], {})
     key = _hierarchy_key(runners, block_sizes)
     spent[key] = spent.get(key, 0.0) + seconds
-
-
-def _check_logits(
-    runners: Sequence[Runner | ProposalLevel],
-    level: int,
-    rows: np.ndarray,  # [R]
-    broken: np.ndarray,  # [R] the step's flags: the row met a NaN or +inf in its logits
-    broken_levels: set[int],
-) -> np.ndarray:  # [R] bool
-    """The rows whose step met broken logits (a NaN or +inf: no distribution). At the target that
-    ends the run, as in HF. At a draft level the step has already made them harmless: nothing drawn
-    from them is proposed, and what a verifier emitted from them goes up as a point mass
-    (docs/design.md, "Why it is exact"); the first time a level breaks in a run, a warning. The flags
-    come back with the step's results: no extra sync."""
-    bad = broken.astype(bool)
-    if not bad.any():
-        return bad
-    where, model = rows[bad].tolist()[:8], type(getattr(runners[level], "model", runners[level])).__name__
-    if level == len(runners) - 1:
-        raise FloatingPointError(
-            f"level {level} produced NaN or +inf logits for rows {where}: the target ({model}) or its inputs "
-            "are numerically broken, and nothing sampled from it can be trusted"
-        )
-    if level not in broken_levels:
-        broken_levels.add(level)
-        warnings.warn(
-            f"hsd_fast: draft level {level} ({model}) produced NaN or +inf logits for rows {where} (warned "
-            "once per run): nothing drawn from them is proposed, so the output is still the target's, but "
-            "this level's work is wasted; check the model's weights and dtype",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    return bad
 
 
 def _token_counts(value: int | Sequence[int], name: str) -> np.ndarray:

@@ -245,30 +245,38 @@ class LevelStep:
             self.functions[key] = fn
         return fn
 
-    def __call__(
-        self,
-        state: DecodeState,
+    @staticmethod
+    def spans(
+        num_rows: int,
         rows: np.ndarray,  # [R] the rows that take part
         starts: np.ndarray,  # [R] what each feeds: [starts, ends) (the ledger's spans)
         ends: np.ndarray,  # [R]
         outs: np.ndarray,  # [R] a verification's drafts are [outs + 1, ends)
         wanted: np.ndarray | None = None,  # [R] drafts: tokens each row wants drawn
-        count: int | None = None,  # drafts: the most tokens a draft step of this run draws (T_0)
-    ) -> tuple[np.ndarray, float]:
-        """Run the step for ``rows``. Returns ``[3, R]`` (a draft: tokens drawn and whether the last
-        is an EOS; a verification: accepted counts and whether the new token is an EOS; and whether
-        the row's logits held a NaN or +inf; a token tree's verification adds the rank of the
-        accepted node at each depth, ``[3 + K, R]``) and the seconds spent in forwards (a long
-        span's head chunks, then the step function, its host sync included): a round's remaining
-        time is the host's own work. A compiled draft step always draws ``count`` tokens' worth of
-        forwards (rows stop at their ``wanted``): one graph serves the whole run, whatever is left
-        of a row's budget."""
-        full = np.zeros((5, state.num_rows), dtype=np.int64)  # starts, ends, outs, active, wanted
+    ) -> np.ndarray:  # [5, B]
+        """A step's spans over the whole batch: starts, ends, outs, active, wanted (rows that sit out:
+        zeros)."""
+        full = np.zeros((5, num_rows), dtype=np.int64)
         full[:, rows] = np.stack(
             [starts, ends, outs, np.ones_like(rows), np.ones_like(rows) if wanted is None else wanted]
         )
-        device = state.tokens.device
-        started = time.perf_counter()  # the head chunks below are forwards too, not the engine's host work
+        return full
+
+    def launch(
+        self,
+        state: DecodeState,
+        full: np.ndarray,  # [5, B] the spans (``spans``); with ``on_device``: their widest case
+        count: int | None = None,  # drafts: the most tokens a draft step of this run draws (T_0)
+        on_device: torch.Tensor | None = None,  # [5, B] the spans already on the device, within ``full``
+    ) -> torch.Tensor:  # [3, B] on the device ([3 + K, B] for a token tree's verification)
+        """Run the step for the active rows of ``full`` and return its output unread (no host sync):
+        a long span's head chunks, then the step function of this shape. ``on_device``: the spans
+        already on the device (``round_steps.draft_and_verify``: copied ahead, or a verification's
+        ends computed there from the draft's own counts); ``full`` then says the widest they can be,
+        which chooses the step's shape, and must fit one step (no head chunks)."""
+        if on_device is not None and int((full[1] - full[0]).max()) > MAX_WIDTH:
+            raise ValueError(f"spans already on the device must fit one step ({MAX_WIDTH} columns)")
+        rows = np.flatnonzero(full[3])
         # What is fed in chunks: the span, or before a token tree's verification, the span up to
         # the tree (its nodes follow in the step).
         longest = self._feed_heads(state, full, full[2] + 1 if self.tree_below is not None else full[1])
@@ -283,5 +291,29 @@ class LevelStep:
         else:
             out_width = bucket(int((full[1] - full[2]).max()))
             fn = self.choose("verify", bucket(longest), out_width, state, prefill)
-        out = fn(state, torch.from_numpy(full).to(device)).cpu().numpy()  # the round's one host sync
+        if on_device is None:
+            on_device = torch.from_numpy(full).to(state.tokens.device)
+        return fn(state, on_device)
+
+    def __call__(
+        self,
+        state: DecodeState,
+        rows: np.ndarray,  # [R] the rows that take part
+        starts: np.ndarray,  # [R] what each feeds: [starts, ends) (the ledger's spans)
+        ends: np.ndarray,  # [R]
+        outs: np.ndarray,  # [R] a verification's drafts are [outs + 1, ends)
+        wanted: np.ndarray | None = None,  # [R] drafts: tokens each row wants drawn
+        count: int | None = None,  # drafts: the most tokens a draft step of this run draws (T_0)
+    ) -> tuple[np.ndarray, float]:
+        """Run the step for ``rows`` and read its output. Returns ``[3, R]`` (a draft: tokens drawn
+        and whether the last is an EOS; a verification: accepted counts and whether the new token is
+        an EOS; and whether the row's logits held a NaN or +inf; a token tree's verification adds
+        the rank of the accepted node at each depth, ``[3 + K, R]``) and the seconds spent in
+        forwards (a long span's head chunks, then the step function, its host sync included): a
+        round's remaining time is the host's own work. A compiled draft step always draws ``count``
+        tokens' worth of forwards (rows stop at their ``wanted``): one graph serves the whole run,
+        whatever is left of a row's budget."""
+        full = self.spans(state.num_rows, rows, starts, ends, outs, wanted)
+        started = time.perf_counter()  # the head chunks are forwards too, not the engine's host work
+        out = self.launch(state, full, count).cpu().numpy()  # the step's one host sync
         return out[:, rows], time.perf_counter() - started

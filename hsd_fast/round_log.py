@@ -48,7 +48,7 @@ class RoundLog:
 
     def timed(self, level: int, wall: float, inside_step: float, size: int = 0) -> None:
         """A step of ``level`` took ``wall`` seconds of the round, ``inside_step`` of them in its step
-        function; ``size``: what the latency model counts of it (``engine._step``)."""
+        function; ``size``: what the latency model counts of it (``round_steps.run_step``)."""
         self.times[level].append((wall, inside_step, size))
 
     def marks(self) -> tuple[list[int], list[int]]:

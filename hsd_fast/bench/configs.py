@@ -12,10 +12,11 @@ the adaptive engine, which chooses among the drafts round by round.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from hsd_fast import round_steps
 from hsd_fast.hf_generate import generate as hsd_generate
 from hsd_fast.lookup import as_lookup
 from hsd_fast.other_tokenizer import OtherTokenizerDraft
@@ -144,6 +145,21 @@ def ours(
     if tree is not None and name is None:
         label = f"ours, {' > '.join([*chain, 'target'])}, tree {tree} T={list(T[1:])}"
     return Config(label, "ours", run, chain=tuple(chain), T=tuple(T))
+
+
+def steps_read_one_at_a_time(config: Config) -> Config:
+    """``config`` (ours) with every step read by the host before the next is launched
+    (``round_steps.PAIRED_ROUNDS`` off): what pairing a draft with its verification saves."""
+    paired_run = config.generate
+
+    def run(ids, mask):
+        round_steps.PAIRED_ROUNDS = False
+        try:
+            return paired_run(ids, mask)
+        finally:
+            round_steps.PAIRED_ROUNDS = True
+
+    return replace(config, name=f"{config.name}, steps read one at a time", generate=run)
 
 
 def ours_adaptive(

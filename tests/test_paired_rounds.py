@@ -1,0 +1,124 @@
+"""Level 0's draft and level 1's verification launched back to back, read once
+(``round_steps.draft_and_verify``; docs/design.md, "Draft and verification without a host sync"):
+taken wherever the chain allows it, the same tokens and counters as steps read one at a time (keyed
+randomness: sampled runs too, token for token), and a verification fed past a draft that stopped
+early is caught by the ledger's replay. The target's distribution with pairs on is the subject of
+every chi-square in test_engine.py (pairs are the default)."""
+
+import numpy as np
+import pytest
+import torch
+from hf_models import derived_drafts, tiny_model
+
+import hsd_fast
+from hsd_fast import round_steps
+from hsd_fast.engine import run_hsd
+from hsd_fast.testing.tables import TableRunner, table_family
+
+ROWS, STEPS, VOCAB = 400, 9, 4
+
+
+@pytest.fixture
+def pairs_taken(monkeypatch) -> list[int]:
+    """Counts the rows of every paired round (``draft_and_verify``'s calls)."""
+    taken: list[int] = []
+    paired = round_steps.draft_and_verify
+
+    def counting(chain, rows, *args):
+        taken.append(len(rows))
+        return paired(chain, rows, *args)
+
+    monkeypatch.setattr(round_steps, "draft_and_verify", counting)
+    return taken
+
+
+def _run(block_sizes: list[int], paired: bool, lookup: bool = False, **kwargs):
+    family = table_family(VOCAB, 2, len(block_sizes) + 1 - lookup, spread=2.0, seed=4)
+    runners = [TableRunner(m) for m in family]
+    if lookup:
+        runners.insert(0, hsd_fast.LookupDraft(max_ngram=2))
+    prompts = [torch.tensor([r % VOCAB, (r // VOCAB) % VOCAB, 1]) for r in range(ROWS)]
+    budgets = np.arange(ROWS) % STEPS + 1  # rows end at every point of a block
+    round_steps.PAIRED_ROUNDS = paired
+    try:
+        return run_hsd(
+            runners, prompts, block_sizes=block_sizes, max_new_tokens=budgets, eos_token_id=0, seeds=7,
+            **kwargs,
+        )  # fmt: skip
+    finally:
+        round_steps.PAIRED_ROUNDS = True
+
+
+@pytest.mark.parametrize(
+    ("block_sizes", "lookup", "greedy"),
+    [
+        ([3], False, False),
+        ([2, 3], False, False),
+        ([2, 3], False, True),
+        ([1, 2, 2], False, False),
+        ([2, 2], True, False),
+    ],
+    ids=["T=[3]", "T=[2, 3]", "T=[2, 3] greedy", "T=[1, 2, 2]", "lookup, T=[2, 2]"],
+)
+def test_paired_rounds_change_nothing_but_the_host_reads(
+    pairs_taken: list[int], block_sizes: list[int], lookup: bool, greedy: bool
+) -> None:
+    """Rows of every budget, EOS id 0 (drafts stop mid-block), sampled at temperature 1 or greedy:
+    the same sequences and the same counters per level with pairs as without."""
+    paired = _run(block_sizes, True, lookup, greedy=greedy)
+    assert pairs_taken == [] if lookup else len(pairs_taken) > 0  # a lookup level 0 proposes on the host
+    taken = len(pairs_taken)
+    single = _run(block_sizes, False, lookup, greedy=greedy)
+    assert len(pairs_taken) == taken, "PAIRED_ROUNDS=False still paired"
+    assert [s.tolist() for s in paired.sequences] == [s.tolist() for s in single.sequences]
+    for counter in ("forwards", "row_forwards", "fed_tokens", "drafted", "accepted", "bonus", "corrections"):
+        assert getattr(paired.stats, counter) == getattr(single.stats, counter), counter
+    ended_early = [len(s) - 3 < b for s, b in zip(paired.sequences, np.arange(ROWS) % STEPS + 1, strict=True)]
+    assert any(ended_early), "no row met an EOS: the test would not see a draft stopped early"
+
+
+def test_a_verification_fed_past_a_stopped_draft_is_caught(monkeypatch) -> None:
+    """Planted bug: the device moves every row's end past a full block, as if no draft stopped at an
+    EOS or the length budget; the ledger's replay refuses the round."""
+
+    verify_spans = round_steps.verify_spans
+
+    def full_block(before: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
+        return verify_spans(before, torch.full_like(drawn, int(drawn.max())))
+
+    monkeypatch.setattr(round_steps, "verify_spans", full_block)
+    with pytest.raises(RuntimeError, match="internal error: level 1 verified spans"):
+        _run([3], True)
+
+
+def test_rounds_where_rows_want_other_levels_are_not_paired(pairs_taken: list[int]) -> None:
+    """Three levels with T_0 = 1: rows drift apart (some want level 2 while others draft), and a pair
+    is launched only when every waiting row wants level 0, so the schedule stays the ledger's own:
+    some of level 0's steps run paired, some alone."""
+    for policy in ("most_rows", "highest_level"):
+        pairs_taken.clear()
+        result = _run([1, 2], True, policy=policy)
+        assert 0 < len(pairs_taken) < result.stats.forwards[0], policy
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_compiled_pairs_equal_the_targets_greedy_output(pairs_taken: list[int]) -> None:
+    """The same steps compiled (CPU: no CUDA graphs), a left-padded batch: paired and one at a time
+    both give the target's own greedy tokens."""
+    target = tiny_model("llama", layers=2)
+    drafts = derived_drafts(target, 1)
+    ids = torch.tensor([[0, 0, 5, 9, 11, 40], [8, 9, 10, 11, 12, 13]])
+    mask = (ids != 0).long()
+    kwargs = {"attention_mask": mask, "do_sample": False, "max_new_tokens": 24, "eos_token_id": None}
+    expected = target.generate(ids, **kwargs)
+    for paired in (True, False):
+        round_steps.PAIRED_ROUNDS = paired
+        try:
+            out = target.generate(
+                ids, custom_generate=hsd_fast.generate, drafts=drafts, T=[3], compile=True, **kwargs
+            )
+        finally:
+            round_steps.PAIRED_ROUNDS = True
+        assert out.tolist() == expected.tolist(), paired
+    assert pairs_taken, "no round was paired"
