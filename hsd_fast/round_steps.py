@@ -106,10 +106,11 @@ def draft_and_verify(
     num_rows, device = state.num_rows, state.tokens.device
     starts, ends, outs = ledger.spans(0, rows)
     wanted = drafts_wanted(ledger, rows, budget_end, chain.block_sizes)  # [R]
-    frontiers, cached = ledger.frontiers()[rows], ledger.cached_lens()[rows, 1]  # [R, K + 1], [R]
+    block_starts, cached = ledger.frontiers()[rows, 1], ledger.cached_lens()[rows, 1]  # [R] each
     # Level 1's spans as level 0 starts drafting: everything it has not cached, up to the draft's
-    # first position; its block starts at its own frontier. ``widest``: every row drawing all it wants.
-    before = LevelStep.spans(num_rows, rows, cached, frontiers[:, 0], frontiers[:, 1] - 1)  # [5, B]
+    # first position (level 0's ``ends``); its block starts at its own frontier. ``widest``: every row
+    # drawing all it wants.
+    before = LevelStep.spans(num_rows, rows, cached, ends, block_starts - 1)  # [5, B]
     widest = before.copy()
     widest[1, rows] += wanted
     started = time.perf_counter()
