@@ -40,6 +40,7 @@ from hsd_fast.bench.text_sets import prompt_set
 from hsd_fast.bench.timing import CpuMeter, interleaved
 from hsd_fast.lookup import level_identity
 from hsd_fast.profile import ProfileCache
+from hsd_fast.select_levels import RECOMPUTED
 from hsd_fast.zoo.calibration import read_calibration
 
 EXITS = (1, 2, 3)
@@ -94,7 +95,7 @@ def main() -> None:
     levels = {"lookup": "lookup", "xxs": zoo.load("xxs"), "xs": zoo.load("xs")}
     levels |= {f"exit{k}": hsd_fast.EarlyExit(target, k) for k in EXITS}
     # the same exits with the level above recomputing layers < k (the selector adds them as candidates)
-    recomputing = {f"exit{k} (recompute)": hsd_fast.EarlyExit(target, k, reuse=False) for k in EXITS}
+    recomputing = {f"exit{k}{RECOMPUTED}": hsd_fast.EarlyExit(target, k, reuse=False) for k in EXITS}
     sampling = {"do_sample": True, "temperature": 0.8} if args.sampled else {"do_sample": False}
     calibration = torch.cat([w[:, :128] for w in read_calibration(zoo.zoo_dir()).values()])
     # a cache of this run's own: the step costs are timed now, on this machine, quiet
@@ -155,7 +156,7 @@ def main() -> None:
         runs[name] = run_of(name, drafts=[levels[n] for n in chain], T=list(T))
         predicted[name] = no_draft / latency(chain, T)
         if chain and chain[-1].startswith("exit"):  # the exit under the target, recomputed
-            twin = (*chain[:-1], f"{chain[-1]} (recompute)")
+            twin = (*chain[:-1], chain[-1] + RECOMPUTED)
             T = best_T(twin)
             both_ways.append((name, " > ".join([*twin, args.target]) + f" T={list(T)}"))
             runs[both_ways[-1][1]] = run_of(both_ways[-1][1], drafts=[named[n] for n in twin], T=list(T))

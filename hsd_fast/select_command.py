@@ -1,9 +1,11 @@
 """``hsd-fast select``: profile a target and candidate drafts, print the best hierarchies, and with
 ``--measure`` time each with the engine next to its prediction.
 
-Models are zoo names (``hsd_fast.zoo``) or local HF checkpoint directories, and ``lookup`` names the
-model-free lookup level; by default the largest zoo model is the target and the lookup level and the
-other zoo models are the candidates. Acceptance is measured on the target's own continuations of
+Levels are named as ``select_levels`` says: zoo names (``hsd_fast.zoo``, variants included), local HF
+checkpoint directories, ``lookup`` (the model-free lookup level) and ``exitK`` (the target's first K
+layers, ``hsd_fast.EarlyExit``); by default the largest zoo model is the target and the lookup level
+and the smaller zoo models are the candidates (and a target trained for early exits offers its
+shallower half). Acceptance is measured on the target's own continuations of
 the zoo's calibration windows; costs at ``--context`` cached tokens for ``--batch`` rows, eager or
 (``--compile``) compiled, and ``--measure`` runs that batch. Measurements are cached
 (``--cache``); the zoo's committed CPU profile (``zoo/profile_cpu.json``) is read as a fallback.
@@ -33,8 +35,17 @@ from hsd_fast.cli_args import (
     tree_size,
 )
 from hsd_fast.lookup import LOOKUP
-from hsd_fast.positions import COMMAND_FORM, check_positions, fewest_positions, read_config
+from hsd_fast.positions import COMMAND_FORM, check_positions, fewest_positions
 from hsd_fast.report import markdown_table, run_metadata, write_report
+from hsd_fast.select_levels import (
+    candidate_levels,
+    config_of,
+    default_candidates,
+    default_target,
+    level_name,
+    name_errors,
+    named_models,
+)
 
 DEFAULT_CACHE = Path.home() / ".cache" / "hsd_fast" / "profiles.json"
 
@@ -45,7 +56,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--candidates",
         nargs="+",
-        help="zoo names, checkpoint directories or 'lookup' (the lookup level) (default: lookup and the zoo)",
+        help="zoo names, checkpoint directories, 'lookup' (the lookup level) or 'exitK' (the target's "
+        "first K layers as a level) (default: lookup, the smaller zoo models and, for a target trained "
+        "for early exits (sx, se), exit1..exit3)",
     )
     p.add_argument("--do-sample", action="store_true", help="select for sampling (default: greedy)")
     p.add_argument("--temperature", type=positive_float, default=1.0)
@@ -107,31 +120,7 @@ def _position_limit(names: list[str]) -> int | None:
     """The fewest positions any of the named models takes (``max_position_embeddings`` of its
     config.json, read without loading it), None where no config says. Unknown names are left to
     ``run``, which names them."""
-    from hsd_fast import zoo
-
-    try:
-        zoo_names = zoo.names()
-    except (OSError, ValueError):  # no zoo: only checkpoint directories can be checked
-        zoo_names = []
-    directories = [
-        Path(name) if Path(name).is_dir() else zoo.zoo_dir() / name
-        for name in names
-        if Path(name).is_dir() or name in zoo_names
-    ]
-    return fewest_positions(read_config(d / "config.json") for d in directories)
-
-
-def _model_names(args: argparse.Namespace) -> list[str]:
-    from hsd_fast import zoo
-
-    if args.target and args.candidates:
-        return [*args.candidates, args.target]
-    try:
-        names = zoo.names()
-    except (OSError, ValueError):
-        return [n for n in [*(args.candidates or []), args.target] if n]
-    target = args.target or names[-1]
-    return [*(args.candidates or [n for n in names if n != target]), target]
+    return fewest_positions(config_of(name) for name in names)
 
 
 def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -159,18 +148,10 @@ def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 
 
 def _check_names(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """Every model named is the lookup level, a checkpoint directory or a zoo model."""
-    from hsd_fast import zoo
-
-    try:
-        known = set(zoo.names())
-    except (OSError, ValueError):  # no zoo: run() says so
-        return
-    for flag, names in (("--target", [args.target]), ("--candidates", args.candidates or [])):
-        for name in names:
-            if name and name != LOOKUP and name not in known and not Path(name).is_dir():
-                zoo_models = ", ".join(sorted(known))
-                parser.error(f"{flag} {name}: neither a checkpoint directory nor a zoo model ({zoo_models})")
+    """Every level named can be made (``select_levels.name_errors``)."""
+    errors = name_errors(args.target, args.candidates)
+    if errors:
+        parser.error(errors[0])
 
 
 def _check_measured_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -196,7 +177,7 @@ def _check_measured_run(args: argparse.Namespace, parser: argparse.ArgumentParse
 def _check_positions(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     from hsd_fast.profile.costs import forward_costs
 
-    limit = _position_limit(_model_names(args))
+    limit = _position_limit(named_models(args.target, args.candidates))
     if limit is None:
         return
     defaults = inspect.signature(forward_costs).parameters
@@ -240,10 +221,10 @@ def run(args: argparse.Namespace) -> int:
     from hsd_fast.profile import ProfileCache, measured_latency
 
     dtype = getattr(torch, args.dtype)
-    names = zoo.names()
-    target_name = args.target or names[-1]
-    candidate_names = args.candidates or [LOOKUP, *(n for n in names if n != target_name)]
-    models = {n: _load(n, dtype, args.device) for n in [*candidate_names, target_name] if n != LOOKUP}
+    target_name = args.target or default_target()
+    candidate_names = args.candidates or default_candidates(target_name)
+    models = {n: _load(n, dtype, args.device) for n in named_models(target_name, candidate_names)}
+    candidates = candidate_levels(candidate_names, models, target_name)
     calibration, prompts, described = _calibration_and_prompts(args)
     calibration, prompts = calibration.to(args.device), prompts.to(args.device)
 
@@ -257,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
         sampling |= {k: v for k, v in chosen.items() if v is not None}  # unset: HF's defaults
     pick = select_hierarchy(
         models[target_name],
-        [models.get(n, n) for n in candidate_names],  # "lookup" as it is
+        candidates,
         calibration,
         context=args.context,
         cache=cache,
@@ -268,7 +249,6 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         **sampling,
     )
-    names_of = {id(model): name for name, model in models.items()}
     rows = []
     measured_ar = None
     measured_run = {"max_new_tokens": args.max_new_tokens, "batch": args.batch, "compile": args.compile}
@@ -278,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
     for rank, h in enumerate([pick, *pick.runner_ups]):
         row = {
             "rank": rank,
-            "chain": [*(names_of.get(id(d), LOOKUP) for d in h.drafts), target_name],
+            "chain": [*(level_name(d, models) for d in h.drafts), target_name],
             "T": list(h.T),
             "tree": "" if h.tree is None else repr(h.tree),
             "predicted_tok_s": h.predicted_tokens_per_second,
@@ -308,7 +288,8 @@ def run(args: argparse.Namespace) -> int:
         )
     print("\n".join(table))
     if args.adapt:
-        print("\n".join(_adaptive_view(models, target_name, candidate_names, pick, prompts, measured_run)))
+        names = [*candidate_names, target_name]
+        print("\n".join(_adaptive_view(models[target_name], candidates, names, pick, prompts, measured_run)))
     if args.json:
         meta = run_metadata(
             args.device,
@@ -326,20 +307,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _adaptive_view(
-    models: dict, target_name: str, candidate_names: list[str], pick, prompts: torch.Tensor, run: dict
+    target: torch.nn.Module, candidates: list, names: list[str], pick, prompts: torch.Tensor, run: dict
 ) -> list[str]:
     """Run ``prompts`` adaptively from ``pick`` over every candidate and describe what the latency
-    controller did (docs/design.md §8.9)."""
+    controller did (docs/design.md §8.9); ``names``: the candidates', then the target's."""
     from hsd_fast.controller import LatencyController
     from hsd_fast.hf_generate import generate
     from hsd_fast.switching_types import Adaptive
 
-    candidates = [models.get(n, n) for n in candidate_names]  # "lookup" as it is
     batch = run["batch"]  # the rows the pick was selected for (the measured prompts, cycled)
     prompts = prompts.repeat((batch + len(prompts) - 1) // len(prompts), 1)[:batch]
     run = {k: v for k, v in run.items() if k != "batch"}
     start = time.perf_counter()
-    out = models[target_name].generate(
+    out = target.generate(
         prompts, custom_generate=generate, drafts=candidates, hierarchy=pick, adapt=True,
         output_hsd_stats=True, eos_token_id=None, **run,
     )  # fmt: skip
@@ -349,7 +329,7 @@ def _adaptive_view(
     lines = [f"\nAdaptive from the pick, every candidate: {new / seconds:.1f} tok/s over {len(prompts)} rows"]
     used = ("hierarchies used", "  from round")
     lines += [line for line in out.hsd_stats.summary().splitlines() if line.startswith(used)]
-    return lines + controller.describe([*candidate_names, target_name])
+    return lines + controller.describe(names)
 
 
 def _calibration_and_prompts(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, str]:

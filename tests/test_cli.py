@@ -124,6 +124,24 @@ def test_select_prints_and_measures_the_best_hierarchies(
     assert all(r["predicted_tok_s"] > 0 for r in report_json["rows"])
 
 
+@pytest.mark.slow
+def test_select_takes_early_exits_by_name(tmp_path, capsys) -> None:
+    """`exitK` names the target's first K layers as a level: the selector prices it reusing and
+    recomputing (its twin), and every chain the two candidates allow is ranked and measured under the
+    names a user passes."""
+    report, cache = tmp_path / "select.json", tmp_path / "cache.json"
+    args = ["select", "--target", "sx", "--candidates", "lookup", "exit2", "--max-T", "3"]
+    args += ["--cache", str(cache), "--json", str(report), "--measure"]
+    args += ["--max-new-tokens", "8", "--prompt-len", "16"]
+    assert main(args) == 0
+    rows = json.loads(report.read_text())["rows"]
+    exit2 = ("exit2", "exit2 (recompute)")  # never stacked on each other: one level two ways
+    expected = {("sx",), ("lookup", "sx"), *(c for e in exit2 for c in ((e, "sx"), ("lookup", e, "sx")))}
+    assert {tuple(r["chain"]) for r in rows} == expected
+    assert all(r["measured_tok_s"] > 0 for r in rows)
+    assert "exit2 (recompute) > sx" in capsys.readouterr().out
+
+
 def test_select_adapt_prints_the_controllers_view(tmp_path, capsys) -> None:
     cache = tmp_path / "cache.json"  # the committed profile answers as a fallback
     args = ["select", "--cache", str(cache), "--max-T", "4", "--max-new-tokens", "48", "--prompt-len", "16"]

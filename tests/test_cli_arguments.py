@@ -26,6 +26,7 @@ from hsd_fast import zoo
 from hsd_fast.cli import main
 from hsd_fast.cli_args import report_stem
 from hsd_fast.profile.cache import ProfileCacheWarning
+from hsd_fast.select_levels import default_candidates, named_models
 
 
 @pytest.fixture
@@ -72,12 +73,27 @@ SELECT_ERRORS = [
     (["--candidates", "lookup", "xxs", "lookup"], "name the lookup level once"),
     (["--target", "giant"], "--target giant: neither a checkpoint directory nor a zoo model"),
     (["--candidates", "xxs", "tiny"], "--candidates tiny: neither a checkpoint directory nor a zoo model"),
+    (["--target", "exit2"], "--target exit2: an exit is a draft level made of the target's layers"),
+    (["--candidates", "exit0"], "--candidates exit0: the target s has 6 layers: exits are exit1..exit5"),
+    (["--target", "sx", "--candidates", "exit6"], "the target sx has 6 layers: exits are exit1..exit5"),
+    (["--target", "sx", "--candidates", "exit2", "exit2"], "name each exit once"),
+    (["--target", "sx", "--candidates", "xs4k"], "--candidates xs4k: its tokenizer is not the target's (sx)"),
 ]
 
 
 @pytest.mark.parametrize(("args", "message"), SELECT_ERRORS, ids=[" ".join(a) for a, _ in SELECT_ERRORS])
 def test_select_refuses_nonsense_up_front(args, message, nothing_runs, capsys) -> None:
     assert message in _usage_error(["select", *args], capsys)
+
+
+def test_select_offers_a_targets_trained_exits_by_default() -> None:
+    """The default candidates: the lookup level and the smaller family models; a target trained for
+    early exits (``sx``, 6 layers) adds its shallower half. ``exitK`` names no model to load."""
+    assert default_candidates("s") == ["lookup", "xxs", "xs", "sm"]  # s: no exit loss
+    smaller = ["lookup", "xxs", "xs", "sm"]  # not s: as large as sx
+    assert default_candidates("sx") == [*smaller, "exit1", "exit2", "exit3"]
+    assert named_models("sx", ["lookup", "xxs", "exit2"]) == ["xxs", "sx"]
+    assert named_models(None, None) == ["xxs", "xs", "sm", "s"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")

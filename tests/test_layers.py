@@ -50,8 +50,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     ("zoo_build", "building the zoo: corpus, training, card",
      ("zoo.corpus", "zoo.train", "zoo.build", "zoo.card", "zoo.tokenizer_training")),
     ("apps", "the command line, benchmarks, demos and test helpers",
-     ("cli", "select_command", "bench", "bench.*", "demo", "zoo_demo", "doctor", "zoo.commands", "testing",
-      "testing.*")),
+     ("cli", "select_command", "select_levels", "bench", "bench.*", "demo", "zoo_demo", "doctor",
+      "zoo.commands", "testing", "testing.*")),
 ]  # fmt: skip
 
 FACE = "hsd_fast"  # the public face: exempt, and imported by nothing inside the package

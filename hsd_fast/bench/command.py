@@ -47,6 +47,7 @@ from hsd_fast.processors import generation_sampling
 from hsd_fast.profile import ProfileCache, measured_latency
 from hsd_fast.profile.costs import crowd_bytes
 from hsd_fast.report import markdown_table, run_metadata
+from hsd_fast.select_levels import RECOMPUTED
 from hsd_fast.selector import level_zero_only, select
 
 GRID_MAX_T = 6
@@ -405,10 +406,6 @@ def _drafts(scenario: Scenario, names: Sequence[str]) -> tuple:
     """The draft levels named (a chain's names, the target excluded; an exit's name + ``RECOMPUTED``:
     that exit with its verifier recomputing layers < k)."""
     return tuple(as_lookup(n) or _recomputed_exit(scenario, n) or scenario.drafts[n] for n in names)
-
-
-RECOMPUTED = " (recompute)"
-"""What marks an early exit's recomputing twin in a profile's names (``hierarchy.with_recomputing_exits``)."""
 
 
 def _recomputed_k(scenario: Scenario, name: str) -> int | None:

@@ -1,0 +1,146 @@
+"""The levels ``hsd-fast select`` offers, by name, and the names of the levels it picked.
+
+A name is a zoo model (the family or a variant such as ``sx``), a checkpoint directory, ``lookup``
+(the model-free lookup level) or ``exitK``: the target's own first ``K`` layers with its final norm and
+head (``hsd_fast.EarlyExit(target, K)``; write ``./exit2`` for a directory called ``exit2``). By
+default the target is the zoo's largest family model and the candidates are the lookup level and the
+zoo's family models smaller than the target, plus exits 1..L/2 for a target of L layers trained for
+early exits (the zoo's ``se`` and ``sx``): a deeper exit costs most of the target's own step.
+
+The checks here read config files and the zoo's manifest only: a name that cannot work is a usage
+error before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from hsd_fast.early_exit import exit_of, reuses_hidden
+from hsd_fast.lookup import LOOKUP, LookupDraft
+from hsd_fast.positions import read_config
+
+_EXIT_NAME = re.compile(r"exit([0-9]+)")
+RECOMPUTED = " (recompute)"
+"""Marks an exit's recomputing twin in names (``EarlyExit(target, k, reuse=False)``, which the selector
+offers beside every exit that may hand its hidden states up: ``hierarchy.with_recomputing_exits``)."""
+
+
+def exit_depth(name: str) -> int | None:
+    """``K`` where ``name`` is ``exitK``, else None."""
+    match = _EXIT_NAME.fullmatch(name)
+    return int(match[1]) if match else None
+
+
+def _zoo_records() -> dict[str, dict]:
+    """The zoo manifest's model records by name; empty where there is no zoo (``run`` says so)."""
+    from hsd_fast import zoo
+
+    try:
+        return {name: zoo.manifest()["models"][name] for name in zoo.names(variants=True)}
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def default_target() -> str:
+    from hsd_fast import zoo
+
+    return zoo.names()[-1]
+
+
+def config_of(name: str) -> dict | None:
+    """The config.json of a zoo model or checkpoint directory, unloaded; None for other names."""
+    from hsd_fast import zoo
+
+    if Path(name).is_dir():
+        return read_config(Path(name) / "config.json")
+    if name in _zoo_records():
+        return read_config(zoo.zoo_dir() / name / "config.json")
+    return None
+
+
+def default_candidates(target: str) -> list[str]:
+    """The lookup level, the zoo family's models smaller than ``target``, and where ``target`` was
+    trained for early exits (its manifest record lists ``exit_weights``) its exits 1..L/2."""
+    from hsd_fast import zoo
+
+    records = _zoo_records()
+    size = records.get(target, {}).get("params", float("inf"))
+    smaller = [n for n in zoo.names() if n != target and records[n]["params"] < size]
+    exits = []
+    if "exit_weights" in records.get(target, {}).get("training", {}):
+        layers = (config_of(target) or {}).get("num_hidden_layers", 0)
+        exits = [f"exit{k}" for k in range(1, layers // 2 + 1)]
+    return [LOOKUP, *smaller, *exits]
+
+
+def named_models(target: str | None, candidates: list[str] | None) -> list[str]:
+    """The names of the models a run loads (checkpoint directories and zoo models, the target last):
+    neither the lookup level nor exits, which are the target's."""
+    target = target or default_target()
+    levels = candidates or default_candidates(target)
+    return [n for n in [*levels, target] if n != LOOKUP and exit_depth(n) is None]
+
+
+def name_errors(target: str | None, candidates: list[str] | None) -> list[str]:
+    """What is wrong with the named levels, flag first (empty: nothing): every model a checkpoint
+    directory or a zoo model; zoo drafts on the target's tokenizer; each exit inside the target."""
+    records = _zoo_records()
+    if not records:  # no zoo: run() says so
+        return []
+    family = ", ".join(sorted(records))
+    errors = []
+    for flag, names in (("--target", [target] if target else []), ("--candidates", candidates or [])):
+        for name in names:
+            if flag == "--target" and exit_depth(name) is not None:
+                errors.append(f"--target {name}: an exit is a draft level made of the target's layers")
+            known = name == LOOKUP or exit_depth(name) is not None or name in records or Path(name).is_dir()
+            if not known:
+                errors.append(f"{flag} {name}: neither a checkpoint directory nor a zoo model ({family})")
+    target = target or default_target()
+    if target in records:
+        tokenizer = records[target].get("tokenizer")
+        for name in candidates or []:
+            if name in records and records[name].get("tokenizer") != tokenizer:
+                errors.append(
+                    f"--candidates {name}: its tokenizer is not the target's ({target}); a draft with "
+                    "another tokenizer is selected by select_hierarchy(..., draft_tokenizers=[...]) or "
+                    "measured by `hsd-fast bench --scenario tokenizers`"
+                )
+    exits = [n for n in candidates or [] if exit_depth(n) is not None]
+    layers = (config_of(target) or {}).get("num_hidden_layers")
+    for name in exits:
+        if isinstance(layers, int) and not 1 <= exit_depth(name) < layers:
+            last = f"exit{layers - 1}"
+            errors.append(
+                f"--candidates {name}: the target {target} has {layers} layers: exits are exit1..{last}"
+            )
+    if len(set(exits)) < len(exits):
+        errors.append("--candidates: name each exit once")
+    return errors
+
+
+def candidate_levels(names: list[str], models: dict[str, torch.nn.Module], target: str) -> list:
+    """The levels ``select_hierarchy`` takes for ``names``: the models, ``"lookup"`` as it is, each
+    ``exitK`` as ``EarlyExit(models[target], K)``."""
+    from hsd_fast.early_exit import EarlyExit
+
+    def level(name: str):
+        if exit_depth(name) is not None:
+            return EarlyExit(models[target], exit_depth(name))
+        return models.get(name, name)  # "lookup" as it is
+
+    return [level(n) for n in names]
+
+
+def level_name(level: object, models: dict[str, torch.nn.Module]) -> str:
+    """The name a user would pass for a picked level: a model's, ``lookup``, ``exitK`` (with
+    ``RECOMPUTED`` where the selector chose the exit's recomputing twin)."""
+    if isinstance(level, (str, LookupDraft)):
+        return LOOKUP
+    found = exit_of(level)
+    if found is not None:
+        return f"exit{found[1]}" + ("" if reuses_hidden(level) else RECOMPUTED)
+    return next(name for name, model in models.items() if model is level)
