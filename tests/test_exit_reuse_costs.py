@@ -18,6 +18,7 @@ from dataclasses import replace
 import pytest
 import torch
 from exit_levels import affine_cost, counted, deep_model
+from hf_models import tiny_model
 
 from hsd_fast.controller import _without_reuse
 from hsd_fast.early_exit import EarlyExit
@@ -83,26 +84,45 @@ def test_reuse_costs_time_the_verification_from_hidden_states(deep) -> None:
         reuse_costs(deep, EarlyExit(deep, 2, reuse=False), spans=SPANS, context=8, repeats=1, warmup=0)
 
 
+def _bytes(*modules: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+
+
+@pytest.mark.hf
+def test_levels_crowd_each_other_by_the_weights_they_do_not_share(deep) -> None:
+    """An exit reads its target's own tensors: between two of the target's steps an exit's step
+    reads nothing the target does not, and between two of an exit's steps the target's reads only
+    its layers past the exit. A separate draft crowds both with all of its weights."""
+    exit2, exit3 = EarlyExit(deep, 2), EarlyExit(deep, 3)
+    past = [_bytes(*deep.model.layers[k:]) for k in (2, 3)]  # the target's layers past each exit
+    assert crowd_bytes([exit2, deep]) == [past[0], 0]
+    assert crowd_bytes([exit2, exit3, deep]) == [past[0], past[1], 0]
+    other = tiny_model("llama", layers=1)
+    assert crowd_bytes([other, exit2, deep]) == [_bytes(deep), _bytes(other) + past[0], _bytes(other)]
+
+
 @pytest.mark.hf
 def test_with_exit_reuse_attaches_each_exits_verifiers(deep) -> None:
     shallow, middle, recomputing = EarlyExit(deep, 1), EarlyExit(deep, 3), EarlyExit(deep, 2, reuse=False)
-    models = [shallow, recomputing, middle, deep]
+    other = tiny_model("llama", layers=1)  # a draft of its own: its weights crowd every other level
+    models = [other, shallow, recomputing, middle, deep]
     cache = ProfileCache(None)
     timing = {"context": 8, "spans": SPANS, "drafts": (1,), "repeats": 2, "warmup": 1}
     crowds = crowd_bytes(models)
     costs = [cache.costs(m, crowd_bytes=crowd, **timing) for m, crowd in zip(models, crowds, strict=True)]
     out = cache.with_exit_reuse(models, costs, crowds, **{k: v for k, v in timing.items() if k != "drafts"})
     # exit 1 is verified from its hidden states by every deeper level (a recomputing exit too: reuse=False
-    # keeps its own hidden states from the level above it); the recomputing exit by none
-    assert [len(c.reused_by) for c in out] == [3, 0, 1, 0]
-    assert out[3] is costs[3] and out[1] is costs[1]
-    ((upper, reused),) = out[2].reused_by
-    assert upper is out[3] and reused.spans == SPANS and reused.crowded is not None  # timed crowded
-    (target, timed), *by_exits = out[0].reused_by
-    assert target is out[3] and [u for u, _ in by_exits] == [out[1], out[2]]
+    # keeps its own hidden states from the level above it); the recomputing exit by none, the other
+    # draft by none
+    assert [len(c.reused_by) for c in out] == [0, 3, 0, 1, 0]
+    assert out[4] is costs[4] and out[2] is costs[2] and out[0] is costs[0]
+    ((upper, reused),) = out[3].reused_by
+    assert upper is out[4] and reused.spans == SPANS and reused.crowded is not None  # timed crowded
+    (target, timed), *by_exits = out[1].reused_by
+    assert target is out[4] and [u for u, _ in by_exits] == [out[2], out[3]]
     # a deeper exit's verification: the target's minus the layers that exit lacks
-    for (_, derived), lacking in zip(by_exits, (costs[1], costs[2]), strict=True):
-        less = [t - (costs[3](n) - lacking(n)) for n, t in zip(SPANS, timed.seconds, strict=True)]
+    for (_, derived), lacking in zip(by_exits, (costs[2], costs[3]), strict=True):
+        less = [t - (costs[4](n) - lacking(n)) for n, t in zip(SPANS, timed.seconds, strict=True)]
         assert derived.seconds == pytest.approx([max(0.0, x) for x in less])
         assert derived.crowded is not None
     entries = len(cache.entries)

@@ -233,10 +233,17 @@ def cache_crowd(num_bytes: int, device: torch.device) -> Callable[[], None]:
 
 
 def crowd_bytes(models: Sequence[torch.nn.Module]) -> list[int]:
-    """For each of ``models``, the bytes of the others' parameters: what the other levels of a chain
-    read between two of its steps (``forward_costs(crowd_bytes=)``)."""
-    sizes = [sum(p.numel() * p.element_size() for p in m.parameters()) for m in models]
-    return [sum(sizes) - size for size in sizes]
+    """For each of ``models``, the bytes of the other models' parameters that are not its own: what
+    the other levels of a chain read between two of its steps (``forward_costs(crowd_bytes=)``). A
+    tensor two levels share counts once, and never against a level that holds it, which reads it in
+    its own step: an early exit's layers, embedding and head are its target's, so an exit and its
+    target alone crowd each other by nothing but the target's layers past the exit."""
+    held = [{(p.data_ptr(), p.numel()): p.numel() * p.element_size() for p in m.parameters()} for m in models]
+    crowds = []
+    for mine in held:
+        others = {key: size for theirs in held if theirs is not mine for key, size in theirs.items()}
+        crowds.append(sum(size for key, size in others.items() if key not in mine))
+    return crowds
 
 
 COST_METHOD = 2
