@@ -55,6 +55,16 @@ COLUMNS = ["config", "tok_s", "x own no-draft", "predicted x own no-draft", "x H
 VARIED = ("licenses", "man-pages")  # text the zoo never saw (bench.text_sets)
 
 
+def rank_correlation(a: list[float], b: list[float]) -> float:
+    """Spearman's rho: the correlation of the two lists' ranks (ties take their mean rank)."""
+
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(values)
+        return [order.index(v) + (order.count(v) - 1) / 2 for v in values]
+
+    return statistics.correlation(ranks(a), ranks(b))
+
+
 def prompts(tokenizer, prompt_len: int) -> list[tuple[str, torch.Tensor]]:
     """Two held-out zoo prompts (code, prose) and one of each varied set found on this machine."""
     windows = read_calibration(zoo.zoo_dir())
@@ -221,6 +231,16 @@ def main() -> None:
         "Reuse or recompute (recomputed / reused speed, predicted vs measured): "
         + "; ".join(f"{chain} {p:.2f} vs {m:.2f}" for chain, (p, m) in ways.items())
         + f". The latency model tells the faster way in {right} of {len(ways)}."
+    )
+    # does it rank the chains right? (what the selector needs, whatever the machine's pace that day)
+    chains = [n for n in ours if n in predicted and not n.startswith("selector")]
+    measured = {n: seconds[ours_alone] / seconds[n] for n in chains}  # x our no-draft decoding
+    ratios = [measured[n] / predicted[n] for n in chains]
+    rho = rank_correlation([predicted[n] for n in chains], [measured[n] for n in chains])
+    notes.append(
+        f"Predicted against measured speed-up over our no-draft decoding, over our {len(chains)} chains: "
+        f"rank correlation (Spearman) {rho:.2f}; measured / predicted median {statistics.median(ratios):.2f}"
+        f" (range {min(ratios):.2f}-{max(ratios):.2f})."
     )
     meta = run_meta(
         "cpu", batch=1, dtype="float32", sampling=sampling, compiled=args.compile,

@@ -5,8 +5,9 @@ Levels are named as ``select_levels`` says: zoo names (``hsd_fast.zoo``, variant
 checkpoint directories, ``lookup`` (the model-free lookup level) and ``exitK`` (the target's first K
 layers, ``hsd_fast.EarlyExit``); by default the largest zoo model is the target and the lookup level
 and the smaller zoo models are the candidates (and a target trained for early exits offers its
-shallower half). Acceptance is measured on the target's own continuations of
-the zoo's calibration windows; costs at ``--context`` cached tokens for ``--batch`` rows, eager or
+shallower half); a model on another tokenizer (``xs4k``) drafts through the byte bridge. Acceptance
+is measured on the target's own continuations of the zoo's calibration windows; costs at
+``--context`` cached tokens for ``--batch`` rows, eager or
 (``--compile``) compiled, and ``--measure`` runs that batch. Measurements are cached
 (``--cache``); the zoo's committed CPU profile (``zoo/profile_cpu.json``) is read as a fallback.
 
@@ -45,6 +46,7 @@ from hsd_fast.select_levels import (
     level_name,
     name_errors,
     named_models,
+    tokenizer_of,
 )
 
 DEFAULT_CACHE = Path.home() / ".cache" / "hsd_fast" / "profiles.json"
@@ -57,8 +59,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--candidates",
         nargs="+",
         help="zoo names, checkpoint directories, 'lookup' (the lookup level) or 'exitK' (the target's "
-        "first K layers as a level) (default: lookup, the smaller zoo models and, for a target trained "
-        "for early exits (sx, se), exit1..exit3)",
+        "first K layers as a level); one model may have another tokenizer (xs4k) (default: lookup, the "
+        "smaller zoo models and, for a target trained for early exits (sx, se), exit1..exit3)",
     )
     p.add_argument("--do-sample", action="store_true", help="select for sampling (default: greedy)")
     p.add_argument("--temperature", type=positive_float, default=1.0)
@@ -149,7 +151,7 @@ def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 
 def _check_names(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Every level named can be made (``select_levels.name_errors``)."""
-    errors = name_errors(args.target, args.candidates)
+    errors = name_errors(args.target, args.candidates, args.adapt)
     if errors:
         parser.error(errors[0])
 
@@ -236,6 +238,12 @@ def run(args: argparse.Namespace) -> int:
     if args.do_sample:
         chosen = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
         sampling |= {k: v for k, v in chosen.items() if v is not None}  # unset: HF's defaults
+    tokenizers = {n: tokenizer_of(n) for n in models}
+    if tokenizers[target_name] is not None:  # a model on another tokenizer drafts through the bridge
+        bridging = {"draft_tokenizers": [tokenizers.get(n) for n in candidate_names]}
+        bridging["target_tokenizer"] = tokenizers[target_name]
+    else:
+        bridging = {}
     pick = select_hierarchy(
         models[target_name],
         candidates,
@@ -247,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
         batch=args.batch,
         compile=args.compile,
         max_new_tokens=args.max_new_tokens,
+        **bridging,
         **sampling,
     )
     rows = []

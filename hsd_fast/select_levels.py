@@ -5,7 +5,9 @@ A name is a zoo model (the family or a variant such as ``sx``), a checkpoint dir
 head (``hsd_fast.EarlyExit(target, K)``; write ``./exit2`` for a directory called ``exit2``). By
 default the target is the zoo's largest family model and the candidates are the lookup level and the
 zoo's family models smaller than the target, plus exits 1..L/2 for a target of L layers trained for
-early exits (the zoo's ``se`` and ``sx``): a deeper exit costs most of the target's own step.
+early exits (the zoo's ``se`` and ``sx``): a deeper exit costs most of the target's own step. A model
+whose tokenizer is not the target's (the zoo's ``xs4k``, or a checkpoint directory with a tokenizer of
+another vocabulary) is a draft with another tokenizer (``hsd_fast.OtherTokenizerDraft``): one per run.
 
 The checks here read config files and the zoo's manifest only: a name that cannot work is a usage
 error before any model is loaded.
@@ -20,6 +22,7 @@ import torch
 
 from hsd_fast.early_exit import exit_of, reuses_hidden
 from hsd_fast.lookup import LOOKUP, LookupDraft
+from hsd_fast.other_tokenizer import OtherTokenizerDraft
 from hsd_fast.positions import read_config
 
 _EXIT_NAME = re.compile(r"exit([0-9]+)")
@@ -84,9 +87,10 @@ def named_models(target: str | None, candidates: list[str] | None) -> list[str]:
     return [n for n in [*levels, target] if n != LOOKUP and exit_depth(n) is None]
 
 
-def name_errors(target: str | None, candidates: list[str] | None) -> list[str]:
+def name_errors(target: str | None, candidates: list[str] | None, adapt: bool = False) -> list[str]:
     """What is wrong with the named levels, flag first (empty: nothing): every model a checkpoint
-    directory or a zoo model; zoo drafts on the target's tokenizer; each exit inside the target."""
+    directory or a zoo model; a zoo target on the shared tokenizer; at most one zoo draft on another
+    tokenizer (none with ``adapt``); each exit inside the target, named once."""
     records = _zoo_records()
     if not records:  # no zoo: run() says so
         return []
@@ -101,14 +105,18 @@ def name_errors(target: str | None, candidates: list[str] | None) -> list[str]:
                 errors.append(f"{flag} {name}: neither a checkpoint directory nor a zoo model ({family})")
     target = target or default_target()
     if target in records:
-        tokenizer = records[target].get("tokenizer")
-        for name in candidates or []:
-            if name in records and records[name].get("tokenizer") != tokenizer:
-                errors.append(
-                    f"--candidates {name}: its tokenizer is not the target's ({target}); a draft with "
-                    "another tokenizer is selected by select_hierarchy(..., draft_tokenizers=[...]) or "
-                    "measured by `hsd-fast bench --scenario tokenizers`"
-                )
+        own = records[target].get("tokenizer")
+        if own is not None:
+            errors.append(
+                f"--target {target}: the zoo's calibration and prompts are in the shared tokenizer's ids, "
+                f"not {target}'s; it can draft for the family (--candidates {target})"
+            )
+        bridged = [n for n in candidates or [] if n in records and records[n].get("tokenizer") != own]
+        if bridged and adapt:
+            errors.append(f"--adapt: an adaptive run takes no draft with another tokenizer ({bridged[0]})")
+        if len(bridged) > 1:
+            names = ", ".join(bridged)
+            errors.append(f"--candidates: at most one draft with another tokenizer than {target}'s ({names})")
     exits = [n for n in candidates or [] if exit_depth(n) is not None]
     layers = (config_of(target) or {}).get("num_hidden_layers")
     for name in exits:
@@ -135,11 +143,28 @@ def candidate_levels(names: list[str], models: dict[str, torch.nn.Module], targe
     return [level(n) for n in names]
 
 
+def tokenizer_of(name: str):
+    """The tokenizer of a zoo model or a checkpoint directory (None where the directory has none)."""
+    from hsd_fast import zoo
+
+    if not Path(name).is_dir():
+        return zoo.load_tokenizer(name)
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError):  # no tokenizer files: taken to be the target's
+        return None
+
+
 def level_name(level: object, models: dict[str, torch.nn.Module]) -> str:
-    """The name a user would pass for a picked level: a model's, ``lookup``, ``exitK`` (with
-    ``RECOMPUTED`` where the selector chose the exit's recomputing twin)."""
+    """The name a user would pass for a picked level: a model's (a draft with another tokenizer by
+    its model's), ``lookup``, ``exitK`` (with ``RECOMPUTED`` where the selector chose the exit's
+    recomputing twin)."""
     if isinstance(level, (str, LookupDraft)):
         return LOOKUP
+    if isinstance(level, OtherTokenizerDraft):
+        level = level.model
     found = exit_of(level)
     if found is not None:
         return f"exit{found[1]}" + ("" if reuses_hidden(level) else RECOMPUTED)

@@ -25,8 +25,11 @@ from printed import table_rows
 from hsd_fast import zoo
 from hsd_fast.cli import main
 from hsd_fast.cli_args import report_stem
+from hsd_fast.early_exit import EarlyExit
+from hsd_fast.lookup import LookupDraft
+from hsd_fast.other_tokenizer import OtherTokenizerDraft
 from hsd_fast.profile.cache import ProfileCacheWarning
-from hsd_fast.select_levels import default_candidates, named_models
+from hsd_fast.select_levels import candidate_levels, default_candidates, level_name, named_models
 
 
 @pytest.fixture
@@ -77,7 +80,9 @@ SELECT_ERRORS = [
     (["--candidates", "exit0"], "--candidates exit0: the target s has 6 layers: exits are exit1..exit5"),
     (["--target", "sx", "--candidates", "exit6"], "the target sx has 6 layers: exits are exit1..exit5"),
     (["--target", "sx", "--candidates", "exit2", "exit2"], "name each exit once"),
-    (["--target", "sx", "--candidates", "xs4k"], "--candidates xs4k: its tokenizer is not the target's (sx)"),
+    (["--candidates", "xs4k", "xxs4k"], "at most one draft with another tokenizer than s's (xs4k, xxs4k)"),
+    (["--candidates", "xs4k", "--adapt"], "--adapt: an adaptive run takes no draft with another tokenizer"),
+    (["--target", "xs4k"], "--target xs4k: the zoo's calibration and prompts are in the shared tokenizer's"),
 ]
 
 
@@ -94,6 +99,18 @@ def test_select_offers_a_targets_trained_exits_by_default() -> None:
     assert default_candidates("sx") == [*smaller, "exit1", "exit2", "exit3"]
     assert named_models("sx", ["lookup", "xxs", "exit2"]) == ["xxs", "sx"]
     assert named_models(None, None) == ["xxs", "xs", "sm", "s"]
+
+
+def test_picked_levels_are_named_as_the_user_names_them() -> None:
+    target, draft = zoo.load("sx"), zoo.load("xs4k")
+    models = {"xs4k": draft, "sx": target}
+    bridged = OtherTokenizerDraft(draft, zoo.load_tokenizer("xs4k"), zoo.load_tokenizer("sx"))
+    assert level_name(bridged, models) == "xs4k"  # the bridge is how it drafts, not what it is
+    assert level_name(EarlyExit(target, 2), models) == "exit2"
+    assert level_name(EarlyExit(target, 2, reuse=False), models) == "exit2 (recompute)"
+    assert level_name(LookupDraft(), models) == level_name("lookup", models) == "lookup"
+    levels = candidate_levels(["lookup", "exit3", "xs4k"], models, "sx")
+    assert levels == ["lookup", EarlyExit(target, 3), draft]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
