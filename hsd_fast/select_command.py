@@ -35,10 +35,12 @@ from hsd_fast.cli_args import (
     report_stem,
     tree_size,
 )
+from hsd_fast.hierarchy_types import TreeDraft
 from hsd_fast.lookup import LOOKUP
 from hsd_fast.positions import COMMAND_FORM, check_positions, fewest_positions
 from hsd_fast.report import markdown_table, run_metadata, write_report
 from hsd_fast.select_levels import (
+    RECOMPUTED,
     candidate_levels,
     config_of,
     default_candidates,
@@ -288,6 +290,7 @@ def run(args: argparse.Namespace) -> int:
     table = _table(rows, args.measure)
     if pick.no_draft_reason:
         table.append(f"\nThe pick is no draft: {pick.no_draft_reason}.")
+    table += _never_drafts(pick, models)
     if args.measure:
         rank = sorted(r["measured_tok_s"] for r in rows)[::-1].index(rows[0]["measured_tok_s"]) + 1
         best = max(r["measured_tok_s"] for r in rows)
@@ -313,6 +316,30 @@ def run(args: argparse.Namespace) -> int:
         )
         write_report(args.json, "hsd-fast select", meta, table, {"rows": rows})  # a stem: run.v2 stays
     return 0
+
+
+def _never_drafts(pick, models: dict[str, torch.nn.Module]) -> list[str]:
+    """A line naming the candidates the selector could not use as drafts: one step of theirs (a call
+    for one token) costs at least the target's, and a draft must cost less than its verifier. An
+    exit's recomputing twin costs what its exit does: named once."""
+    profile = getattr(pick, "profile", None)
+    if profile is None:
+        return []
+    step = profile.costs[-1](1)
+    dropped = []
+    for level, cost in zip(profile.candidates[:-1], profile.costs[:-1], strict=True):
+        if isinstance(level, TreeDraft) or cost(1) < step:
+            continue
+        name = level_name(level, models)
+        if not name.endswith(RECOMPUTED):
+            dropped.append(f"{name} ({cost(1) * 1e3:.2f} ms)")
+    if not dropped:
+        return []
+    costly = ", ".join(dropped)
+    return [
+        f"\nNever a draft: {costly}: a one-token step (or call) costs at least the target's "
+        f"({step * 1e3:.2f} ms), and a draft must cost less than its verifier."
+    ]
 
 
 def _adaptive_view(

@@ -143,17 +143,19 @@ def test_select_takes_early_exits_by_name(tmp_path, capsys) -> None:
 
 
 @pytest.mark.slow
-def test_select_takes_a_draft_with_another_tokenizer(tmp_path) -> None:
+def test_select_takes_a_draft_with_another_tokenizer(tmp_path, capsys) -> None:
     """A zoo model on a tokenizer of its own is profiled as a draft through the byte bridge (its calls
     timed and its proposals replayed through the bridge, as the cache shows), and can only be level
-    0: it never sits over the lookup level. (Eager on this CPU it costs more than the target, so the
-    selector drops it: it need not be among the rows.)"""
+    0: it never sits over the lookup level. It is ranked, or (eager on this CPU a call costs more
+    than a target step) named as never a draft."""
     report, cache = tmp_path / "select.json", tmp_path / "cache.json"
     args = ["select", "--candidates", "lookup", "xs4k", "--max-T", "3", "--cache", str(cache)]
     assert main([*args, "--json", str(report)]) == 0
     target = zoo.names()[-1]
     chains = {tuple(r["chain"]) for r in json.loads(report.read_text())["rows"]}
     assert chains <= {(target,), ("lookup", target), ("xs4k", target)} and (target,) in chains
+    never = "Never a draft: xs4k (" in capsys.readouterr().out
+    assert never != (("xs4k", target) in chains)
     entries = json.loads(cache.read_text())["entries"]
     assert any(k.startswith("bridged cost ") for k in entries)
     assert any(k.startswith("bridged rates ") for k in entries)
