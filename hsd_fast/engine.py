@@ -251,9 +251,8 @@ def run_hsd(
         catch_up = _reuse_exits(chain, steps, choice, compiled, reuse=adapt is None)
         state.set_tree(tree_buffers.get(choice.tree))
         # Level 1 verifies level 0's draft unread (round_steps.draft_and_verify) where both run a
-        # model, drafting a chain, level 1 recomputing; not in an adaptive run, whose controller
-        # learns each level's own seconds (on a GPU the pair's are known only together).
-        paired = adapt is None and len(chain) > 1 and None not in steps[:2] and choice.tree is None
+        # model, drafting a chain, level 1 recomputing.
+        paired = len(chain) > 1 and None not in steps[:2] and choice.tree is None
         return Chain(choice, chain, choice.block_sizes, steps, catch_up, paired and not catch_up[1])
 
     if switcher is not None and compiled:  # no switch may wait for a compiler: compile after the run

@@ -13,6 +13,7 @@ accepted at each depth).
 
 from __future__ import annotations
 
+import itertools
 import time
 import warnings
 from collections.abc import Sequence
@@ -119,20 +120,52 @@ def draft_and_verify(
     # the device's queue, so made between the two launches it would be a sync of its own.
     on_device = torch.from_numpy(np.stack([drafting, before])).to(device)  # [2, 5, B]
     count = draft_count(chain.block_sizes)
+    clock = _DeviceClock(device)
     drafted = draft.launch(state, drafting, count, on_device[0]).clone()  # [3, B]
     # (cloned: kept past the verification's graph replay, which may reuse its output memory)
+    clock.mark()
     launched = time.perf_counter()
     spans = verify_spans(on_device[1], drafted[0])  # [5, B]
     verified = verify.launch(state, widest, on_device=spans)  # [3, B]
+    clock.mark()
     out = torch.cat([drafted, spans[:3], verified]).cpu().numpy()[:, rows]  # the round's one host read
     done = time.perf_counter()
+    drafting_seconds = clock.first_share(done - started, launched - started)
     drafted_size = _commit_draft(chain, rows, ledger, out[:3], starts, ends, log, broken_levels)
     _check_replay(ledger, rows, out[3:6])
     verified_size = _commit_verify(chain, 1, rows, ledger, out[6:], out[3:6], None, log, broken_levels)
+    verifying_wall = time.perf_counter() - started - drafting_seconds  # with the commits
     return [
-        StepDone(0, launched - started, launched - started, drafted_size),
-        StepDone(1, time.perf_counter() - launched, done - launched, verified_size),
+        StepDone(0, drafting_seconds, drafting_seconds, drafted_size),
+        StepDone(1, verifying_wall, done - started - drafting_seconds, verified_size),
     ]
+
+
+class _DeviceClock:
+    """How a pair's seconds divide between its two steps. On a CPU each launch runs its step, so the
+    host clock between the launches tells; on a GPU the launches return at once and the host waits
+    for both at the read, so CUDA events around the two launches time each on the device, and the
+    pair's seconds are split in that proportion (an adaptive run's controller learns each level's
+    own cost from them)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.events: list[torch.cuda.Event] = []  # one before the draft, one after each launch
+        if device.type == "cuda":
+            self.events = [torch.cuda.Event(enable_timing=True)]
+            self.events[0].record()
+
+    def mark(self) -> None:
+        if self.events:
+            self.events.append(torch.cuda.Event(enable_timing=True))
+            self.events[-1].record()
+
+    def first_share(self, seconds: float, host_first: float) -> float:
+        """The first step's part of the pair's ``seconds`` (called after the read: events done);
+        ``host_first``: what the host clock gave it."""
+        if not self.events:
+            return host_first
+        first, second = (a.elapsed_time(b) for a, b in itertools.pairwise(self.events))
+        return seconds * first / max(first + second, 1e-9)
 
 
 def verify_spans(before: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:

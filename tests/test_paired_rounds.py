@@ -13,6 +13,7 @@ from hf_models import derived_drafts, tiny_model
 import hsd_fast
 from hsd_fast import round_steps
 from hsd_fast.engine import run_hsd
+from hsd_fast.switching_types import Adaptive, Choice, Observation
 from hsd_fast.testing.tables import TableRunner, table_family
 
 ROWS, STEPS, VOCAB = 400, 9, 4
@@ -33,6 +34,8 @@ def pairs_taken(monkeypatch) -> list[int]:
 
 
 def _run(block_sizes: list[int], paired: bool, lookup: bool = False, **kwargs):
+    """``len(block_sizes)`` levels under the target (the lowest a lookup level with ``lookup``) over
+    ``ROWS`` rows of every budget, paired or not; with ``adapt=`` the policy sets the block sizes."""
     family = table_family(VOCAB, 2, len(block_sizes) + 1 - lookup, spread=2.0, seed=4)
     runners = [TableRunner(m) for m in family]
     if lookup:
@@ -41,9 +44,9 @@ def _run(block_sizes: list[int], paired: bool, lookup: bool = False, **kwargs):
     budgets = np.arange(ROWS) % STEPS + 1  # rows end at every point of a block
     round_steps.PAIRED_ROUNDS = paired
     try:
+        fixed = {} if "adapt" in kwargs else {"block_sizes": block_sizes}  # adaptive: the policy's
         return run_hsd(
-            runners, prompts, block_sizes=block_sizes, max_new_tokens=budgets, eos_token_id=0, seeds=7,
-            **kwargs,
+            runners, prompts, max_new_tokens=budgets, eos_token_id=0, seeds=7, **fixed, **kwargs
         )  # fmt: skip
     finally:
         round_steps.PAIRED_ROUNDS = True
@@ -89,6 +92,30 @@ def test_a_verification_fed_past_a_stopped_draft_is_caught(monkeypatch) -> None:
     monkeypatch.setattr(round_steps, "verify_spans", full_block)
     with pytest.raises(RuntimeError, match="internal error: level 1 verified spans"):
         _run([3], True)
+
+
+def test_adaptive_runs_pair_and_switch_as_steps_read_one_at_a_time(pairs_taken: list[int]) -> None:
+    """An adaptive run (a policy cycling through hierarchies with and without a pair to take, and no
+    draft) pairs wherever its current chain allows, switches at the same rounds and gives the same
+    sequences and counters as with every step read first; its observations time both steps of a
+    pair."""
+    order = [Choice((0,), (2,)), Choice((0, 1), (1, 2)), Choice((), ()), Choice((1,), (3,))]
+    seen_seconds: list[list[int]] = []
+
+    def cycle(seen: Observation) -> Choice:
+        seen_seconds.append([len(s) for s in seen.step_seconds])
+        return order[seen.round % len(order)]
+
+    paired = _run([2, 2], True, adapt=Adaptive(cycle, max_T=3))
+    taken = len(pairs_taken)
+    single = _run([2, 2], False, adapt=Adaptive(cycle, max_T=3))
+    assert taken > 0 and len(pairs_taken) == taken
+    assert [s.tolist() for s in paired.sequences] == [s.tolist() for s in single.sequences]
+    assert [h.choice for h in paired.stats.hierarchies] == [h.choice for h in single.stats.hierarchies]
+    for counter in ("forwards", "row_forwards", "fed_tokens", "drafted", "accepted", "bonus", "corrections"):
+        assert getattr(paired.stats, counter) == getattr(single.stats, counter), counter
+    half = len(seen_seconds) // 2  # the paired run's looks, then the other's
+    assert seen_seconds[:half] == seen_seconds[half:]  # as many timed steps per level at every look
 
 
 def test_rounds_where_rows_want_other_levels_are_not_paired(pairs_taken: list[int]) -> None:
