@@ -118,6 +118,30 @@ def test_adaptive_runs_pair_and_switch_as_steps_read_one_at_a_time(pairs_taken: 
     assert seen_seconds[:half] == seen_seconds[half:]  # as many timed steps per level at every look
 
 
+def test_a_gpu_pair_divides_its_seconds_by_the_device_times(monkeypatch) -> None:
+    """On a GPU the launches return at once: the events recorded around them (faked here: the draft
+    1 ms, the verification 3 ms on the device) divide the pair's seconds; on a CPU the host clock."""
+    device_ms = iter([0.0, 1.0, 4.0])  # when each event completes
+
+    class Event:
+        def __init__(self, enable_timing: bool) -> None:
+            assert enable_timing
+
+        def record(self) -> None:
+            self.at = next(device_ms)
+
+        def elapsed_time(self, later: "Event") -> float:
+            return later.at - self.at
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    clock = round_steps._DeviceClock(torch.device("cuda"))
+    clock.mark(), clock.mark()
+    assert clock.first_share(0.008, host_first=0.0001) == pytest.approx(0.002)
+    cpu = round_steps._DeviceClock(torch.device("cpu"))
+    cpu.mark(), cpu.mark()
+    assert cpu.first_share(0.008, host_first=0.003) == 0.003
+
+
 def test_rounds_where_rows_want_other_levels_are_not_paired(pairs_taken: list[int]) -> None:
     """Three levels with T_0 = 1: rows drift apart (some want level 2 while others draft), and a pair
     is launched only when every waiting row wants level 0, so the schedule stays the ledger's own:
