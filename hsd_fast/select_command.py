@@ -37,10 +37,12 @@ from hsd_fast.cli_args import (
 )
 from hsd_fast.hierarchy_types import TreeDraft
 from hsd_fast.lookup import LOOKUP
+from hsd_fast.other_tokenizer import same_tokenizer
 from hsd_fast.positions import COMMAND_FORM, check_positions, fewest_positions
 from hsd_fast.report import markdown_table, run_metadata, write_report
 from hsd_fast.select_levels import (
     RECOMPUTED,
+    bridging_errors,
     candidate_levels,
     config_of,
     default_candidates,
@@ -241,11 +243,15 @@ def run(args: argparse.Namespace) -> int:
         chosen = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
         sampling |= {k: v for k, v in chosen.items() if v is not None}  # unset: HF's defaults
     tokenizers = {n: tokenizer_of(n) for n in models}
-    if tokenizers[target_name] is not None:  # a model on another tokenizer drafts through the bridge
-        bridging = {"draft_tokenizers": [tokenizers.get(n) for n in candidate_names]}
-        bridging["target_tokenizer"] = tokenizers[target_name]
-    else:
-        bridging = {}
+    bridging = {}
+    if (own := tokenizers[target_name]) is not None:  # a model on another tokenizer drafts through the bridge
+        # (the zoo's were checked before loading; a directory's tokenizer is known only now)
+        others = {n: t for n, t in tokenizers.items() if t is not None and not same_tokenizer(t, own)}
+        bridged = [n for n in candidate_names if n in others]
+        errors = bridging_errors(bridged, target_name, args.adapt)
+        if errors:
+            raise SystemExit(f"hsd-fast select: {errors[0]}")
+        bridging = {"draft_tokenizers": [tokenizers.get(n) for n in candidate_names], "target_tokenizer": own}
     pick = select_hierarchy(
         models[target_name],
         candidates,

@@ -112,11 +112,7 @@ def name_errors(target: str | None, candidates: list[str] | None, adapt: bool = 
                 f"not {target}'s; it can draft for the family (--candidates {target})"
             )
         bridged = [n for n in candidates or [] if n in records and records[n].get("tokenizer") != own]
-        if bridged and adapt:
-            errors.append(f"--adapt: an adaptive run takes no draft with another tokenizer ({bridged[0]})")
-        if len(bridged) > 1:
-            names = ", ".join(bridged)
-            errors.append(f"--candidates: at most one draft with another tokenizer than {target}'s ({names})")
+        errors += bridging_errors(bridged, target, adapt)
     exits = [n for n in candidates or [] if exit_depth(n) is not None]
     layers = (config_of(target) or {}).get("num_hidden_layers")
     for name in exits:
@@ -127,6 +123,18 @@ def name_errors(target: str | None, candidates: list[str] | None, adapt: bool = 
             )
     if len(set(exits)) < len(exits):
         errors.append("--candidates: name each exit once")
+    return errors
+
+
+def bridging_errors(bridged: list[str], target: str, adapt: bool) -> list[str]:
+    """What is wrong with ``bridged``, the candidates on another tokenizer than ``target``'s: more
+    than one (a hierarchy has one boundary), or any in an adaptive run (``adapt=`` takes none)."""
+    errors = []
+    if bridged and adapt:
+        errors.append(f"--adapt: an adaptive run takes no draft with another tokenizer ({bridged[0]})")
+    if len(bridged) > 1:
+        names = ", ".join(bridged)
+        errors.append(f"--candidates: at most one draft with another tokenizer than {target}'s ({names})")
     return errors
 
 

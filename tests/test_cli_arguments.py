@@ -101,6 +101,17 @@ def test_select_offers_a_targets_trained_exits_by_default() -> None:
     assert named_models(None, None) == ["xxs", "xs", "sm", "s"]
 
 
+@pytest.mark.hf
+def test_select_refuses_two_directories_on_other_tokenizers(tmp_path, capsys) -> None:
+    """A checkpoint directory's tokenizer is known only once loaded: two on another vocabulary than
+    the target's are refused then, before any profiling (a hierarchy has one tokenizer boundary)."""
+    for name in ("a", "b"):
+        zoo.load("xxs4k").save_pretrained(tmp_path / name)
+        zoo.load_tokenizer("xxs4k").save_pretrained(tmp_path / name)
+    with pytest.raises(SystemExit, match="at most one draft with another tokenizer than s's"):
+        main(["select", "--candidates", str(tmp_path / "a"), str(tmp_path / "b"), "--no-cache"])
+
+
 def test_picked_levels_are_named_as_the_user_names_them() -> None:
     target, draft = zoo.load("sx"), zoo.load("xs4k")
     models = {"xs4k": draft, "sx": target}
