@@ -82,9 +82,12 @@ def default_candidates(target: str) -> list[str]:
 def named_models(target: str | None, candidates: list[str] | None) -> list[str]:
     """The names of the models a run loads (checkpoint directories and zoo models, the target last):
     neither the lookup level nor exits, which are the target's."""
-    target = target or default_target()
-    levels = candidates or default_candidates(target)
-    return [n for n in [*levels, target] if n != LOOKUP and exit_depth(n) is None]
+    try:
+        target = target or default_target()
+        levels = candidates or default_candidates(target)
+    except (OSError, ValueError):  # no zoo: the names given are all there is (``run`` says the rest)
+        levels = candidates or []
+    return [n for n in [*levels, target] if n and n != LOOKUP and exit_depth(n) is None]
 
 
 def name_errors(target: str | None, candidates: list[str] | None, adapt: bool = False) -> list[str]:
