@@ -226,6 +226,10 @@ def run(args: argparse.Namespace) -> int:
     from hsd_fast.hierarchy import select_hierarchy
     from hsd_fast.profile import ProfileCache, measured_latency
 
+    try:  # the calibration, the prompts and the default levels are the zoo's
+        zoo.manifest()
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"hsd-fast select: {err}") from None
     dtype = getattr(torch, args.dtype)
     target_name = args.target or default_target()
     candidate_names = args.candidates or default_candidates(target_name)

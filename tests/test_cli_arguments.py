@@ -112,6 +112,12 @@ def test_select_refuses_two_directories_on_other_tokenizers(tmp_path, capsys) ->
         main(["select", "--candidates", str(tmp_path / "a"), str(tmp_path / "b"), "--no-cache"])
 
 
+def test_select_without_a_zoo_says_so(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HSD_FAST_ZOO", str(tmp_path))  # an empty folder: no manifest
+    with pytest.raises(SystemExit, match=r"hsd-fast select: no zoo manifest at .*hsd-fast zoo build"):
+        main(["select", "--no-cache"])
+
+
 def test_picked_levels_are_named_as_the_user_names_them() -> None:
     target, draft = zoo.load("sx"), zoo.load("xs4k")
     models = {"xs4k": draft, "sx": target}
