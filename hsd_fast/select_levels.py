@@ -42,9 +42,10 @@ def _zoo_records() -> dict[str, dict]:
     from hsd_fast import zoo
 
     try:
-        return {name: zoo.manifest()["models"][name] for name in zoo.names(variants=True)}
-    except (OSError, ValueError, KeyError):
+        records = zoo.manifest().get("models")
+    except (OSError, ValueError):
         return {}
+    return records if isinstance(records, dict) else {}
 
 
 def default_target() -> str:
