@@ -67,10 +67,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "smaller zoo models and, for a target trained for early exits (sx, se), exit1..exit3)",
     )
     p.add_argument("--do-sample", action="store_true", help="select for sampling (default: greedy)")
-    p.add_argument("--temperature", type=positive_float, default=1.0)
+    p.add_argument("--temperature", type=positive_float, default=1.0, help="with --do-sample (default 1.0)")
     p.add_argument("--top-k", type=non_negative_int, help="0: no top-k")
-    p.add_argument("--top-p", type=probability)
-    p.add_argument("--max-T", type=positive_int, default=8)
+    p.add_argument("--top-p", type=probability, help="with --do-sample: nucleus mass, in (0, 1]")
+    p.add_argument("--max-T", type=positive_int, default=8, help="largest block size considered (default 8)")
     p.add_argument(
         "--trees",
         type=tree_size,
@@ -108,8 +108,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
         default=64,
         help="tokens per row: what a batch is selected for, and --measure generates (at least 2)",
     )
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", type=device, default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="default: float32"
+    )
+    p.add_argument(
+        "--device", type=device, default="cuda" if torch.cuda.is_available() else "cpu",
+        help="default: cuda where there is one, else cpu",
+    )  # fmt: skip
     store = p.add_mutually_exclusive_group()
     store.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="profile cache to read and update")
     store.add_argument("--no-cache", action="store_true", help="measure everything afresh, store nothing")

@@ -212,3 +212,31 @@ def test_select_writes_both_halves_of_the_report(given, stem, tmp_path, monkeypa
     assert (out / f"{stem}.md").read_text().startswith("# hsd-fast select")
     header, first = table_rows(capsys.readouterr().out)[:2]
     assert header[0] == "#" and first[0] == "0"  # the pick, ranked first
+
+
+def _parsers(parser: argparse.ArgumentParser, name: str):
+    """``parser`` and every sub-command's parser below it, with their command lines."""
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_name, sub in action.choices.items():
+                yield from _parsers(sub, f"{name} {sub_name}")
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    """`hsd-fast X --help` lists no option without a line of help (a bare `--max-T MAX_T` tells a
+    user nothing); the sub-commands' own help is checked too."""
+    from hsd_fast.cli import build_parser
+
+    parser, commands = build_parser()
+    assert set(commands) == {"demo", "select", "zoo", "bench", "doctor"}
+    bare = []
+    for name, p in _parsers(parser, "hsd-fast"):
+        for action in p._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            if isinstance(action, argparse._SubParsersAction):
+                bare += [f"{name} {c.dest}" for c in action._choices_actions if not c.help]
+            elif not action.help:
+                bare.append(f"{name} {'/'.join(action.option_strings) or action.dest}")
+    assert bare == []

@@ -61,9 +61,11 @@ GRID_KINDS = {  # the kinds of hierarchy a report compares, by their chains of c
 }
 
 
-def add_parser(sub) -> None:
+def add_parser(sub) -> argparse.ArgumentParser:
     """``hsd-fast bench``: the sub-command and its arguments."""
-    add_arguments(sub.add_parser("bench", help="every way to generate, side by side (writes bench/results/)"))
+    parser = sub.add_parser("bench", help="every way to generate, side by side (writes bench/results/)")
+    add_arguments(parser)
+    return parser
 
 
 GENERATION_CONFIGS = {
@@ -79,14 +81,19 @@ GENERATION_CONFIGS = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scenario", choices=sorted(SCENARIOS), default="zoo")
+    p.add_argument(
+        "--scenario", choices=sorted(SCENARIOS), default="zoo",
+        help="zoo: target s, drafts xxs xs sm and the lookup level (default); twin: the same at the cost of "
+        "wider models (zoo.cost_twin); exits: a target trained for early exits (sx) with its exits; "
+        "tokenizers: a draft on another tokenizer; tiny: a random family built in a second (smoke tests)",
+    )  # fmt: skip
     p.add_argument(
         "--quick", action="store_true", help="a smoke test: eager, one pass, 2 prompts per set, 32 new tokens"
     )
     p.add_argument("--eager", action="store_true", help="our configurations uncompiled (and no HF compiled)")
     p.add_argument("--batch", type=positive_int, nargs="+", help="batch sizes (default: 1 4 16; --quick: 1)")
     p.add_argument("--do-sample", action="store_true", help="sample (default: greedy)")
-    p.add_argument("--temperature", type=positive_float, default=0.8)
+    p.add_argument("--temperature", type=positive_float, default=0.8, help="with --do-sample (default 0.8)")
     p.add_argument(
         "--generation-config", choices=sorted(GENERATION_CONFIGS),
         help="sample as a checkpoint's shipped defaults do (instead of --do-sample / --temperature)",

@@ -24,10 +24,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
     build = actions.add_parser("build", help="corpus -> tokenizer -> train -> int8 files (long)")
     # build.DEFAULT_SIZES (not imported here: building modules load only when a build runs)
     sizes = ["xxs", "xs", "sm", "s", "se", "sx", "xxs4k", "xs4k"]
-    build.add_argument("--sizes", nargs="+", default=sizes)
+    build.add_argument(
+        "--sizes", nargs="+", default=sizes, help=f"what to train (default: {' '.join(sizes)})"
+    )
     build.add_argument("--steps", type=int, help="training steps per size (default: per-size CPU budget)")
     build.add_argument("--device", default="cpu", help="cpu or cuda")
-    build.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "hsd_fast" / "zoo")
+    build.add_argument(
+        "--work-dir", type=Path, default=Path.home() / ".cache" / "hsd_fast" / "zoo",
+        help="corpus text and token files (default: ~/.cache/hsd_fast/zoo)",
+    )  # fmt: skip
     build.add_argument("--retrain-tokenizer", action="store_true", help="replace the committed tokenizers")
     build.add_argument(
         "--tokens", type=Path, help="train on this token file (hash checked) instead of building the corpus"
