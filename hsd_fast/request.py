@@ -17,6 +17,7 @@ what is wrong, before anything is allocated. Two steps:
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -142,6 +143,8 @@ def resolve_levels(
             raise ValueError("pass either hierarchy= or drafts=/T=/tree=, not both")
         drafts, T, tree = hierarchy.drafts, hierarchy.T, hierarchy.tree
     proposal, models = check_drafts(drafts)
+    if hierarchy is None:
+        warn_unless_smallest_first(drafts)
     num_drafts = len(models) + (proposal is not None)  # a proposal level sits below the draft models
     # With a tree, T[0] is checked like any block size and then stands for the tree's depth
     default_T = T is None and hierarchy is None
@@ -258,12 +261,15 @@ def _adaptive_levels(drafts, T, tree, hierarchy, adapt, trees) -> Levels:
     else:
         raise TypeError(f"adapt must be True, False, a policy (a callable) or an Adaptive, got {adapt!r}")
     spec = replace(spec, trees=tuple(spec.trees) + tuple(trees))
+    user_drafts = drafts
     if hierarchy is not None:
         _check_hierarchy(hierarchy)
         drafts = drafts or hierarchy.drafts
         if hierarchy.tree is not None and hierarchy.tree not in spec.trees:
             spec = replace(spec, trees=(*spec.trees, hierarchy.tree))
     lookup, models = check_drafts(drafts)
+    if user_drafts:
+        warn_unless_smallest_first(user_drafts)
     if lookup is not None and not isinstance(lookup, LookupDraft):
         raise ValueError(f"adapt: the candidates can hold a lookup level, not a {type(lookup).__name__}")
     candidates = [*([] if lookup is None else [lookup]), *models]
@@ -490,6 +496,36 @@ def check_drafts(drafts) -> tuple[ProposalLevel | None, list[torch.nn.Module]]:
             )
     check_exit_order(drafts)
     return proposal, drafts[1:] if proposal is not None else drafts
+
+
+class DraftOrderWarning(UserWarning):
+    """A draft model has more parameters than the draft model right above it, which verifies it."""
+
+
+def warn_unless_smallest_first(drafts: Sequence) -> None:
+    """A warning where a user's draft model (``drafts`` as given, checked by ``check_drafts``) is larger
+    than the draft model verifying it: exact either way (any draft is), but such a level spends more
+    than it saves, so the list is most likely reversed. (A selector's pick is ordered by cost, not
+    size: it is not checked.)"""
+    first = 1 if drafts and not isinstance(drafts[0], torch.nn.Module) else 0  # a proposal level
+    models = list(drafts[first:])
+    sizes = [sum(p.numel() for p in m.parameters()) for m in models]
+    for i in range(len(models) - 1):
+        if sizes[i] > sizes[i + 1]:
+            names = [f"drafts[{first + j}] ({_model_name(models[j])}" for j in (i, i + 1)]
+            warnings.warn(
+                f"drafts are smallest first: {names[0]}, {sizes[i] / 1e6:.1f} M parameters) is verified "
+                f"by {names[1]}, {sizes[i + 1] / 1e6:.1f} M). The output is exact either way, but a level "
+                "verifying a larger draft rarely pays",
+                DraftOrderWarning,
+                stacklevel=3,
+            )
+
+
+def _model_name(model: torch.nn.Module) -> str:
+    """The model's checkpoint name, or its class's where it has none."""
+    path = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
+    return path.rstrip("/").rsplit("/", 1)[-1] or type(model).__name__
 
 
 def _level_name(level: ProposalLevel) -> str:

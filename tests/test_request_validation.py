@@ -23,6 +23,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -202,6 +203,25 @@ def test_wrap_checks_T_and_drafts_when_made() -> None:
         hsd_fast.wrap(target, drafts, T=[2, 2.5])
     with pytest.raises(TypeError, match="drafts must be a list of models"):
         hsd_fast.wrap(target, drafts[0])
+
+
+def test_drafts_given_largest_first_are_served_with_a_warning() -> None:
+    """Exact either way (any draft is), so not refused; but drafts[0] larger than the draft verifying
+    it is almost surely a list in the wrong order, and the warning names both."""
+    from hsd_fast.request import DraftOrderWarning
+
+    target = _models("llama")[0]
+    small, large = derived_drafts(target, 3)[:2]  # a copy with layers dropped, a full noisy copy
+    ids = torch.tensor([[5, 6, 7]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DraftOrderWarning)  # smallest first: nothing to say
+        expected = _hsd(target, ids, drafts=[small, large], max_new_tokens=6, do_sample=False)
+        hsd_fast.wrap(target, ["lookup", small, large])
+    with pytest.warns(DraftOrderWarning, match=r"drafts\[0\] \(.*M parameters\) is verified by drafts\[1\]"):
+        out = _hsd(target, ids, drafts=[large, small], max_new_tokens=6, do_sample=False)
+    assert torch.equal(out, expected)
+    with pytest.warns(DraftOrderWarning, match=r"drafts\[1\] .* is verified by drafts\[2\]"):
+        hsd_fast.wrap(target, ["lookup", large, small], adapt=True)
 
 
 @pytest.mark.parametrize(
