@@ -29,7 +29,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from hsd_fast.engine import HSDResult, run_hsd
 from hsd_fast.hf_runner import HFRunner, level_runners, models_held
 from hsd_fast.hierarchy_types import Hierarchy
-from hsd_fast.request import Levels, Request, build_request, resolve_levels
+from hsd_fast.request import Levels, Request, build_request, level_names, resolve_levels
 from hsd_fast.stats import HSDStats
 from hsd_fast.stopping import StopChecker
 from hsd_fast.switching_types import Adaptive, Policy
@@ -194,6 +194,7 @@ def _hf_output(request: Request, result: HSDResult, output_hsd_stats: bool):
     if result.outputs is not None:
         scores, logits = result.outputs.per_step(result.num_new_tokens, request.pad_id)
     if output_hsd_stats:
+        result.stats.level_names = level_names(request)
         return HSDGenerateOutput(sequences=sequences, scores=scores, logits=logits, hsd_stats=result.stats)
     if request.return_dict:
         return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits)

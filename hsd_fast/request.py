@@ -36,7 +36,7 @@ from transformers.generation.stopping_criteria import (
 
 from hsd_fast.compat import check_devices, check_model, hierarchy_vocab_size
 from hsd_fast.controller import LatencyController
-from hsd_fast.early_exit import EarlyExit, check_exit_order, recomputing_variant
+from hsd_fast.early_exit import EarlyExit, check_exit_order, exit_of, recomputing_variant
 from hsd_fast.engine import MAX_BLOCK_SIZE, check_block_sizes
 from hsd_fast.generation_options import check_generation_options
 from hsd_fast.hierarchy_types import Hierarchy
@@ -526,6 +526,22 @@ def _model_name(model: torch.nn.Module) -> str:
     """The model's checkpoint name, or its class's where it has none."""
     path = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
     return path.rstrip("/").rsplit("/", 1)[-1] or type(model).__name__
+
+
+def level_names(request: Request) -> list[str]:
+    """What each level of ``request`` is, bottom up, the target last (an adaptive request's levels
+    are its candidates): ``lookup``, ``exitK`` for ``EarlyExit(target, K)``, a draft with another
+    tokenizer as its model's name and ``(bridged)``, else the model's checkpoint name."""
+
+    def name(level) -> str:
+        if isinstance(level, LookupDraft):
+            return "lookup"
+        if isinstance(level, OtherTokenizerDraft):
+            return f"{_model_name(level.model)} (bridged)"
+        origin = exit_of(level)
+        return f"exit{origin[1]}" if origin is not None else _model_name(level)
+
+    return [name(level) for level in (*request.levels.drafts, request.target)]
 
 
 def _level_name(level: ProposalLevel) -> str:

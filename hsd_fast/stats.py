@@ -52,6 +52,9 @@ class HSDStats:
     # how many of those it kept (the ids below its top model; the top's own verification only)
     chain_drafted: int = 0
     chain_accepted: int = 0
+    # what each level is, as ``summary`` prints it ("lookup", a checkpoint's name, "exit2"): set by
+    # ``generate`` (``request.level_names``); empty: levels are shown by number only
+    level_names: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = self.num_levels
@@ -109,12 +112,13 @@ class HSDStats:
             raise ValueError(f"cannot add stats of {self.num_levels} and {other.num_levels} levels")
         total = HSDStats(self.num_levels)
         total.hierarchies = [*self.hierarchies, *other.hierarchies]
+        total.level_names = list(self.level_names) if self.level_names == other.level_names else []
         scalars = ("look_seconds", "probe_seconds", "bridge_seconds", "chain_drafted", "chain_accepted")
         for name in scalars:
             setattr(total, name, getattr(self, name) + getattr(other, name))
         for f in fields(self):
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if f.name in ("num_levels", "hierarchies", *scalars):
+            if f.name in ("num_levels", "hierarchies", "level_names", *scalars):
                 continue
             if mine and isinstance(mine[0], list):
                 setattr(total, f.name, [_summed(a, b) for a, b in zip(mine, theirs, strict=True)])
@@ -153,10 +157,17 @@ class HSDStats:
         return self.accepted[top] / self.row_forwards[top] if self.row_forwards[top] else float("nan")
 
     def summary(self) -> str:
-        lines = ["level  forwards  row-fwds  fed-tok  verified  accepted  bonus  corrections  wall-s"]
+        """A table of the counters, a line per level (named where ``level_names`` says), then what the
+        run's other records hold."""
+        names = self.level_names if len(self.level_names) == self.num_levels else []
+        width = max(map(len, names), default=0)
+        name = (lambda lvl: f"{names[lvl]:<{width}}  ") if names else (lambda lvl: "")
+        header = f"{'':<{width}}  " if names else ""
+        columns = "level  forwards  row-fwds  fed-tok  verified  accepted  bonus  corrections  wall-s"
+        lines = [header + columns]
         for lvl in range(self.num_levels):
             lines.append(
-                f"{lvl:>5}  {self.forwards[lvl]:>8}  {self.row_forwards[lvl]:>8}  "
+                f"{name(lvl)}{lvl:>5}  {self.forwards[lvl]:>8}  {self.row_forwards[lvl]:>8}  "
                 f"{self.fed_tokens[lvl]:>7}  {self.verified[lvl] if lvl else '-':>8}  "
                 f"{self.accepted[lvl] if lvl else '-':>8}  {self.bonus[lvl]:>5}  "
                 f"{self.corrections[lvl]:>11}  {self.wall_time[lvl]:>6.3f}"
@@ -172,7 +183,7 @@ class HSDStats:
             top = self.num_levels - 1
             for used in self.hierarchies:
                 choice = used.choice
-                chain = " > ".join(str(level) for level in (*choice.drafts, top))
+                chain = " > ".join(names[lvl] if names else str(lvl) for lvl in (*choice.drafts, top))
                 shape = f" T={list(choice.T)}" if choice.T else ""
                 tree = " (token tree)" if choice.tree is not None else ""
                 lines.append(

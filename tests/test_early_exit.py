@@ -16,7 +16,7 @@ import torch
 from arch_configs import tiny_model as family_model
 from enumerated import exact_distribution, hsd_samples
 from exit_levels import NEW, deep_model, hsd, prompts
-from hf_models import noisy_copy, tiny_model
+from hf_models import layer_dropped_copy, noisy_copy, tiny_model
 from planted_bugs import exit_not_caught_up, residual_stored_as_q
 
 import hsd_fast
@@ -53,6 +53,17 @@ def test_the_view_shares_the_targets_modules_and_leaves_it_alone(deep) -> None:
         hidden = deep(ids, output_hidden_states=True).hidden_states[2]  # layer 2's output, before the norm
         expected = deep.lm_head(deep.model.norm(hidden))
         assert torch.allclose(view(ids).logits, expected, atol=1e-5)
+
+
+def test_the_stats_name_each_level(deep) -> None:
+    """``output_hsd_stats``'s summary says what each level is: the lookup level, an exit by its depth,
+    a model by its checkpoint name (its class without one)."""
+    draft = layer_dropped_copy(noisy_copy(deep, 0.05, seed=1), keep=2)  # smaller than exit 3
+    draft.config._name_or_path = "checkpoints/my-draft/"
+    out = hsd(deep, _prompts(deep)[0], drafts=["lookup", draft, EarlyExit(deep, 3)], output_hsd_stats=True)
+    names = out.hsd_stats.level_names
+    assert names == ["lookup", "my-draft", "exit3", "LlamaForCausalLM"]
+    assert [line.split()[0] for line in out.hsd_stats.summary().splitlines()[1:5]] == names
 
 
 def test_bad_exits_are_refused(deep) -> None:

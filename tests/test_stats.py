@@ -138,6 +138,26 @@ def test_summary_lists_every_level() -> None:
     assert lines[4] == "rollbacks by levels cascaded into: [1, 1, 1]"
 
 
+def test_summary_names_the_levels_it_is_told() -> None:
+    stats = _three_levels()
+    unnamed = stats.summary().splitlines()
+    stats.level_names = ["lookup", "exit2", "my-target"]
+    lines = stats.summary().splitlines()
+    assert [line.split()[0] for line in lines[1:4]] == stats.level_names
+    assert [line.split()[1:] for line in lines[1:4]] == [line.split() for line in unnamed[1:4]]
+    assert lines[0].split() == unnamed[0].split() and lines[4] == unnamed[4]
+    stats.level_names = ["lookup", "exit2"]  # not one per level: numbers only
+    assert stats.summary().splitlines() == unnamed
+
+
+def test_a_sum_keeps_the_names_the_two_runs_share() -> None:
+    a, b = _three_levels(), _three_levels()
+    a.level_names = b.level_names = ["x", "y", "z"]
+    assert (a + b).level_names == ["x", "y", "z"]
+    b.level_names = ["x", "w", "z"]
+    assert (a + b).level_names == []
+
+
 def test_time_inside_the_steps_and_the_hosts_share() -> None:
     stats = HSDStats(2)
     stats.record_time(0, wall=0.010, inside_step=0.008)
