@@ -726,6 +726,12 @@ def _prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, vocab
         )
     mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
     lengths = mask.sum(1)
+    empty = (lengths == 0).nonzero().flatten().tolist()  # once per request (a host sync), as below
+    if empty:
+        raise ValueError(
+            f"row{'s' if len(empty) > 1 else ''} {', '.join(map(str, empty))} of attention_mask "
+            f"{'are' if len(empty) > 1 else 'is'} all zeros: every row needs at least one prompt token"
+        )
     right_aligned = mask[:, -1].all() and torch.equal(
         mask, torch.arange(mask.shape[1], device=mask.device)[None, :] >= (mask.shape[1] - lengths)[:, None]
     )

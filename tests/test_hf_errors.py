@@ -117,6 +117,14 @@ def test_right_padding_refused(target, draft) -> None:
         target.generate(ids, attention_mask=mask, custom_generate=hsd_fast.generate, drafts=[draft], T=[2])
 
 
+def test_a_row_without_prompt_tokens_is_named(target, draft) -> None:
+    """An all-zero attention_mask row is an empty prompt, not a padding mistake: the error says which."""
+    ids = torch.tensor([[5, 6, 7, 8], [0, 0, 0, 0], [5, 6, 7, 8]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1]])
+    with pytest.raises(ValueError, match="row 1 of attention_mask is all zeros"):
+        target.generate(ids, attention_mask=mask, custom_generate=hsd_fast.generate, drafts=[draft], T=[2])
+
+
 @pytest.mark.parametrize(
     ("option", "names"),
     [
