@@ -144,7 +144,7 @@ def resolve_levels(
         drafts, T, tree = hierarchy.drafts, hierarchy.T, hierarchy.tree
     proposal, models = check_drafts(drafts)
     if hierarchy is None:
-        warn_unless_smallest_first(drafts)
+        warn_unless_smallest_first(models, first=len(drafts) - len(models))
     num_drafts = len(models) + (proposal is not None)  # a proposal level sits below the draft models
     # With a tree, T[0] is checked like any block size and then stands for the tree's depth
     default_T = T is None and hierarchy is None
@@ -261,15 +261,15 @@ def _adaptive_levels(drafts, T, tree, hierarchy, adapt, trees) -> Levels:
     else:
         raise TypeError(f"adapt must be True, False, a policy (a callable) or an Adaptive, got {adapt!r}")
     spec = replace(spec, trees=tuple(spec.trees) + tuple(trees))
-    user_drafts = drafts
+    own_candidates = bool(drafts)  # not a pick's (ordered by cost)
     if hierarchy is not None:
         _check_hierarchy(hierarchy)
         drafts = drafts or hierarchy.drafts
         if hierarchy.tree is not None and hierarchy.tree not in spec.trees:
             spec = replace(spec, trees=(*spec.trees, hierarchy.tree))
     lookup, models = check_drafts(drafts)
-    if user_drafts:
-        warn_unless_smallest_first(user_drafts)
+    if own_candidates:
+        warn_unless_smallest_first(models, first=len(drafts) - len(models))
     if lookup is not None and not isinstance(lookup, LookupDraft):
         raise ValueError(f"adapt: the candidates can hold a lookup level, not a {type(lookup).__name__}")
     candidates = [*([] if lookup is None else [lookup]), *models]
@@ -502,13 +502,11 @@ class DraftOrderWarning(UserWarning):
     """A draft model has more parameters than the draft model right above it, which verifies it."""
 
 
-def warn_unless_smallest_first(drafts: Sequence) -> None:
-    """A warning where a user's draft model (``drafts`` as given, checked by ``check_drafts``) is larger
-    than the draft model verifying it: exact either way (any draft is), but such a level spends more
-    than it saves, so the list is most likely reversed. (A selector's pick is ordered by cost, not
+def warn_unless_smallest_first(models: Sequence[torch.nn.Module], first: int) -> None:
+    """A warning where a user's draft model (``models``, from ``check_drafts``: ``drafts[first:]``) is
+    larger than the draft model verifying it: exact either way (any draft is), but such a level spends
+    more than it saves, so the list is most likely reversed. (A selector's pick is ordered by cost, not
     size: it is not checked.)"""
-    first = 1 if drafts and not isinstance(drafts[0], torch.nn.Module) else 0  # a proposal level
-    models = list(drafts[first:])
     sizes = [sum(p.numel() for p in m.parameters()) for m in models]
     for i in range(len(models) - 1):
         if sizes[i] > sizes[i + 1]:
@@ -726,16 +724,16 @@ def _prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, vocab
         )
     mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
     lengths = mask.sum(1)
-    empty = (lengths == 0).nonzero().flatten().tolist()  # once per request (a host sync), as below
-    if empty:
-        raise ValueError(
-            f"row{'s' if len(empty) > 1 else ''} {', '.join(map(str, empty))} of attention_mask "
-            f"{'are' if len(empty) > 1 else 'is'} all zeros: every row needs at least one prompt token"
-        )
     right_aligned = mask[:, -1].all() and torch.equal(
         mask, torch.arange(mask.shape[1], device=mask.device)[None, :] >= (mask.shape[1] - lengths)[:, None]
     )
-    if not right_aligned:
+    if not right_aligned:  # an empty row fails the check too: say which it is
+        empty = (lengths == 0).nonzero().flatten().tolist()
+        if empty:
+            raise ValueError(
+                f"row{'s' if len(empty) > 1 else ''} {', '.join(map(str, empty))} of attention_mask "
+                f"{'are' if len(empty) > 1 else 'is'} all zeros: every row needs at least one prompt token"
+            )
         raise ValueError("hsd_fast needs left padding (padding_side='left') and no holes in attention_mask")
     tokens = input_ids[mask]
     # once per request (a host sync): an id outside the vocabulary would index past an embedding
