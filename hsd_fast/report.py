@@ -15,11 +15,25 @@ import torch
 
 
 def device_name(device: str | torch.device) -> str:
-    """The GPU's name, or the CPU's architecture and the threads torch uses."""
+    """The GPU's name, or the CPU's model (where the OS names it), architecture and the threads torch
+    uses: a VM of the same size may sit on another CPU from one day to the next."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
+    model = cpu_model()
+    return f"cpu ({f'{model}, ' if model else ''}{platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name from /proc/cpuinfo (Linux), else None."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip() or None
+    except OSError:
+        pass
+    return None
 
 
 def git_commit(cwd: Path | None = None) -> str:

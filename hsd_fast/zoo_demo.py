@@ -1,10 +1,10 @@
 """`hsd-fast demo`: greedy HSD over the committed zoo next to the target's own greedy decoding.
 
-The hierarchy comes from ``select_hierarchy`` with the zoo's committed CPU profile (no re-profiling
-when the models match it); with ``adapt`` it is the first round's, and the latency controller changes
-it as the request decodes. The two outputs must be identical token for token. HSD runs compiled by
-default: a first call compiles its steps (reported apart), and the timed call runs them; HF's
-``generate`` is timed as users call it (eager).
+The hierarchy comes from ``select_hierarchy`` over the lookup level and the smaller zoo models, with
+the zoo's committed CPU profile (no re-profiling when the models match it); with ``adapt`` it is the
+first round's, and the latency controller changes it as the request decodes. The two outputs must be
+identical token for token. HSD runs compiled by default: a first call compiles its steps (reported
+apart), and the timed call runs them; HF's ``generate`` is timed as users call it (eager).
 """
 
 from __future__ import annotations
@@ -69,11 +69,12 @@ def main(
     print(f"zoo: {', '.join(sizes)}")
     calibration = torch.cat(list(read_calibration(zoo.zoo_dir()).values()))
     cache = ProfileCache(fallbacks=[zoo.zoo_dir() / "profile_cpu.json"])
+    candidates = ["lookup", *models[:-1]]  # the lookup level and every smaller zoo model
     pick = select_hierarchy(  # for the run below: its steps (compiled or not), its length
-        target, models[:-1], calibration, context=128, cache=cache, progress=False, compile=compile,
+        target, candidates, calibration, context=128, cache=cache, progress=False, compile=compile,
         max_new_tokens=max_new_tokens,
     )  # fmt: skip
-    chain = " > ".join(names[i] for i in pick.chain)
+    chain = " > ".join(["lookup", *names][i] for i in pick.chain)
     print(f"hierarchy: {chain}, T = {list(pick.T)} (predicted {pick.speedup_over_ar:.2f}x over AR)\n")
     if pick.no_draft_reason:
         print(f"({pick.no_draft_reason})\n")
@@ -87,7 +88,7 @@ def main(
     hsd_kwargs = {"custom_generate": hsd_generate, "hierarchy": pick, "output_hsd_stats": True}
     hsd_kwargs["compile"] = compile
     if adapt:  # every zoo draft a candidate; the pick's profile steers (docs/design.md §8.9)
-        hsd_kwargs.update(adapt=True, drafts=models[:-1])
+        hsd_kwargs.update(adapt=True, drafts=candidates)
     if compile:
         print("compiling HSD's steps (once per process) ...", flush=True)
     start = time.perf_counter()

@@ -24,6 +24,7 @@ from hsd_fast.profile import (
     measured_latency,
     model_identity,
 )
+from hsd_fast.profile.costs import EXTRA_SECONDS, MAX_REPEATS, NOISE_GOAL, interleaved_medians
 from hsd_fast.profile.run_text import continued
 
 pytestmark = pytest.mark.hf
@@ -337,10 +338,11 @@ def test_load_that_comes_and_goes_spoils_no_median() -> None:
 
 
 def _wandering_load(seed: int):
-    """A machine whose speed wanders between 0.5 and 1.5 times its own, changing every 10 forwards
-    (steady enough for warm-ups to settle, different from one round of timings to the next)."""
+    """A machine whose speed wanders between 0.25 and 1.75 times its own, changing every 10 forwards
+    (steady enough for warm-ups to settle, different from one round of timings to the next, and too
+    noisy for the extra rounds the profiler times to bring its noise down to ``NOISE_GOAL``)."""
     rng = random.Random(seed)
-    factors = [rng.uniform(0.5, 1.5) for _ in range(100_000)]
+    factors = [rng.uniform(0.25, 1.75) for _ in range(100_000)]
     return lambda k: factors[k // 10]
 
 
@@ -353,6 +355,33 @@ def test_noisy_costs_are_reported() -> None:
         pick, _, _ = _select_on_fake_time(FakeClock(load=_wandering_load(1)))
     assert pick.within_noise and pick.cost_noise > 0.05
     assert pick.predicted_latency > 0 and all(h.predicted_latency > 0 for h in pick.runner_ups)
+
+
+def _rounds_timed(spread: float, seconds: float = 1e-3, seed: int = 0) -> tuple[int, float]:
+    """Rounds ``interleaved_medians`` times one step (5 at least) whose calls take ``seconds``
+    times a normal factor of sd ``spread`` kept within 0.5-1.5 (after three steady calls that end
+    the warm-up), and the noise it reports."""
+    rng, clock, calls = random.Random(seed), FakeClock(), [0]
+
+    def step() -> None:
+        calls[0] += 1
+        clock.now += seconds * (1.0 if calls[0] <= 3 else min(1.5, max(0.5, rng.gauss(1.0, spread))))
+
+    _, noise = interleaved_medians([step], clock, torch.device("cpu"), warmup=0, repeats=5)
+    return calls[0] - 3, noise
+
+
+def test_timing_goes_on_while_the_noise_is_above_its_goal() -> None:
+    """Past ``repeats`` rounds the profiler times more while the noise is above ``NOISE_GOAL``:
+    steady steps take ``repeats`` rounds, a 10 % spread settles below the goal in a few dozen, a
+    wide one stops at ``MAX_REPEATS`` still noisy (and says so), slow ones after ``EXTRA_SECONDS``."""
+    assert _rounds_timed(spread=0.0) == (5, 0.0)
+    rounds, noise = _rounds_timed(spread=0.1)
+    assert 5 < rounds < MAX_REPEATS and noise <= NOISE_GOAL
+    rounds, noise = _rounds_timed(spread=0.5)
+    assert rounds == MAX_REPEATS and noise > NOISE_GOAL
+    rounds, noise = _rounds_timed(spread=0.5, seconds=EXTRA_SECONDS / 4)
+    assert 5 < rounds <= 5 + 4 / 0.5 and noise > NOISE_GOAL  # 4 calls' time, each at least half
 
 
 def test_profile_cache_keeps_the_noise(tmp_path) -> None:

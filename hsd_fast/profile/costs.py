@@ -11,11 +11,11 @@ draws ``TOKENS_PER_DECODE_STEP`` tokens per step: its cost per token is ``d(that
 
 A busy machine makes single timings meaningless (docs/design.md, "Measuring costs on a busy
 machine"): every step is warmed up until its time settles, then all steps are timed in ``repeats``
-rounds, one call each per round in a rotated order (a slow spell hits different steps in different
-rounds, not all repeats of one), and each keeps its median. ``noise`` records how far the repeats
-spread: the relative standard error of the medians, which ``select_hierarchy`` compares with the
-differences it chooses between. The clock is injectable (tests use a fake one); on CUDA every timing
-is synchronised.
+rounds or more, one call each per round in a rotated order (a slow spell hits different steps in
+different rounds, not all repeats of one), and each keeps its median. ``noise`` records how far the
+repeats spread: the relative standard error of the medians, which ``select_hierarchy`` compares with
+the differences it chooses between; rounds go on while it is above ``NOISE_GOAL``, within a budget.
+The clock is injectable (tests use a fake one); on CUDA every timing is synchronised.
 """
 
 from __future__ import annotations
@@ -298,6 +298,16 @@ MAD_TO_STD = 1.4826
 """Median absolute deviation to standard deviation (normal noise): a spread that ignores outliers."""
 MEDIAN_STD_ERROR = 1.2533
 """The standard error of a median of n normal samples is about this times sigma / sqrt(n)."""
+NOISE_GOAL = 0.03
+"""Timing goes on past ``repeats`` rounds while the noise is above this (3 standard errors: 9 %, less
+than the gains a pick is told apart by), up to ``MAX_REPEATS`` rounds or ``EXTRA_SECONDS`` more: five
+rounds of the zoo's compiled sub-millisecond steps left 0.07-0.18, and a pick's predicted gain of 18 %
+was then called noise."""
+MAX_REPEATS = 60
+"""Most rounds ``interleaved_medians`` times (noise falls as one over the root of the rounds)."""
+EXTRA_SECONDS = 2.0
+"""Most clock seconds spent on rounds past ``repeats`` (``before`` included): steps that are slow or
+a machine that stays noisy end there."""
 
 
 def interleaved_medians(
@@ -308,14 +318,15 @@ def interleaved_medians(
     repeats: int,
     before: Callable[[], object] | None = None,
 ) -> tuple[list[float], float]:
-    """Median seconds of each step over ``repeats`` rounds, and the noise of those medians.
+    """Median seconds of each step over at least ``repeats`` rounds, and the noise of those medians.
 
     Warm-up: each step at least ``warmup`` calls, until three calls in a row agree within 20 %
     (right after ``torch.compile`` has built a step, with the C++ wrapper on a CPU, its calls can run
     100x slower for a while). Then round r times every step once, starting from step r: load that
     comes and goes lands on different steps in different rounds. Noise: the largest relative
-    standard error of a median, from the spread of its repeats (median absolute deviation).
-    ``before``: called before every timed call, outside the timing."""
+    standard error of a median, from the spread of its repeats (median absolute deviation). Past
+    ``repeats`` rounds, more follow while the noise is above ``NOISE_GOAL``, up to ``MAX_REPEATS``
+    rounds and ``EXTRA_SECONDS``. ``before``: called before every timed call, outside the timing."""
 
     def once(run: Callable[[], object]) -> float:
         if before is not None:
@@ -331,9 +342,24 @@ def interleaved_medians(
         while len(recent) < SETTLE_CALLS and (len(recent) < 3 or max(recent[-3:]) > 1.2 * min(recent[-3:])):
             recent.append(once(run))
     samples: list[list[float]] = [[] for _ in steps]
-    for r in range(repeats):
+
+    def round_(r: int) -> None:
         for i in [*range(r % len(steps), len(steps)), *range(r % len(steps))]:
             samples[i].append(once(steps[i]))
+
+    for r in range(repeats):
+        round_(r)
+    medians, noise = _medians_and_noise(samples)
+    extra_from, r = clock(), repeats
+    while noise > NOISE_GOAL and r < MAX_REPEATS and clock() - extra_from < EXTRA_SECONDS:
+        round_(r)
+        medians, noise = _medians_and_noise(samples)
+        r += 1
+    return medians, noise
+
+
+def _medians_and_noise(samples: list[list[float]]) -> tuple[list[float], float]:
+    """Each step's median, and the largest relative standard error of a median (see above)."""
     medians = [statistics.median(times) for times in samples]
     noise = 0.0
     for times, median in zip(samples, medians, strict=True):
