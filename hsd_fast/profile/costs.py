@@ -350,11 +350,12 @@ def interleaved_medians(
     for r in range(repeats):
         round_(r)
     medians, noise = _medians_and_noise(samples)
-    extra_from, r = clock(), repeats
-    while noise > NOISE_GOAL and r < MAX_REPEATS and clock() - extra_from < EXTRA_SECONDS:
+    extra_from = clock()
+    for r in range(repeats, MAX_REPEATS):
+        if noise <= NOISE_GOAL or clock() - extra_from >= EXTRA_SECONDS:
+            break
         round_(r)
         medians, noise = _medians_and_noise(samples)
-        r += 1
     return medians, noise
 
 
