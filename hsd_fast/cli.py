@@ -19,7 +19,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     demo.add_argument("--max-new-tokens", type=positive_int, default=128, help="default 128")
     demo.add_argument("--threads", type=positive_int, help="torch CPU threads")
     demo.add_argument(
-        "--eager", action="store_true", help="HSD uncompiled (default: compiled first, 1-2 min on a CPU)"
+        "--eager", action="store_true", help="HSD uncompiled (default: compiled first, 1-3 min on a CPU)"
     )
     demo.add_argument(
         "--adapt",

@@ -75,7 +75,11 @@ def main(
         max_new_tokens=max_new_tokens,
     )  # fmt: skip
     chain = " > ".join(["lookup", *names][i] for i in pick.chain)
-    print(f"hierarchy: {chain}, T = {list(pick.T)} (predicted {pick.speedup_over_ar:.2f}x over AR)\n")
+    baseline = "our no-draft decoding" + (", compiled" if compile else "")
+    print(
+        f"hierarchy: {chain}, T = {list(pick.T)} (predicted {pick.speedup_over_ar:.2f}x {baseline}, "
+        "on the zoo's calibration text)\n"
+    )
     if pick.no_draft_reason:
         print(f"({pick.no_draft_reason})\n")
 
