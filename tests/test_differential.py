@@ -22,10 +22,15 @@ pytestmark = pytest.mark.hf
 VOCAB, PAD = 96, 0
 
 
-@pytest.fixture(scope="module")
-def models() -> tuple[torch.nn.Module, list[torch.nn.Module]]:
-    target = tiny_model("llama", vocab_size=VOCAB, layers=4)
+def _target_and_drafts(arch: str) -> tuple[torch.nn.Module, list[torch.nn.Module]]:
+    target = tiny_model(arch, vocab_size=VOCAB, layers=4)
     return target, derived_drafts(target, 3)
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2", "gpt_neox"])
+def models(request) -> tuple[torch.nn.Module, list[torch.nn.Module]]:
+    """A target (rotary, learned and partial rotary positions by architecture) and three drafts."""
+    return _target_and_drafts(request.param)
 
 
 @st.composite
@@ -134,9 +139,11 @@ def test_random_requests_give_hfs_greedy_tokens(models, data) -> None:
     ],
     ids=lambda bug: bug.__name__,
 )
-def test_the_random_requests_catch_planted_bugs(models, bug) -> None:
+def test_the_random_requests_catch_planted_bugs(bug) -> None:
     """The same draws find each planted bug within as many requests (stopping at the first failure,
-    without shrinking it)."""
+    without shrinking it). Llama: its early exits hand their hidden states up, which the last bug
+    breaks (GPT-2's recompute them)."""
+    models = _target_and_drafts("llama")
 
     @settings(max_examples=40, deadline=None, derandomize=True, database=None, phases=[Phase.generate])
     @given(data=st.data())
