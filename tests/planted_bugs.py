@@ -266,3 +266,21 @@ def proposal_q_one_slot_late() -> Iterator[None]:
 
     with mock.patch.object(DecodeState, "keep_proposal_q", buggy):
         yield
+
+
+@contextlib.contextmanager
+def draft_seeds_by_batch_index() -> Iterator[None]:
+    """The levels below the target key their randomness with the row seed plus the row's index in
+    the batch: still fresh randomness, so the output is still distributed as the target's, but a row
+    no longer samples the same tokens alone as in a batch."""
+    from hsd_fast.sampling_metadata import SamplingMetadata
+
+    build = SamplingMetadata.build.__func__
+
+    def buggy(cls, num_rows, *args, **kwargs):
+        metadata = build(cls, num_rows, *args, **kwargs)
+        metadata.draft_seeds.add_(torch.arange(num_rows, device=metadata.draft_seeds.device))
+        return metadata
+
+    with mock.patch.object(SamplingMetadata, "build", classmethod(buggy)):
+        yield

@@ -3,7 +3,7 @@ level, derived drafts, an early exit of the target, a token tree, or all of them
 an adaptive run), block sizes, a left-padded batch, EOS ids, length budgets and HF's logits
 processors, together. The enumerated tests cover each feature on its own and in the pairs someone
 thought of; this one looks for the combinations nobody listed. Every request must give HF's tokens
-exactly (fp32, eager)."""
+exactly (fp32, eager); sampled, each row of a request must draw alone what it draws in the batch."""
 
 import warnings
 
@@ -11,7 +11,7 @@ import planted_bugs
 import pytest
 import torch
 from hf_models import derived_drafts, tiny_model
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import strategies as st
 from transformers.generation.logits_process import ExponentialDecayLengthPenalty
 
@@ -34,8 +34,8 @@ def models(request) -> tuple[torch.nn.Module, list[torch.nn.Module]]:
 
 
 @st.composite
-def hierarchies(draw, drafts: list[torch.nn.Module], target: torch.nn.Module) -> dict:
-    """``drafts=``, ``T=`` and maybe ``tree=``: levels smallest first, at least one."""
+def hierarchies(draw, drafts: list[torch.nn.Module], target: torch.nn.Module, adaptive: bool = True) -> dict:
+    """``drafts=``, ``T=`` and maybe ``tree=``, or ``adapt=True``: levels smallest first, at least one."""
     levels: list = [d for d in drafts if draw(st.booleans())]
     if draw(st.booleans()):
         levels.append(hsd_fast.EarlyExit(target, draw(st.integers(1, 3))))
@@ -44,7 +44,7 @@ def hierarchies(draw, drafts: list[torch.nn.Module], target: torch.nn.Module) ->
         levels.insert(0, "lookup")
     T = [draw(st.integers(1, 4)) for _ in levels]
     request = {"drafts": levels, "T": T}
-    shape = draw(st.sampled_from(["chain", "tree", "adaptive"]))
+    shape = draw(st.sampled_from(["chain", "tree", "adaptive"] if adaptive else ["chain", "tree"]))
     if shape == "tree" and not lookup:  # a tree needs a draft model at level 0
         request["tree"] = hsd_fast.Tree.spine(T[0], 2)
     elif shape == "adaptive":  # the levels are candidates: every round runs a sub-chain of them
@@ -101,12 +101,18 @@ def options(draw, seen: list[int]) -> dict:
     return out
 
 
-def _hsd_gives_hfs_tokens(target: torch.nn.Module, drafts: list[torch.nn.Module], data) -> None:
-    levels = data.draw(hierarchies(drafts, target), label="levels")
+def _draw_request(target: torch.nn.Module, drafts: list[torch.nn.Module], data, adaptive: bool = True):
+    """``(levels, input_ids, attention_mask, options)``; the options' ids drawn from what the target
+    says to the prompt."""
+    levels = data.draw(hierarchies(drafts, target, adaptive), label="levels")
     ids, mask = data.draw(batches(), label="batch")
     plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, eos_token_id=None)
     seen = sorted(set(plain[:, ids.shape[1] :].flatten().tolist()))
-    opts = data.draw(options(seen), label="options")
+    return levels, ids, mask, data.draw(options(seen), label="options")
+
+
+def _hsd_gives_hfs_tokens(target: torch.nn.Module, drafts: list[torch.nn.Module], data) -> None:
+    levels, ids, mask, opts = _draw_request(target, drafts, data)
     with warnings.catch_warnings():
         # HF's "unfeasible length constraints" (min_new_tokens beyond the budget: both stop at the
         # budget); an early exit above a larger draft: DraftOrderWarning
@@ -151,4 +157,50 @@ def test_the_random_requests_catch_planted_bugs(bug) -> None:
         _hsd_gives_hfs_tokens(*models, data)
 
     with bug(), pytest.raises(AssertionError):
+        search()
+
+
+def _a_row_samples_alone_what_it_samples_in_the_batch(
+    target: torch.nn.Module, drafts: list[torch.nn.Module], data
+) -> None:
+    # Not adaptive: an adaptive run's policy looks at the batch's timing, and the levels below the
+    # target key by the epoch its looks start (docs/design.md, "Switching hierarchies")
+    levels, ids, mask, opts = _draw_request(target, drafts, data, adaptive=False)
+    sampling = {"do_sample": True, "temperature": data.draw(st.sampled_from([0.7, 1.0, 1.5]), label="temp")}
+    sampling |= data.draw(st.sampled_from([{}, {"top_k": 5}, {"top_p": 0.8}]), label="filter")
+    seeds = data.draw(st.lists(st.integers(0, 2**31), min_size=len(ids), max_size=len(ids)), label="seeds")
+    hsd = {"custom_generate": hsd_fast.generate, "compile": False, **levels, **sampling, **opts}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            batch = target.generate(ids, attention_mask=mask, seed=seeds, **hsd)
+        except (ValueError, RuntimeError):  # options HF refuses together (the greedy test checks those)
+            reject()
+        for r in range(len(ids)):
+            # alone with the padding it has in the batch: HF's history processors see the pad ids
+            # (a repetition penalty, an n-gram ban of token 0), and so do ours
+            alone = target.generate(ids[r : r + 1], attention_mask=mask[r : r + 1], seed=[seeds[r]], **hsd)
+            row = batch[r].tolist()  # a row that stopped early is padded
+            assert row[: alone.shape[1]] == alone[0].tolist() and set(row[alone.shape[1] :]) <= {PAD}, r
+
+
+@pytest.mark.slow
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_row_samples_alone_what_it_samples_in_a_random_batch(models, data) -> None:
+    """Sampled: each row of a random request, with its seed, draws the same tokens alone as in the
+    batch (keyed randomness: docs/design.md, "Keyed randomness")."""
+    _a_row_samples_alone_what_it_samples_in_the_batch(*models, data)
+
+
+@pytest.mark.slow
+def test_the_sampled_batches_catch_a_planted_bug() -> None:
+    models = _target_and_drafts("llama")
+
+    @settings(max_examples=40, deadline=None, derandomize=True, database=None, phases=[Phase.generate])
+    @given(data=st.data())
+    def search(data) -> None:
+        _a_row_samples_alone_what_it_samples_in_the_batch(*models, data)
+
+    with planted_bugs.draft_seeds_by_batch_index(), pytest.raises(AssertionError):
         search()
