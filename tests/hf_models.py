@@ -126,6 +126,14 @@ def derived_drafts(target: torch.nn.Module, count: int) -> list[torch.nn.Module]
     return pool[len(pool) - count :] if count else []
 
 
+def left_padded(prompts: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` of ``prompts`` left padded with ``pad`` to the longest."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
 def padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
     """Two rows of 9 columns, the first left padded by 3 (pad id 0): ``(input_ids, attention_mask)``."""
     ids = torch.tensor([[0, 0, 0, 5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16, 17, 18, 19]])

@@ -18,6 +18,7 @@ import pytest
 import torch
 import transformers
 from arch_configs import PAD, VOCAB, WINDOW, family_drafts, tiny_config, tiny_model
+from hf_models import left_padded
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -71,13 +72,6 @@ def _verdict(model_type: str, class_name: str) -> str | None:
     return refusal(model_cls, config)
 
 
-def _left_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, prompts))
-    ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    return ids, mask
-
-
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     """Tiny models: a second intra-op thread only adds synchronisation (on a loaded machine, a lot)."""
@@ -107,7 +101,7 @@ def test_family(model_type: str, class_name: str) -> None:
     alone = target.generate(ids, eos_token_id=None, output_hsd_stats=True, **greedy, **hsd)
     assert alone.sequences.tolist() == expected.tolist(), "batch 1"
 
-    ids, mask = _left_padded(PROMPTS)
+    ids, mask = left_padded(PROMPTS, PAD)
     free = target.generate(ids, attention_mask=mask, eos_token_id=None, **greedy)
     eos = int(free[1, ids.shape[1] + NEW // 2])  # row 1 stops mid-way at this token (or earlier)
     expected = target.generate(ids, attention_mask=mask, eos_token_id=eos, **greedy)

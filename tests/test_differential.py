@@ -2,15 +2,18 @@
 level, derived drafts, an early exit of the target, a token tree, or all of them as the candidates of
 an adaptive run), block sizes, a left-padded batch, EOS ids, length budgets and HF's logits
 processors, together. The enumerated tests cover each feature on its own and in the pairs someone
-thought of; this one looks for the combinations nobody listed. Every request must give HF's tokens
-exactly (fp32, eager); sampled, each row of a request must draw alone what it draws in the batch."""
+thought of, and ``test_request_validation.py::test_random_valid_requests`` draws lengths up to the
+position table over plain chains; this one looks for the combinations of features nobody listed. Every
+request must give HF's tokens exactly (fp32, eager); sampled, each row of a request must draw alone
+what it draws in the batch."""
 
+import functools
 import warnings
 
 import planted_bugs
 import pytest
 import torch
-from hf_models import derived_drafts, tiny_model
+from hf_models import derived_drafts, left_padded, tiny_model
 from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import strategies as st
 from transformers.generation.logits_process import ExponentialDecayLengthPenalty
@@ -56,12 +59,10 @@ def hierarchies(draw, drafts: list[torch.nn.Module], target: torch.nn.Module, ad
 def batches(draw) -> tuple[torch.Tensor, torch.Tensor]:
     """``(input_ids, attention_mask)``: 1-3 rows of 1-8 tokens, left padded."""
     rows = draw(st.lists(st.lists(st.integers(3, VOCAB - 1), min_size=1, max_size=8), min_size=1, max_size=3))
-    width = max(map(len, rows))
-    ids = torch.tensor([[PAD] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    return ids, mask
+    return left_padded(rows, PAD)
 
 
+@functools.cache
 def _decay_keeps_a_ban() -> bool:
     """Whether HF's exponential decay length penalty leaves a banned EOS banned. transformers 5.17
     adds ``abs(-inf) * x`` to it, a NaN that greedy's argmax then picks: HF emits the banned EOS,
@@ -117,17 +118,29 @@ def _hsd_gives_hfs_tokens(target: torch.nn.Module, drafts: list[torch.nn.Module]
         # HF's "unfeasible length constraints" (min_new_tokens beyond the budget: both stop at the
         # budget); an early exit above a larger draft: DraftOrderWarning
         warnings.simplefilter("ignore")
+        hsd = {"custom_generate": hsd_fast.generate, "compile": False, **levels}
         try:
             expected = target.generate(ids, attention_mask=mask, do_sample=False, **opts)
         except Exception as refused:  # options HF refuses together: a drop-in refuses them too
-            expected = refused
-        hsd = {"custom_generate": hsd_fast.generate, "compile": False, **levels}
-        if isinstance(expected, Exception):
-            with pytest.raises(type(expected)):
+            with pytest.raises(type(refused)):
                 target.generate(ids, attention_mask=mask, do_sample=False, **hsd, **opts)
             return
         out = target.generate(ids, attention_mask=mask, do_sample=False, **hsd, **opts)
     assert out.tolist() == expected.tolist()
+
+
+def _search_fails_under(bug, check) -> None:
+    """``check`` fails on one of 40 requests drawn for the Llama target while ``bug`` is planted
+    (derandomized: the same requests each run; stopping at the first failure, without shrinking)."""
+    models = _target_and_drafts("llama")
+
+    @settings(max_examples=40, deadline=None, derandomize=True, database=None, phases=[Phase.generate])
+    @given(data=st.data())
+    def search(data) -> None:
+        check(*models, data)
+
+    with bug(), pytest.raises(AssertionError):
+        search()
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -146,18 +159,9 @@ def test_random_requests_give_hfs_greedy_tokens(models, data) -> None:
     ids=lambda bug: bug.__name__,
 )
 def test_the_random_requests_catch_planted_bugs(bug) -> None:
-    """The same draws find each planted bug within as many requests (stopping at the first failure,
-    without shrinking it). Llama: its early exits hand their hidden states up, which the last bug
-    breaks (GPT-2's recompute them)."""
-    models = _target_and_drafts("llama")
-
-    @settings(max_examples=40, deadline=None, derandomize=True, database=None, phases=[Phase.generate])
-    @given(data=st.data())
-    def search(data) -> None:
-        _hsd_gives_hfs_tokens(*models, data)
-
-    with bug(), pytest.raises(AssertionError):
-        search()
+    """The same draws find each planted bug. Llama: its early exits hand their hidden states up, which
+    the last bug breaks (GPT-2's recompute them)."""
+    _search_fails_under(bug, _hsd_gives_hfs_tokens)
 
 
 def _a_row_samples_alone_what_it_samples_in_the_batch(
@@ -195,12 +199,6 @@ def test_a_row_samples_alone_what_it_samples_in_a_random_batch(models, data) -> 
 
 @pytest.mark.slow
 def test_the_sampled_batches_catch_a_planted_bug() -> None:
-    models = _target_and_drafts("llama")
-
-    @settings(max_examples=40, deadline=None, derandomize=True, database=None, phases=[Phase.generate])
-    @given(data=st.data())
-    def search(data) -> None:
-        _a_row_samples_alone_what_it_samples_in_the_batch(*models, data)
-
-    with planted_bugs.draft_seeds_by_batch_index(), pytest.raises(AssertionError):
-        search()
+    _search_fails_under(
+        planted_bugs.draft_seeds_by_batch_index, _a_row_samples_alone_what_it_samples_in_the_batch
+    )

@@ -5,7 +5,7 @@ tests/test_wrapper.py.)"""
 import pytest
 import torch
 from enumerated import exact_distribution
-from hf_models import ARCHS, derived_drafts, noisy_copy, tiny_model
+from hf_models import ARCHS, derived_drafts, left_padded, noisy_copy, tiny_model
 
 import hsd_fast
 from hsd_fast.testing.exactness import pooled_chi_square
@@ -22,19 +22,12 @@ PROMPTS = [
 PROMPTS += [[90, 4, 33, 21, 8]]
 
 
-def _left_padded(prompts: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, prompts))
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    return ids, mask
-
-
 @pytest.mark.parametrize("arch", list(ARCHS))
 @pytest.mark.parametrize("T", [[], [2], [3, 2], [2, 2, 2]], ids=lambda t: f"T={t}")
 def test_batched_greedy_equals_hf(arch: str, T: list[int]) -> None:
     target = tiny_model(arch)
     drafts = derived_drafts(target, len(T))
-    ids, mask = _left_padded(PROMPTS)
+    ids, mask = left_padded(PROMPTS)
     free = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30, eos_token_id=None)
     eos = int(free[1, ids.shape[1] + 11])  # row 1 meets this EOS after 12 tokens: rows end apart
     kwargs = {"attention_mask": mask, "do_sample": False, "max_new_tokens": 30, "eos_token_id": eos}
@@ -54,7 +47,7 @@ def test_batched_greedy_equals_hf(arch: str, T: list[int]) -> None:
 def test_a_row_alone_equals_the_row_in_a_batch() -> None:
     target = tiny_model("llama", lm_head_scale=2.0)
     drafts = derived_drafts(target, 2)
-    ids, mask = _left_padded(PROMPTS)
+    ids, mask = left_padded(PROMPTS)
     seeds = [11, 22, 33, 44, 55]
     common = {"custom_generate": hsd_fast.generate, "drafts": drafts, "T": [2, 3], "do_sample": True}
     common |= {"max_new_tokens": 24, "eos_token_id": None}

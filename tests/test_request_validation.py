@@ -27,7 +27,7 @@ import warnings
 
 import pytest
 import torch
-from hf_models import ARCHS, derived_drafts, tiny_model
+from hf_models import ARCHS, derived_drafts, left_padded, tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -47,13 +47,6 @@ def _models(arch: str) -> tuple[torch.nn.Module, list[torch.nn.Module]]:
     return target, derived_drafts(target, 2)
 
 
-def _left_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    return ids, mask
-
-
 def _hsd(target, ids, **kwargs) -> torch.Tensor:
     return target.generate(ids, custom_generate=hsd_fast.generate, compile=False, **kwargs)
 
@@ -64,7 +57,7 @@ def test_a_request_that_exactly_fills_the_positions_is_served(arch) -> None:
     """Rows of different lengths, a multi-token draft step whose rows stop at different points: the
     longest row ends exactly at max_position_embeddings, as HF serves it."""
     target, drafts = _models(arch)
-    ids, mask = _left_padded([[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17]])
+    ids, mask = left_padded([[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17]])
     kwargs = {"attention_mask": mask, "do_sample": False, "eos_token_id": None, "pad_token_id": 0}
     kwargs["max_new_tokens"] = MAX_POSITIONS - ids.shape[1]
     expected = target.generate(ids, **kwargs)
@@ -78,7 +71,7 @@ def test_a_row_that_stops_early_in_a_draft_step_stays_inside_the_position_table(
     counting past it while the others drew, and GPT-2's learned position table (32 entries) was
     indexed at 32 and beyond: IndexError. (Found by a random search; this request hits it.)"""
     target, drafts = _models("gpt2")
-    ids, mask = _left_padded(
+    ids, mask = left_padded(
         [[59, 69, 36, 10, 73, 4, 14], [95, 54, 93, 88, 83, 3, 81, 66, 45, 34, 44, 93, 11, 27, 75, 31, 33, 21],
          [72, 60, 14, 13, 43, 68, 65, 16, 41, 73, 40, 93, 18, 73, 45, 72]]
     )  # fmt: skip
@@ -269,7 +262,7 @@ def valid_requests(draw) -> dict:
 @given(valid_requests())
 def test_random_valid_requests(request_: dict) -> None:
     target, drafts = _models(request_["arch"])
-    ids, mask = _left_padded(request_["prompts"])
+    ids, mask = left_padded(request_["prompts"])
     kwargs = {"attention_mask": mask, "max_new_tokens": request_["max_new_tokens"], "pad_token_id": 0}
     kwargs |= {"eos_token_id": request_["eos_token_id"], **request_["sampling"]}
     levels = request_["levels"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hf_models import left_padded
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.stopping_criteria import ConfidenceCriteria
 
@@ -56,13 +57,6 @@ def _same_calls(hf: StopAfter, hsd: StopAfter) -> bool:
         torch.equal(a, b) and s is None and t is None
         for (a, s), (b, t) in zip(hf.calls, hsd.calls, strict=True)
     )
-
-
-def _left_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    return ids, mask
 
 
 def _hsd(target, ids, **kwargs):
@@ -151,7 +145,7 @@ def test_a_checker_that_keeps_the_whole_block_is_caught(
 def test_left_padded_rows_stop_apart(target, drafts, eos, hierarchy) -> None:
     """Each row stops after its own token, at its own step; with an EOS the stopped rows are padded,
     without one HF keeps their tokens until the last row stops (and so does hsd_fast)."""
-    ids, mask = _left_padded(PROMPTS)
+    ids, mask = left_padded(PROMPTS)
     free = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, eos_token_id=None)
     rows = free[:, ids.shape[1] :].tolist()
     steps = [_first_new_at(row, s) for row, s in zip(rows, (20, 9, 2, 3), strict=True)]
@@ -206,7 +200,7 @@ def test_the_streamer_gets_only_the_tokens_kept(target, drafts, greedy, hf_stops
 
 
 def test_sampled_rows_stop_at_their_first_stop_token(target, drafts) -> None:
-    ids, mask = _left_padded(PROMPTS)
+    ids, mask = left_padded(PROMPTS)
     stop_ids = [7, 38, 3, 86]
     out = _hsd(
         target, ids, attention_mask=mask, do_sample=True, seed=[1, 2, 3, 4], drafts=drafts, T=[3, 2],
@@ -227,7 +221,7 @@ def tokenizer():
 
 
 def test_stop_strings_across_token_boundaries_on_every_spelling(target, drafts, tokenizer) -> None:
-    ids, mask = _left_padded(PROMPTS[:2])
+    ids, mask = left_padded(PROMPTS[:2])
     free = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW, eos_token_id=None)
     stop = []  # per row, the text of two consecutive tokens, neither of which holds it alone
     for row, start in zip(free[:, ids.shape[1] :].tolist(), (20, 9), strict=True):

@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 import torch
+from hf_models import left_padded
 from transformers.generation.streamers import BaseStreamer
 
 import hsd_fast
@@ -17,13 +18,6 @@ from hsd_fast.wrapper import HSDModel
 pytestmark = pytest.mark.hf
 
 PROMPT = [5, 9, 11, 40, 3, 7, 12, 60, 33]
-
-
-def _left_padded(prompts: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, prompts))
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    return ids, mask
 
 
 def _counters(stats: hsd_fast.HSDStats) -> dict:
@@ -101,7 +95,7 @@ def test_per_call_hierarchy_changes_are_refused(target, drafts, name) -> None:
 
 
 def test_greedy_batch_equals_the_targets_generate(target, drafts) -> None:
-    ids, mask = _left_padded([PROMPT, [8, 9, 10, 11], [70, 71, 3, 4, 5, 6]])
+    ids, mask = left_padded([PROMPT, [8, 9, 10, 11], [70, 71, 3, 4, 5, 6]])
     kwargs = {"attention_mask": mask, "do_sample": False, "max_new_tokens": 16, "eos_token_id": None}
     out = hsd_fast.wrap(target, drafts, T=[2, 2]).generate(ids, **kwargs)
     assert out.tolist() == target.generate(ids, **kwargs).tolist()
@@ -152,7 +146,7 @@ def test_wrap_streams_prompt_then_committed_tokens_then_end(target, drafts) -> N
 
 @pytest.mark.parametrize("by_keyword", [False, True], ids=["positional", "input_ids="])
 def test_wrap_refuses_a_streamer_with_batch_above_one(target, by_keyword) -> None:
-    ids, mask = _left_padded([PROMPT, [8, 9, 10, 11]])
+    ids, mask = left_padded([PROMPT, [8, 9, 10, 11]])
     streamer = _Recorder()
     inputs = {"input_ids": ids} if by_keyword else {"inputs": ids}
     with pytest.raises(ValueError, match="batch size 1"):
