@@ -55,7 +55,7 @@ def compiled_step(step: Callable, device: torch.device) -> Callable:
     # key it is built under, and the models are fingerprinted (LevelStep.of). The full guard set (the
     # models' modules and configs) cost 100-200 us per call here, a fifth of a draft step. The C++
     # wrapper saves another 10-17 % of a step on CPU (measured: docs/design.md, "Compiled steps").
-    options: dict = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
+    options: dict = {"guard_filter_fn": _tensor_and_shape_guards}
     if device.type == "cuda":
         options["triton.cudagraphs"] = True  # mode="reduce-overhead", which cannot take options too
     else:
@@ -63,6 +63,15 @@ def compiled_step(step: Callable, device: torch.device) -> Callable:
     compiled = torch.compile(own, fullgraph=True, dynamic=False, options=options)
     weakref.finalize(compiled, _forget_graphs, code).atexit = False  # at exit everything goes anyway
     return compiled
+
+
+def _tensor_and_shape_guards(guard_entries: list) -> list[bool]:
+    """``torch.compiler.keep_tensor_guards_unsafe`` (the guards on tensors other than parameters:
+    dtype, device, sizes) and also those on symbolic sizes (the capacity dimension,
+    ``buffer_pool.capacity_buffer``: what the graph assumed of it, a bound or a relation between
+    two buffers); the rest are dropped."""
+    keep = torch.compiler.keep_tensor_guards_unsafe(guard_entries)
+    return [k or entry.guard_type == "SHAPE_ENV" for k, entry in zip(keep, guard_entries, strict=True)]
 
 
 def _forget_graphs(code: types.CodeType) -> None:
@@ -95,7 +104,10 @@ class Compiling:
         if Compiling.bar is None:
             Compiling.bar = tqdm(desc="hsd_fast: compiling steps", unit=" step", leave=False)
         Compiling.bar.set_postfix_str(self.name)
-        with torch._inductor.config.patch(self.config):  # traced and compiled in this call
+        # Traced and compiled in this call. No duck sizing: buffers whose capacities are equal in this
+        # run get a symbol each (layout.capacity_buffer), so a run where they differ reuses the graph.
+        no_duck_sizing = torch.fx.experimental._config.patch(use_duck_shape=False)
+        with torch._inductor.config.patch(self.config), no_duck_sizing:
             out = self.fn(*args)
         self.compiled = True
         Compiling.bar.update()

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from hsd_fast.buffer_pool import POOL
-from hsd_fast.layout import FedBlock
+from hsd_fast.layout import FedBlock, capacity_buffer, symbolic_capacity
 from hsd_fast.processors import Lengths, LogitsTransform, Prefixes, ProcessorInputs
 from hsd_fast.sampling_metadata import SamplingMetadata
 from hsd_fast.target_outputs import NO_OUTPUTS, OutputRequest, TargetOutputs
@@ -39,8 +39,9 @@ class DecodeState:
         max_new: int = 0,
     ) -> None:
         num_rows, device = len(prompts), prompts[0].device
-        self.sampling, self.transform, self.window, self.trash = sampling, transform, window, capacity
-        self.tokens = POOL.zeros(self, (num_rows, capacity + 1), torch.int64, device)  # [B, S + 1]
+        self.sampling, self.transform, self.window = sampling, transform, window
+        tokens = POOL.zeros(self, (num_rows, capacity + 1), torch.int64, device)  # [B, S + 1]
+        self.tokens = capacity_buffer(tokens, 1)
         for r, p in enumerate(prompts):
             self.tokens[r, : p.numel()] = p
         self.q_logits = self.q_lse = None
@@ -60,7 +61,7 @@ class DecodeState:
         outputs_key = (outputs.scores, outputs.logits, max_new if outputs else None)  # [B, max_new + 1, V]
         self.chain_structure = (
             ring,
-            capacity,
+            None if symbolic_capacity(device) else capacity,
             sampling.greedy,
             keep_q,
             transform.key,
@@ -86,6 +87,12 @@ class DecodeState:
         self.outputs = None
         if outputs:
             self.outputs = TargetOutputs(outputs, self.prompt_lengths, max_new, vocab, transform.temperature)
+
+    @property
+    def trash(self) -> int | torch.SymInt:
+        """The token buffer's last column, where rows that sit a step out write: read from the
+        buffer's size, which a compiled step may trace as a symbol (``layout.capacity_buffer``)."""
+        return self.tokens.shape[1] - 1
 
     def set_tree(self, buffers: TreeBuffers | None) -> None:
         """Level 0 drafts token trees of this topology, kept in ``buffers`` (None: chains again, after

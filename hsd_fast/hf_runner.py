@@ -30,7 +30,7 @@ from hsd_fast.attached import attached
 from hsd_fast.buffer_pool import graph_buffer
 from hsd_fast.compat import embeddable_ids, fit_logits
 from hsd_fast.early_exit import exit_of, with_hidden_tap
-from hsd_fast.layout import FedBlock, capacity_bucket
+from hsd_fast.layout import FedBlock, capacity_bucket, capacity_buffer
 from hsd_fast.positions import check_positions, max_positions
 from hsd_fast.triton_kernels.ops import triton_installed
 from hsd_fast.triton_kernels.tree_attention_torch import attention_meta
@@ -46,9 +46,11 @@ class SlotCache(Cache):
     the layer internals differ between transformers releases (docs/design.md, "A Cache subclass at
     the Cache level")."""
 
-    def __init__(self, num_layers: int, rows: int, slots: int) -> None:
+    def __init__(self, num_layers: int, rows: int, slots: int, device: torch.device) -> None:
         super().__init__(layers=[])
         self.rows, self.num_slots = rows, slots
+        # [S] the slot ids: a step reads the slot count from this tensor's size, a symbol on a CPU
+        self.slot_ids = capacity_buffer(graph_buffer(torch.arange(slots, device=device)), 0)
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.slots = torch.zeros(rows, 0, dtype=torch.int64)  # [B, L]
@@ -90,14 +92,14 @@ class SlotCache(Cache):
         to: valid exactly where those K/V are, moved with them, so the ledger's cached length of the
         level says which are valid."""
         if self.hidden is None:
-            self.hidden = self._zeros(hidden_states[:, None])
+            self.hidden = self._zeros(hidden_states[:, None])  # [B, 1, S, H]
         rows = torch.arange(self.slots.shape[0], device=self.slots.device)[:, None]  # [B, 1]
         self.hidden[rows, :, self.slots] = hidden_states[:, :, None]
 
     def _zeros(self, states: torch.Tensor) -> torch.Tensor:
         # Zero-initialised: a NaN in a masked slot would still poison SDPA.
         batch, heads, _, dim = states.shape
-        return graph_buffer(states.new_zeros(batch, heads, self.num_slots, dim))
+        return capacity_buffer(graph_buffer(states.new_zeros(batch, heads, self.num_slots, dim)), 2)
 
     def move(self, rows: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor) -> None:
         """Copy every layer's K/V at slots ``sources`` to slots ``targets`` ([R, M] each, for the
@@ -228,12 +230,13 @@ class HFRunner:
         slots = capacity_bucket(needed)  # in the compiled steps' shapes: a few sizes only
         if limit is not None:
             slots = max(needed, min(slots, limit))
-        self.scratch = slots  # slots 0..slots-1 hold positions; the last one is scratch
+        self.scratch = slots  # slots 0..slots-1 hold positions, the last is scratch (a step: cache.slot_ids)
         cache = self.cache
         if cache is not None and (cache.rows, cache.num_slots) == (num_rows, slots + 1):
             cache.reset()  # same shapes: reuse the buffers (and what was compiled for them)
         else:
-            self.cache = SlotCache(config.num_hidden_layers, num_rows, slots + 1)
+            device = next(self.model.parameters()).device
+            self.cache = SlotCache(config.num_hidden_layers, num_rows, slots + 1, device)
             self._keep_hidden_states()
             self._probe()
 
@@ -320,12 +323,12 @@ class HFRunner:
         cache = self.cache
         assert cache is not None, "prepare() first"
         written = block.positions if block.slots is None else block.slots  # [B, L]
-        cache.slots = torch.where(block.valid, written, self.scratch)  # [B, L] write slots
+        slot_ids = cache.slot_ids  # [S]
+        cache.slots = torch.where(block.valid, written, slot_ids.shape[0] - 1)  # [B, L] write slots
         if self.fused:  # the kernel's metadata [B, 1, L, F] instead of a mask (hsd_fast.attention)
             last_seen = torch.where(block.valid, block.positions, -1)  # [B, L]
             mask = attention_meta(last_seen, block.tree_start, block.tree_sees)[:, None]
         else:
-            slot_ids = torch.arange(cache.num_slots, device=block.positions.device)  # [S]
             masks = {t: self._mask(block, slot_ids, w) for t, w in self.windows.items()}  # [B, 1, L, S] each
             mask = masks if len(masks) > 1 else next(iter(masks.values()))
         if inputs_embeds is not None:
@@ -376,7 +379,8 @@ class HFRunner:
             in_tree = (offset >= 0) & (offset < size)  # [B, S]
             index = offset.clamp(0, size - 1)[:, None, :].expand(*block.tree_sees.shape[:2], -1)  # [B, L, S]
             sees = torch.where(in_tree[:, None, :], block.tree_sees.gather(2, index), sees)
-        sees = torch.where(block.valid[..., None], sees, slot_ids == self.scratch)
+        scratch = slot_ids.shape[0] - 1
+        sees = torch.where(block.valid[..., None], sees, slot_ids == scratch)
         mask = torch.zeros(sees.shape, dtype=self.dtype, device=sees.device)
         return mask.masked_fill(~sees, torch.finfo(self.dtype).min)[:, None]
 

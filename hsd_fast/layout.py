@@ -28,13 +28,32 @@ MAX_WIDTH = BUCKETS[-1]
 def capacity_bucket(positions: int) -> int:
     """The size of a buffer holding ``positions`` positions (the token buffer, the KV slots): the
     smallest of 128, 192, 256, 384, 512, 768, ... (powers of two and 1.5 times them) that holds
-    them. The size is in every compiled step's shapes, so a new prompt length or
-    ``max_new_tokens`` compiles nothing new unless it crosses a size, and the attention over the
-    cache reads at most 1.5 times the positions it needs."""
+    them. The attention over the cache reads at most 1.5 times the positions it needs. Where
+    compiled steps trace the size as a symbol (``symbolic_capacity``: a CPU) a new prompt length or
+    ``max_new_tokens`` compiles nothing new; elsewhere only a request that crosses a size does."""
     size = 128
     while size < positions:
         size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
     return size
+
+
+def symbolic_capacity(device: torch.device) -> bool:
+    """Whether compiled steps on ``device`` trace the capacity as a symbol, one graph for every
+    size: on a CPU, where a graph costs tens of seconds to compile and holds its own copy of the
+    weights. Elsewhere each capacity compiles graphs of its own (on CUDA each size would record
+    its own CUDA graph anyway; the symbolic path is untested on a GPU)."""
+    return device.type == "cpu"
+
+
+def capacity_buffer(tensor: torch.Tensor, dim: int) -> torch.Tensor:
+    """``tensor``, whose ``dim`` is a run's capacity (a ``capacity_bucket`` size, maybe plus a
+    scratch slot), marked dynamic there where the capacity is symbolic (``symbolic_capacity``):
+    a request that crosses a size then compiles nothing new (docs/design.md, "Few graphs per
+    run"). A step reads the capacity from such a tensor's size, never from a Python int: compiled
+    steps keep no guards on ints, so one would be baked into the graph unchecked."""
+    if symbolic_capacity(tensor.device):
+        torch._dynamo.mark_dynamic(tensor, dim)
+    return tensor
 
 
 def bucket(width: int) -> int:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from hsd_fast import processor_ops as ops
+from hsd_fast.layout import capacity_buffer
 from hsd_fast.processor_ops import Prefixes
 
 if TYPE_CHECKING:
@@ -207,7 +208,8 @@ class LogitsTransform:
                 out.append(ops.id_mask(processor.bos_token_id, vocab, device))
             elif name == "ExponentialDecayLengthPenalty":
                 factors = ops.decay_factors(processor.regulation_start, processor.regulation_factor, size)
-                out.append((ops.id_mask(processor.eos_token_id, vocab, device), factors.to(device)))
+                factors = capacity_buffer(factors.to(device), 0)  # [size]: as long as the token buffer
+                out.append((ops.id_mask(processor.eos_token_id, vocab, device), factors))
             else:  # min length, min new tokens, forced EOS
                 out.append(ops.id_mask(processor.eos_token_id, vocab, device))
         return out

@@ -284,3 +284,21 @@ def draft_seeds_by_batch_index() -> Iterator[None]:
 
     with mock.patch.object(SamplingMetadata, "build", classmethod(buggy)):
         yield
+
+
+@contextlib.contextmanager
+def trash_column_baked_in() -> Iterator[None]:
+    """The token buffer's trash column is a Python int the run sets (as the steps had it before the
+    capacity was symbolic): compiled steps keep no guards on ints, so a graph compiled at one
+    capacity writes its sitting-out rows' tokens at that capacity's trash column in every later run,
+    a real position once the buffer is larger."""
+    from hsd_fast.decode_state import DecodeState
+
+    init = DecodeState.__init__
+
+    def buggy(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        self.trash = self.tokens.shape[1] - 1
+
+    with mock.patch.object(DecodeState, "trash", None), mock.patch.object(DecodeState, "__init__", buggy):
+        yield
