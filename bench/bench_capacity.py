@@ -1,12 +1,12 @@
 """A conversation whose context grows, in one process: each turn's prompt is the previous turn's
-prompt and answer plus a new question, so the requests cross the capacity sizes (128, 192, 256, 384,
-512, 768 positions). Compiled steps whose graphs trace the capacity as a symbol (the default on a
+prompt and answer plus a new question, so the requests cross capacity sizes (128, 256, 384, 512 and
+768 positions). Compiled steps whose graphs trace the capacity as a symbol (the default on a
 CPU: docs/design.md, "Few graphs per run") against graphs compiled per capacity (as before), on two
 copies of the zoo's ``s`` under the demo's pick ``lookup > s`` T=8: per turn, the seconds (compiling
 included), the graphs compiled, and after the conversation the decode time of the last turn again
 (interleaved passes, medians). Greedy; every answer checked equal to HF ``generate``'s.
 
-    python bench/bench_capacity.py          # about 15 minutes here, most of it compiling per capacity
+    python bench/bench_capacity.py          # about 5 minutes here, most of it compiling per capacity
 
 Writes bench/results/capacity_cpu.{json,md}.
 """
