@@ -51,10 +51,11 @@ def compiled_step(step: Callable, device: torch.device) -> Callable:
 
     code = forward.__code__.replace()  # an equal code object, distinct from every other copy
     own = types.FunctionType(code, forward.__globals__, forward.__name__, None, forward.__closure__)
-    # Guards on tensors only (shapes, dtypes, devices): everything else a step depends on is in the
-    # key it is built under, and the models are fingerprinted (LevelStep.of). The full guard set (the
-    # models' modules and configs) cost 100-200 us per call here, a fifth of a draft step. The C++
-    # wrapper saves another 10-17 % of a step on CPU (measured: docs/design.md, "Compiled steps").
+    # Guards on tensors only (shapes, dtypes, devices) and on symbolic sizes: everything else a step
+    # depends on is in the key it is built under, and the models are fingerprinted (LevelStep.of). The
+    # full guard set (the models' modules and configs) cost 100-200 us per call here, a fifth of a draft
+    # step. The C++ wrapper saves another 10-17 % of a step on CPU (measured: docs/design.md, "Compiled
+    # steps").
     options: dict = {"guard_filter_fn": _tensor_and_shape_guards}
     if device.type == "cuda":
         options["triton.cudagraphs"] = True  # mode="reduce-overhead", which cannot take options too
@@ -68,7 +69,7 @@ def compiled_step(step: Callable, device: torch.device) -> Callable:
 def _tensor_and_shape_guards(guard_entries: list) -> list[bool]:
     """``torch.compiler.keep_tensor_guards_unsafe`` (the guards on tensors other than parameters:
     dtype, device, sizes) and also those on symbolic sizes (the capacity dimension,
-    ``buffer_pool.capacity_buffer``: what the graph assumed of it, a bound or a relation between
+    ``layout.capacity_buffer``: what the graph assumed of it, a bound or a relation between
     two buffers); the rest are dropped."""
     keep = torch.compiler.keep_tensor_guards_unsafe(guard_entries)
     return [k or entry.guard_type == "SHAPE_ENV" for k, entry in zip(keep, guard_entries, strict=True)]
