@@ -27,7 +27,7 @@ import torch._dynamo
 from kernel_bench import run_meta, write_results
 
 import hsd_fast
-from hsd_fast import decode_state, layout, zoo
+from hsd_fast import layout, zoo
 from hsd_fast.zoo_demo import PROMPT
 
 NEW_TOKENS = 100
@@ -46,9 +46,7 @@ COLUMNS += ["per capacity s", "per capacity graphs"]
 def graphs_per_capacity() -> Iterator[None]:
     """Every capacity compiles its own graphs: the capacity is a static size again (in the buffers'
     shapes and the steps' key), as before it was symbolic."""
-    static = mock.patch.object(layout, "symbolic_capacity", lambda device: False)
-    keyed = mock.patch.object(decode_state, "symbolic_capacity", lambda device: False)
-    with static, keyed:
+    with mock.patch.object(layout, "symbolic_capacity", lambda device: False):
         yield
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from hsd_fast.buffer_pool import POOL
-from hsd_fast.layout import FedBlock, capacity_buffer, symbolic_capacity
+from hsd_fast.layout import FedBlock, capacity_buffer, capacity_key
 from hsd_fast.processors import Lengths, LogitsTransform, Prefixes, ProcessorInputs
 from hsd_fast.sampling_metadata import SamplingMetadata
 from hsd_fast.target_outputs import NO_OUTPUTS, OutputRequest, TargetOutputs
@@ -61,7 +61,7 @@ class DecodeState:
         outputs_key = (outputs.scores, outputs.logits, max_new if outputs else None)  # [B, max_new + 1, V]
         self.chain_structure = (
             ring,
-            None if symbolic_capacity(device) else capacity,
+            capacity_key(capacity, device),
             sampling.greedy,
             keep_q,
             transform.key,

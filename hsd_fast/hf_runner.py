@@ -59,6 +59,12 @@ class SlotCache(Cache):
         # (HiddenTap, docs/design.md, "Early-exit levels"): allocated at the first keep_hidden.
         self.hidden: torch.Tensor | None = None
 
+    @property
+    def scratch(self) -> int | torch.SymInt:
+        """The last slot, where padding columns write and which they alone see: read from
+        ``slot_ids``' size, a symbol in a step compiled on a CPU."""
+        return self.slot_ids.shape[0] - 1
+
     def reset(self) -> None:
         """Zero every buffer for a new run (docs/design.md, "Zero-initialised buffers": a NaN in a
         masked slot would still poison SDPA)."""
@@ -163,7 +169,6 @@ class HFRunner:
         self.stand_in = model.get_input_embeddings().weight.shape[0] < vocab_size
         self.dtype = next(model.parameters()).dtype
         self.cache: SlotCache | None = None
-        self.scratch = 0
         config = model.config
         # One mask per layer type, each with its window (None: full attention). A model with one
         # layer type gets one 4D mask; a hybrid one a dict keyed by layer type, which its forward uses
@@ -183,6 +188,12 @@ class HFRunner:
         # What forward calls: the model, or for an early exit whose hidden states the level above
         # reads, a copy of it that keeps them (_keep_hidden_states).
         self.forward_model = model
+
+    @property
+    def scratch(self) -> int:
+        """The cache's scratch slot (``SlotCache.scratch``); ``prepare()`` first."""
+        assert self.cache is not None, "prepare() first"
+        return self.cache.scratch
 
     def _fused(self, path: str | None) -> bool:
         if path is None:
@@ -230,7 +241,6 @@ class HFRunner:
         slots = capacity_bucket(needed)  # in the compiled steps' shapes: a few sizes only
         if limit is not None:
             slots = max(needed, min(slots, limit))
-        self.scratch = slots  # slots 0..slots-1 hold positions, the last is scratch (a step: cache.slot_ids)
         cache = self.cache
         if cache is not None and (cache.rows, cache.num_slots) == (num_rows, slots + 1):
             cache.reset()  # same shapes: reuse the buffers (and what was compiled for them)
@@ -323,13 +333,12 @@ class HFRunner:
         cache = self.cache
         assert cache is not None, "prepare() first"
         written = block.positions if block.slots is None else block.slots  # [B, L]
-        slot_ids = cache.slot_ids  # [S]
-        cache.slots = torch.where(block.valid, written, slot_ids.shape[0] - 1)  # [B, L] write slots
+        cache.slots = torch.where(block.valid, written, cache.scratch)  # [B, L] write slots
         if self.fused:  # the kernel's metadata [B, 1, L, F] instead of a mask (hsd_fast.attention)
             last_seen = torch.where(block.valid, block.positions, -1)  # [B, L]
             mask = attention_meta(last_seen, block.tree_start, block.tree_sees)[:, None]
         else:
-            masks = {t: self._mask(block, slot_ids, w) for t, w in self.windows.items()}  # [B, 1, L, S] each
+            masks = {t: self._mask(block, cache.slot_ids, w) for t, w in self.windows.items()}  # [B, 1, L, S]
             mask = masks if len(masks) > 1 else next(iter(masks.values()))
         if inputs_embeds is not None:
             inputs = {"inputs_embeds": inputs_embeds}

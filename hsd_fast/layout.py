@@ -45,6 +45,12 @@ def symbolic_capacity(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def capacity_key(capacity: int, device: torch.device) -> int | None:
+    """The capacity as part of a compiled step's key: None where it is symbolic (one graph serves
+    every size), else the size itself."""
+    return None if symbolic_capacity(device) else capacity
+
+
 def capacity_buffer(tensor: torch.Tensor, dim: int) -> torch.Tensor:
     """``tensor``, whose ``dim`` is a run's capacity (a ``capacity_bucket`` size, maybe plus a
     scratch slot), marked dynamic there where the capacity is symbolic (``symbolic_capacity``):

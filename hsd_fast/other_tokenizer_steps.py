@@ -36,7 +36,7 @@ from hsd_fast.compile_policy import (
     fingerprint,
 )
 from hsd_fast.hf_runner import HFRunner
-from hsd_fast.layout import MAX_WIDTH, FedBlock, bucket, capacity_bucket, symbolic_capacity
+from hsd_fast.layout import MAX_WIDTH, FedBlock, bucket, capacity_bucket, capacity_key
 from hsd_fast.positions import max_positions
 from hsd_fast.triton_kernels.keyed_random_torch import DRAFT
 from hsd_fast.triton_kernels.ops import sample
@@ -258,8 +258,7 @@ class DraftSteps:
             eager = functools.partial(_sampled_draft_ids if sampled else _draft_ids, self.runner, count=count)
         if self.compiled is None or width > COMPILED_MAX_WIDTH:
             return eager
-        capacity = None if symbolic_capacity(self.device) else self.capacity  # one graph for all sizes
-        key = (self.num_rows, capacity, *shape)
+        key = (self.num_rows, capacity_key(self.capacity, self.device), *shape)
         if key not in self.compiled:
             if self.uses[shape] < COMPILE_AFTER_USES:
                 return eager
