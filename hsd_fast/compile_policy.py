@@ -5,12 +5,15 @@ graph, whether memory holds another one, and what of a model a compiled step ass
 
 from __future__ import annotations
 
+import contextlib
 import types
 import weakref
 from collections.abc import Callable
 
 import torch
 from tqdm.auto import tqdm
+
+from hsd_fast.graph_cache import weights_in_cache_key
 
 CPP_WRAPPER = True
 COMPILED_MAX_WIDTH = 16
@@ -87,13 +90,16 @@ def _forget_graphs(code: types.CodeType) -> None:
 
 
 class Compiling:
-    """A compiled step that reports its first call, when it compiles (tens of seconds on a CPU), on
-    one progress line shared by all steps of the process."""
+    """A compiled step that reports its first call, when it compiles (tens of seconds on a CPU, a few
+    where inductor's cache has the step from an earlier process), on one progress line shared by all
+    steps of the process."""
 
     bar: tqdm | None = None
 
-    def __init__(self, fn: Callable, name: str, device: torch.device) -> None:
+    def __init__(self, fn: Callable, name: str, device: torch.device, model: object = None) -> None:
         self.fn, self.name, self.compiled = fn, name, False
+        # The model whose weights the step reads: on a CPU its digest keys the step in inductor's cache.
+        self.model = model if isinstance(model, torch.nn.Module) else None
         self.config = CPU_INDUCTOR_CONFIG if device.type == "cpu" else {}
         self.cuda = device.type == "cuda"
 
@@ -108,7 +114,9 @@ class Compiling:
         # Traced and compiled in this call. No duck sizing: buffers whose capacities are equal in this
         # run get a symbol each (layout.capacity_buffer), so a run where they differ reuses the graph.
         no_duck_sizing = torch.fx.experimental._config.patch(use_duck_shape=False)
-        with torch._inductor.config.patch(self.config), no_duck_sizing:
+        # A CPU step compiled once is loaded by later processes from inductor's cache (graph_cache.py).
+        cache = contextlib.nullcontext() if self.cuda else weights_in_cache_key(self.model)
+        with torch._inductor.config.patch(self.config), no_duck_sizing, cache:
             out = self.fn(*args)
         self.compiled = True
         Compiling.bar.update()

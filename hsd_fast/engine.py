@@ -421,10 +421,10 @@ def _check_tree(tree: Tree | None, runners: Sequence[Runner | ProposalLevel], ad
 AUTO_COMPILE_AFTER_SECONDS = 60.0
 """``compile="auto"`` decodes eagerly until a hierarchy has spent this long, then compiles it: the
 rent-or-buy rule (pay for the eager path until it has cost what compiling costs, then buy). Compiling
-a hierarchy's steps (about three graphs for one draft at batch 1, 20-30 s each on 2 CPU cores, and
-frozen graphs are not cached across processes: docs/design.md, "Compiled steps") costs about a
-minute; whatever the request lengths, the total time stays within twice that of the better choice
-in hindsight."""
+a hierarchy's steps (about three graphs for one draft at batch 1, 20-30 s each on 2 CPU cores)
+costs about a minute; whatever the request lengths, the total time stays within twice that of the
+better choice in hindsight. (A later process loads steps an earlier one compiled in a few seconds
+each, ``graph_cache.py``: this price assumes none were.)"""
 # target runner -> {(ids of the drafts' runners, block sizes): seconds decoded eagerly}; weak, so a
 # dropped model takes its record with it
 _EAGER_SECONDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

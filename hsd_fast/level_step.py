@@ -241,7 +241,7 @@ class LevelStep:
             if compiled:
                 device = state.tokens.device
                 name = f"level {self.level} {kind} {width}x{out_width}"
-                fn = Compiling(compiled_step(fn, device), name, device)
+                fn = Compiling(compiled_step(fn, device), name, device, getattr(self.runner, "model", None))
             self.functions[key] = fn
         return fn
 

@@ -263,5 +263,7 @@ class DraftSteps:
             if self.uses[shape] < COMPILE_AFTER_USES:
                 return eager
             name = f"other-tokenizer draft {width}x{count or 'verify'}{' sampled' if sampled else ''}"
-            self.compiled[key] = Compiling(compiled_step(eager, self.device), name, self.device)
+            self.compiled[key] = Compiling(
+                compiled_step(eager, self.device), name, self.device, self.runner.model
+            )
         return self.compiled[key]

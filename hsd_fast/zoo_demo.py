@@ -94,7 +94,7 @@ def main(
     if adapt:  # every zoo draft a candidate; the pick's profile steers (docs/design.md §8.9)
         hsd_kwargs.update(adapt=True, drafts=candidates)
     if compile:
-        print("compiling HSD's steps (once per process) ...", flush=True)
+        print("compiling HSD's steps (or loading those an earlier run compiled) ...", flush=True)
     start = time.perf_counter()
     out = target.generate(ids, **hsd_kwargs, **kwargs)
     hsd_seconds = time.perf_counter() - start

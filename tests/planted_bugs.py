@@ -11,7 +11,7 @@ from unittest import mock
 import numpy as np
 import torch
 
-from hsd_fast import steps, tree_steps
+from hsd_fast import graph_cache, steps, tree_steps
 from hsd_fast.triton_kernels import tree_torch
 
 
@@ -301,4 +301,17 @@ def trash_column_baked_in() -> Iterator[None]:
         self.trash = self.tokens.shape[1] - 1
 
     with mock.patch.object(DecodeState, "trash", None), mock.patch.object(DecodeState, "__init__", buggy):
+        yield
+
+
+@contextlib.contextmanager
+def weights_keyed_on_shapes() -> Iterator[None]:
+    """Admit packed weights to inductor's FX graph cache but name every weight in the key by its shape
+    and dtype only (inductor's own key for a frozen weight): a model of the same shapes as a cached
+    one loads the cached one's weights (the template's copies that a compiled graph stores)."""
+
+    def on_shapes(t, step):
+        return ("packed weight", str(t.dtype), tuple(t.shape)) if t.is_mkldnn else None
+
+    with mock.patch.object(graph_cache, "described", on_shapes):
         yield
