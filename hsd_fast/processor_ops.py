@@ -159,7 +159,7 @@ def force(scores: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.
     return torch.where(rows[:, None], forced, scores)
 
 
-def decay_factors(start: int, factor: float, size: int) -> torch.Tensor:
+def decay_factors(factor: float, size: int) -> torch.Tensor:
     """[size] fp32, at ``i``: ``factor ** i - 1``, computed as HF computes it (a Python float, which
     the multiplication rounds to fp32), inf where it overflows (HF's own call raises there)."""
 
@@ -173,7 +173,7 @@ def decay_factors(start: int, factor: float, size: int) -> torch.Tensor:
 
 
 def length_decay(
-    scores: torch.Tensor, width: torch.Tensor, start: int, factors: torch.Tensor, eos: torch.Tensor
+    scores: torch.Tensor, width: torch.Tensor, start: torch.Tensor, factors: torch.Tensor, eos: torch.Tensor
 ) -> torch.Tensor:
     """HF's ``ExponentialDecayLengthPenalty``: past ``start`` (its ``regulation_start``, in HF's
     ``input_ids`` width), each finite EOS score grows by ``|score| * (factor ** (width - start) - 1)``

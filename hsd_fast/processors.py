@@ -24,7 +24,7 @@ and ``import hsd_fast`` loads no transformers.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -99,6 +99,38 @@ class Lengths(NamedTuple):
 
     width: torch.Tensor  # [N] int64 HF's input_ids.shape[-1] there: its padded prompt width + `new`
     new: torch.Tensor  # [N] int64 the row's new tokens before the one predicted there
+
+
+class LengthTable(NamedTuple):
+    """What a LENGTH processor's op reads besides the scores and the lengths, built once per run
+    (``LogitsTransform.tables``). Its threshold is a tensor, an input of a compiled step rather than a
+    constant of its graph: the thresholds follow the request (HF sets ``begin_index``, ``max_length``
+    and ``regulation_start`` from its prompt width and length), so requests of other prompt widths and
+    lengths share the step's graphs (``LENGTH_THRESHOLDS``)."""
+
+    threshold: torch.Tensor  # [] int64: the width or count the processor compares against
+    ids: torch.Tensor  # [V] bool: the ids it bans, forces or decays
+    factors: torch.Tensor | None = None  # [size] fp32, the length decay's (``processor_ops.decay_factors``)
+
+
+LENGTH_THRESHOLDS: dict[str, tuple[Callable[[Any], int], tuple[str, ...]]] = {
+    "MinLengthLogitsProcessor": (lambda p: p.min_length, ("min_length",)),
+    "MinNewTokensLengthLogitsProcessor": (
+        lambda p: p.min_new_tokens,
+        ("min_new_tokens", "prompt_length_to_skip"),
+    ),
+    "SuppressTokensAtBeginLogitsProcessor": (lambda p: p.begin_index, ("begin_index",)),
+    "ForcedEOSTokenLogitsProcessor": (lambda p: p.max_length - 1, ("max_length",)),
+    "ForcedBOSTokenLogitsProcessor": (lambda p: 1, ()),
+    "ExponentialDecayLengthPenalty": (
+        lambda p: p.regulation_start,
+        ("regulation_start", "regulation_factor"),
+    ),
+}
+"""Per LENGTH processor: the threshold its op compares each position's width (or new-token count)
+against (``LengthTable.threshold``), and the settings that its ``LengthTable`` carries (or that its op
+never reads: it counts new tokens from the run's own prompt lengths), left out of
+``LogitsTransform.key``."""
 
 
 class ProcessorInputs(NamedTuple):
@@ -191,8 +223,8 @@ class LogitsTransform:
 
     def tables(self, vocab: int, size: int, device: torch.device) -> list[Any]:
         """Per processor, what its op needs built once per run (None for most): a sequence bias's
-        ``SequenceBiasTable``, a length processor's banned or forced ids ``[V]`` bool (and, for the
-        length decay, ``decay_factors`` for ``size`` widths past its start)."""
+        ``SequenceBiasTable``, a length processor's ``LengthTable`` (its threshold, the ids it bans or
+        forces, and for the length decay ``decay_factors`` for ``size`` widths past its start)."""
         out: list[Any] = []
         for processor, kind in zip(self.processors, self.kinds, strict=True):
             name = type(processor).__name__
@@ -202,17 +234,27 @@ class LogitsTransform:
                 out.append(ops.sequence_bias_table(processor.sequence_bias, vocab, device, per_sequence))
             elif kind != LENGTH:
                 out.append(None)
-            elif name == "SuppressTokensAtBeginLogitsProcessor":
-                out.append(ops.id_mask(processor.begin_suppress_tokens, vocab, device))
-            elif name == "ForcedBOSTokenLogitsProcessor":
-                out.append(ops.id_mask(processor.bos_token_id, vocab, device))
-            elif name == "ExponentialDecayLengthPenalty":
-                factors = ops.decay_factors(processor.regulation_start, processor.regulation_factor, size)
-                factors = capacity_buffer(factors.to(device), 0)  # [size]: as long as the token buffer
-                out.append((ops.id_mask(processor.eos_token_id, vocab, device), factors))
-            else:  # min length, min new tokens, forced EOS
-                out.append(ops.id_mask(processor.eos_token_id, vocab, device))
+            else:
+                threshold = LENGTH_THRESHOLDS[name][0](processor)
+                threshold = torch.tensor(threshold, dtype=torch.int64, device=device)
+                ids, factors = self._length_ids_and_factors(processor, vocab, size, device)
+                out.append(LengthTable(threshold, ids, factors))
         return out
+
+    @staticmethod
+    def _length_ids_and_factors(
+        processor: LogitsProcessor, vocab: int, size: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        name = type(processor).__name__
+        if name == "SuppressTokensAtBeginLogitsProcessor":
+            return ops.id_mask(processor.begin_suppress_tokens, vocab, device), None
+        if name == "ForcedBOSTokenLogitsProcessor":
+            return ops.id_mask(processor.bos_token_id, vocab, device), None
+        eos = ops.id_mask(processor.eos_token_id, vocab, device)
+        if name != "ExponentialDecayLengthPenalty":  # min length, min new tokens, forced EOS
+            return eos, None
+        factors = ops.decay_factors(processor.regulation_factor, size)
+        return eos, capacity_buffer(factors.to(device), 0)  # [size]: as long as the token buffer
 
     def __call__(self, logits: torch.Tensor, inputs: ProcessorInputs | None = None) -> torch.Tensor:
         """[N, V] -> [N, V]. ``inputs``: what the history, length and per-position processors read at
@@ -317,23 +359,20 @@ def _ordered_history_op(
 
 
 def _length_op(
-    processor: LogitsProcessor, scores: torch.Tensor, lengths: Lengths, table: Any
+    processor: LogitsProcessor, scores: torch.Tensor, lengths: Lengths, table: LengthTable
 ) -> torch.Tensor:
     """A LENGTH processor on ``[N, V]`` scores given each position's ``input_ids`` width, as HF's
-    compares it (``table``: the ids it bans or forces, from ``LogitsTransform.tables``)."""
-    name, width = type(processor).__name__, lengths.width
+    compares it with its threshold (``table``, from ``LogitsTransform.tables``)."""
+    name, width, threshold = type(processor).__name__, lengths.width, table.threshold
     if name == "MinLengthLogitsProcessor":
-        return ops.ban(scores, width < processor.min_length, table)
+        return ops.ban(scores, width < threshold, table.ids)
     if name == "MinNewTokensLengthLogitsProcessor":  # HF counts past its prompt_length_to_skip, which
-        return ops.ban(scores, lengths.new < processor.min_new_tokens, table)  # is the padded width
+        return ops.ban(scores, lengths.new < threshold, table.ids)  # is the padded width
     if name == "SuppressTokensAtBeginLogitsProcessor":
-        return ops.ban(scores, width == processor.begin_index, table)
-    if name == "ForcedEOSTokenLogitsProcessor":
-        return ops.force(scores, width == processor.max_length - 1, table)
-    if name == "ForcedBOSTokenLogitsProcessor":
-        return ops.force(scores, width == 1, table)
-    eos, factors = table  # ExponentialDecayLengthPenalty
-    return ops.length_decay(scores, width, processor.regulation_start, factors, eos)
+        return ops.ban(scores, width == threshold, table.ids)
+    if name in ("ForcedEOSTokenLogitsProcessor", "ForcedBOSTokenLogitsProcessor"):
+        return ops.force(scores, width == threshold, table.ids)
+    return ops.length_decay(scores, width, threshold, table.factors, table.ids)  # the length decay
 
 
 def _check_history_processor(processor: LogitsProcessor) -> None:
@@ -351,10 +390,12 @@ def _check_history_processor(processor: LogitsProcessor) -> None:
 def _describe(processor: LogitsProcessor) -> str:
     """The processor's class and scalar settings; for a sequence bias, how many sequences of each
     length (its table's shapes: a compiled step is built for them, its ids and biases are inputs)."""
+    # HF's lazy state, and the length thresholds, which are the steps' inputs (LengthTable)
+    out_of_key = ("prepared_bias_variables", *LENGTH_THRESHOLDS.get(type(processor).__name__, (0, ()))[1])
     settings = {
         k: v
         for k, v in sorted(vars(processor).items())
-        if isinstance(v, (int, float, str, bool)) and k != "prepared_bias_variables"  # HF's lazy state
+        if isinstance(v, (int, float, str, bool)) and k not in out_of_key
     }
     biased = getattr(processor, "sequence_bias", None)
     if isinstance(biased, dict):

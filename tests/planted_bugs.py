@@ -11,7 +11,7 @@ from unittest import mock
 import numpy as np
 import torch
 
-from hsd_fast import graph_cache, steps, tree_steps
+from hsd_fast import graph_cache, processors, steps, tree_steps
 from hsd_fast.triton_kernels import tree_torch
 
 
@@ -314,4 +314,29 @@ def weights_keyed_on_shapes() -> Iterator[None]:
         return ("packed weight", str(t.dtype), tuple(t.shape)) if t.is_mkldnn else None
 
     with mock.patch.object(graph_cache, "described", on_shapes):
+        yield
+
+
+@contextlib.contextmanager
+def length_thresholds_baked_in() -> Iterator[None]:
+    """The length processors' ops read their thresholds from the processor, as Python ints, while the
+    steps' key no longer names them: a compiled step keeps the first request's thresholds for every
+    later request of another prompt width or length."""
+    ints = {
+        "MinLengthLogitsProcessor": "min_length",
+        "MinNewTokensLengthLogitsProcessor": "min_new_tokens",
+        "SuppressTokensAtBeginLogitsProcessor": "begin_index",
+        "ExponentialDecayLengthPenalty": "regulation_start",
+    }
+    length_op = processors._length_op
+
+    def buggy(processor, scores, lengths, table):
+        name = type(processor).__name__
+        if name == "ForcedEOSTokenLogitsProcessor":
+            table = table._replace(threshold=processor.max_length - 1)
+        elif name in ints:
+            table = table._replace(threshold=getattr(processor, ints[name]))
+        return length_op(processor, scores, lengths, table)
+
+    with mock.patch.object(processors, "_length_op", buggy):
         yield
