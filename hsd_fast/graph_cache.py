@@ -34,27 +34,49 @@ cache, and with it this, off."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import shutil
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-try:  # inductor's internals: absent or changed in another torch, the patch is skipped
-    from torch._inductor import codecache
-    from torch._inductor.freezing_utils import is_frozen_param
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    _PICKLER = codecache.FxGraphCachePickler
-    _ORIGINAL_REDUCE = _PICKLER._reduce_tensor
-    _TENSOR_METADATA = codecache.extract_tensor_metadata_for_cache_key
-except (ImportError, AttributeError):  # pragma: no cover - other torch versions
-    _PICKLER = None
-_VALIDATOR = getattr(codecache, "CacheabilityValidator", None) if _PICKLER is not None else None
-_ORIGINAL_CHECK = getattr(_VALIDATOR, "check_tensor", None)
+class _Inductor(NamedTuple):
+    """What this module reads and patches of inductor's FX graph cache."""
+
+    codecache: Any  # torch._inductor.codecache
+    original_reduce: Callable  # FxGraphCachePickler._reduce_tensor, as inductor has it
+    original_check: Callable | None  # CacheabilityValidator.check_tensor (torch 2.13 on)
+    tensor_metadata: Callable  # extract_tensor_metadata_for_cache_key
+    is_frozen_param: Callable
+    cache_dir: Callable
+
+
+@functools.cache
+def _inductor() -> _Inductor | None:
+    """Inductor's cache internals, imported at the first compile (importing inductor loads Triton, and
+    ``import hsd_fast`` loads neither); None where this torch lacks them (the patch is then skipped)."""
+    try:
+        from torch._inductor import codecache
+        from torch._inductor.freezing_utils import is_frozen_param
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        validator = getattr(codecache, "CacheabilityValidator", None)
+        return _Inductor(
+            codecache,
+            codecache.FxGraphCachePickler._reduce_tensor,
+            getattr(validator, "check_tensor", None),
+            codecache.extract_tensor_metadata_for_cache_key,
+            is_frozen_param,
+            cache_dir,
+        )
+    except (ImportError, AttributeError):  # pragma: no cover - other torch versions
+        return None
+
 
 MAX_CACHED_WEIGHTS = 2**30
 """Bytes of weights beyond which a model's steps are not cached (they compile in every process, as
@@ -99,7 +121,7 @@ def cacheable(model: torch.nn.Module) -> bool:
     if weights > MAX_CACHED_WEIGHTS:
         return False
     try:
-        free = shutil.disk_usage(cache_dir()).free
+        free = shutil.disk_usage(_inductor().cache_dir()).free
     except OSError:
         return False
     return free >= weights + DISK_RESERVE
@@ -127,8 +149,8 @@ def described(t: torch.Tensor, step: _StepKey) -> tuple | None:
         if step.model is None:
             return None
         return ("packed weight", str(t.dtype), tuple(t.shape), step.model_digest())
-    if is_frozen_param(t):
-        return ("frozen weight", _TENSOR_METADATA(t), tensor_digest(t))
+    if _inductor().is_frozen_param(t):
+        return ("frozen weight", _inductor().tensor_metadata(t), tensor_digest(t))
     return None
 
 
@@ -137,8 +159,8 @@ def _reduce_tensor(pickler: Any, t: torch.Tensor) -> tuple[Callable, tuple]:
     step = getattr(_COMPILING, "step", None)
     description = None if step is None or t.device.type != "cpu" else described(t, step)
     if description is None:
-        return _ORIGINAL_REDUCE(pickler, t)
-    return codecache._ident, (description,)
+        return _inductor().original_reduce(pickler, t)
+    return _inductor().codecache._ident, (description,)
 
 
 def _check_tensor(t: torch.Tensor) -> None:
@@ -146,17 +168,17 @@ def _check_tensor(t: torch.Tensor) -> None:
     a step with a model compiles (``described`` names its packed weights, which are never pickled)."""
     step = getattr(_COMPILING, "step", None)
     if step is None or step.model is None:
-        _ORIGINAL_CHECK(t)
+        _inductor().original_check(t)
 
 
-def _install() -> None:
+def _install(inductor: _Inductor) -> None:
     """Put ``_reduce_tensor`` (and ``_check_tensor``) in inductor's place, once per process."""
     global _installed
     with _INSTALL_LOCK:
         if not _installed:
-            _PICKLER._reduce_tensor = _reduce_tensor
-            if _ORIGINAL_CHECK is not None:
-                _VALIDATOR.check_tensor = staticmethod(_check_tensor)
+            inductor.codecache.FxGraphCachePickler._reduce_tensor = _reduce_tensor
+            if inductor.original_check is not None:
+                inductor.codecache.CacheabilityValidator.check_tensor = staticmethod(_check_tensor)
             _installed = True
 
 
@@ -165,10 +187,11 @@ def weights_in_cache_key(model: torch.nn.Module | None) -> Iterator[None]:
     """While in force on this thread, inductor's FX graph cache keys a frozen CPU graph on the bytes
     of its weights, and admits the packed weights of ``model``, the model the step runs, where it is
     ``cacheable`` (the module docstring says why)."""
-    if _PICKLER is None:
+    inductor = _inductor()
+    if inductor is None:
         yield
         return
-    _install()
+    _install(inductor)
     previous = getattr(_COMPILING, "step", None)
     _COMPILING.step = _StepKey(model if model is not None and cacheable(model) else None)
     try:
