@@ -85,7 +85,7 @@ DISK_RESERVE = 2**30
 """Bytes of free disk a cached step must leave in inductor's cache directory beyond its weights."""
 
 _COMPILING = threading.local()
-"""``.step``: the ``_StepKey`` of the step this thread compiles, absent outside ``weights_in_cache_key``
+"""``.step``: the ``_Step`` this thread compiles, absent outside ``weights_in_cache_key``
 (dynamo computes the key on the thread that calls the step; elsewhere inductor is left as it is)."""
 _INSTALL_LOCK = threading.Lock()
 _installed = False
@@ -127,28 +127,21 @@ def cacheable(model: torch.nn.Module) -> bool:
     return free >= weights + DISK_RESERVE
 
 
-class _StepKey:
-    """What the key of the compiling step names its weights by: the step's model (``None``: a step
-    without one, whose packed weights are refused as inductor refuses them), hashed when first needed."""
+class _Step(NamedTuple):
+    """The step this thread compiles, as its key needs it."""
 
-    def __init__(self, model: torch.nn.Module | None) -> None:
-        self.model, self._digest = model, None
-
-    def model_digest(self) -> str:
-        if self._digest is None:
-            self._digest = model_digest(self.model)
-        return self._digest
+    model_digest: str | None  # of the step's model; None: no (cacheable) model, packed weights refused
 
 
-def described(t: torch.Tensor, step: _StepKey) -> tuple | None:
-    """How the key names a CPU tensor constant of ``step``'s graph: a packed weight by its shape and
-    the model's digest, a frozen dense weight by its metadata and its own digest; ``None``: as
-    inductor does (other constants, whose values it names itself, and packed weights of a step
-    without a model, which it refuses)."""
+def described(t: torch.Tensor, model_digest: str | None) -> tuple | None:
+    """How the key names a CPU tensor constant of a graph whose step's model has ``model_digest``: a
+    packed weight by its shape and that digest, a frozen dense weight by its metadata and its own
+    digest; ``None``: as inductor does (other constants, whose values it names itself, and packed
+    weights of a step without a model, which it refuses)."""
     if t.is_mkldnn:
-        if step.model is None:
+        if model_digest is None:
             return None
-        return ("packed weight", str(t.dtype), tuple(t.shape), step.model_digest())
+        return ("packed weight", str(t.dtype), tuple(t.shape), model_digest)
     if _inductor().is_frozen_param(t):
         return ("frozen weight", _inductor().tensor_metadata(t), tensor_digest(t))
     return None
@@ -157,7 +150,7 @@ def described(t: torch.Tensor, step: _StepKey) -> tuple | None:
 def _reduce_tensor(pickler: Any, t: torch.Tensor) -> tuple[Callable, tuple]:
     """Inductor's reduction of a tensor in a cache key, but ``described`` while a step compiles."""
     step = getattr(_COMPILING, "step", None)
-    description = None if step is None or t.device.type != "cpu" else described(t, step)
+    description = None if step is None or t.device.type != "cpu" else described(t, step.model_digest)
     if description is None:
         return _inductor().original_reduce(pickler, t)
     return _inductor().codecache._ident, (description,)
@@ -167,7 +160,7 @@ def _check_tensor(t: torch.Tensor) -> None:
     """torch 2.13's cacheability check of a tensor, which refuses every mkldnn tensor: passed while
     a step with a model compiles (``described`` names its packed weights, which are never pickled)."""
     step = getattr(_COMPILING, "step", None)
-    if step is None or step.model is None:
+    if step is None or step.model_digest is None:
         _inductor().original_check(t)
 
 
@@ -193,7 +186,7 @@ def weights_in_cache_key(model: torch.nn.Module | None) -> Iterator[None]:
         return
     _install(inductor)
     previous = getattr(_COMPILING, "step", None)
-    _COMPILING.step = _StepKey(model if model is not None and cacheable(model) else None)
+    _COMPILING.step = _Step(model_digest(model) if model is not None and cacheable(model) else None)
     try:
         yield
     finally:

@@ -310,7 +310,7 @@ def weights_keyed_on_shapes() -> Iterator[None]:
     and dtype only (inductor's own key for a frozen weight): a model of the same shapes as a cached
     one loads the cached one's weights (the template's copies that a compiled graph stores)."""
 
-    def on_shapes(t, step):
+    def on_shapes(t, model_digest):
         return ("packed weight", str(t.dtype), tuple(t.shape)) if t.is_mkldnn else None
 
     with mock.patch.object(graph_cache, "described", on_shapes):
@@ -322,21 +322,11 @@ def length_thresholds_baked_in() -> Iterator[None]:
     """The length processors' ops read their thresholds from the processor, as Python ints, while the
     steps' key no longer names them: a compiled step keeps the first request's thresholds for every
     later request of another prompt width or length."""
-    ints = {
-        "MinLengthLogitsProcessor": "min_length",
-        "MinNewTokensLengthLogitsProcessor": "min_new_tokens",
-        "SuppressTokensAtBeginLogitsProcessor": "begin_index",
-        "ExponentialDecayLengthPenalty": "regulation_start",
-    }
     length_op = processors._length_op
 
     def buggy(processor, scores, lengths, table):
-        name = type(processor).__name__
-        if name == "ForcedEOSTokenLogitsProcessor":
-            table = table._replace(threshold=processor.max_length - 1)
-        elif name in ints:
-            table = table._replace(threshold=getattr(processor, ints[name]))
-        return length_op(processor, scores, lengths, table)
+        threshold = processors.LENGTH_THRESHOLDS[type(processor).__name__][0](processor)  # an int
+        return length_op(processor, scores, lengths, table._replace(threshold=threshold))
 
     with mock.patch.object(processors, "_length_op", buggy):
         yield
