@@ -89,7 +89,9 @@ def refusal(model_cls: type, config: Any, decoder_code: str | None = None) -> st
     source = module_source(model_cls)
     types = layer_types(config, source)
     unknown = sorted(set(types) - set(ATTENTION_LAYER_TYPES))
-    if model_cls._is_stateful or any(_keeps_state(t) for t in unknown):
+    # transformers <= 5.24 marks recurrent classes `_is_stateful`; 5.25 dropped the flag and names their
+    # layers' types instead (`linear_attention`, `conv`, `hybrid`), which `_keeps_state` reads
+    if getattr(model_cls, "_is_stateful", False) or any(_keeps_state(t) for t in unknown):
         return (
             "layers with state: recurrent, linear-attention, state-space or convolution layers, whose "
             "state cannot be rolled back after a rejected draft"

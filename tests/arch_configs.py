@@ -117,6 +117,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # full (its code never applies the window): with a window shorter than the sequence its own greedy
     # disagrees with its own forward. A window longer than the test sequences.
     "moshi": {"sliding_window": 256},
+    # (transformers 5.25) its first dense block and its shared expert keep their checkpoint widths
+    "ergo": {"first_dense_intermediate_size": 128, "shared_intermediate_size": 32},
 }
 
 

@@ -40,7 +40,8 @@ def test_hybrid_models_need_a_forward_that_takes_masks_per_layer_type(monkeypatc
 
 
 def test_layers_with_state_are_refused_whether_or_not_the_class_says_so() -> None:
-    """MiniMax is not marked stateful, but lists linear-attention layers; Mamba is marked stateful."""
+    """MiniMax is not marked stateful, but lists linear-attention layers; Mamba is marked stateful
+    (transformers <= 5.24: `_is_stateful`) or lists linear-attention layers (5.25 dropped the flag)."""
     minimax = tiny_config("minimax", layer_types=["linear_attention", FULL])
     assert refusal(transformers.MiniMaxForCausalLM, minimax).startswith("layers with state:")
     mamba = transformers.MambaConfig(vocab_size=96, hidden_size=16, num_hidden_layers=1, state_size=4)
