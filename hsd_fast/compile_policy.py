@@ -6,6 +6,8 @@ graph, whether memory holds another one, and what of a model a compiled step ass
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 import types
 import weakref
 from collections.abc import Callable
@@ -89,10 +91,19 @@ def _forget_graphs(code: types.CodeType) -> None:
         forget(code)
 
 
+_SECONDS = threading.local()
+"""``.total``: seconds this thread has spent in steps' first calls (compiling), ``compile_seconds``."""
+
+
+def compile_seconds() -> float:
+    """Seconds this thread has spent compiling steps so far (a run's share: the difference over it)."""
+    return getattr(_SECONDS, "total", 0.0)
+
+
 class Compiling:
     """A compiled step that reports its first call, when it compiles (tens of seconds on a CPU, a few
     where inductor's cache has the step from an earlier process), on one progress line shared by all
-    steps of the process."""
+    steps of the process, and counts its seconds (``compile_seconds``)."""
 
     bar: tqdm | None = None
 
@@ -116,8 +127,10 @@ class Compiling:
         no_duck_sizing = torch.fx.experimental._config.patch(use_duck_shape=False)
         # A CPU step compiled once is loaded by later processes from inductor's cache (graph_cache.py).
         cache = contextlib.nullcontext() if self.cuda else weights_in_cache_key(self.model)
+        started = time.perf_counter()
         with torch._inductor.config.patch(self.config), no_duck_sizing, cache:
             out = self.fn(*args)
+        _SECONDS.total = compile_seconds() + time.perf_counter() - started
         self.compiled = True
         Compiling.bar.update()
         return out

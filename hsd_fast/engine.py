@@ -28,7 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hsd_fast import compile_price
 from hsd_fast._C import Ledger
+from hsd_fast.compile_policy import compile_seconds
 from hsd_fast.decode_state import DecodeState
 from hsd_fast.layout import capacity_bucket
 from hsd_fast.level_step import LevelStep
@@ -136,8 +138,9 @@ def run_hsd(
     references.
     ``transform``: the sampling transform (HF logits processors) every level applies to its logits.
     ``compile``: run the level steps through ``torch.compile`` (``True``), eagerly (``False``), or
-    ``"auto"``: eagerly until this hierarchy has spent ``AUTO_COMPILE_AFTER_SECONDS`` decoding, then
-    compiled (docs/design.md, "Compiled steps": why). ``tree``: level 0 drafts this token tree and
+    ``"auto"``: eagerly until this hierarchy has spent decoding what compiling it costs (what the last
+    process that compiled it spent, ``compile_price.py``, at most ``AUTO_COMPILE_AFTER_SECONDS``),
+    then compiled (docs/design.md, "Compiled steps": why). ``tree``: level 0 drafts this token tree and
     level 1 verifies it in one forward (docs/design.md, "Token trees in the engine");
     ``block_sizes[0]`` is then ignored (level 1 verifies once the tree is drafted).
     ``adapt``: the hierarchy may change between rounds. ``runners`` are then the candidates (smallest
@@ -207,6 +210,7 @@ def run_hsd(
         t: TreeBuffers(TreePlan.of(t, device), num_rows, target.vocab_size, ring_dtype, greedy) for t in trees
     }
     compiled = _decide_compile(compile, runners, widest if adapt is None else ADAPTIVE)
+    compiling_before = compile_seconds()
     if compiled and transform.needs_prefixes:
         names = [type(transform.processors[i]).__name__ for i in transform.general]
         warnings.warn(
@@ -314,6 +318,7 @@ def run_hsd(
         stats.probe_seconds = switcher.probe_seconds
     if compiled:
         LevelStep.compile_progress_done()
+        _count_compiling(runners, widest if adapt is None else ADAPTIVE, compile_seconds() - compiling_before)
     elif compile == "auto":
         _count_eager(runners, widest if adapt is None else ADAPTIVE, sum(stats.wall_time))
     lens = _output_lens(ledger, stop)
@@ -419,12 +424,14 @@ def _check_tree(tree: Tree | None, runners: Sequence[Runner | ProposalLevel], ad
 
 
 AUTO_COMPILE_AFTER_SECONDS = 60.0
-"""``compile="auto"`` decodes eagerly until a hierarchy has spent this long, then compiles it: the
-rent-or-buy rule (pay for the eager path until it has cost what compiling costs, then buy). Compiling
-a hierarchy's steps (about three graphs for one draft at batch 1, 20-30 s each on 2 CPU cores)
-costs about a minute; whatever the request lengths, the total time stays within twice that of the
-better choice in hindsight. (A later process loads steps an earlier one compiled in a few seconds
-each, ``graph_cache.py``: this price assumes none were.)"""
+"""``compile="auto"`` decodes eagerly until a hierarchy has spent what compiling it costs, then
+compiles it: the rent-or-buy rule (pay for the eager path until it has cost what compiling costs,
+then buy); whatever the request lengths, the total time stays within twice that of the better choice
+in hindsight. The price is what the last process that compiled the hierarchy spent on it
+(``compile_price.py``: a later process loads steps an earlier one compiled from inductor's cache,
+``graph_cache.py``, in a fraction of the time), and at most this: compiling a hierarchy's steps where
+nothing is cached (about three graphs for one draft at batch 1, 20-30 s each on 2 CPU cores) costs
+about a minute."""
 # target runner -> {(ids of the drafts' runners, block sizes): seconds decoded eagerly}; weak, so a
 # dropped model takes its record with it
 _EAGER_SECONDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -435,10 +442,27 @@ def _decide_compile(compile: bool | str, runners: Sequence[Runner], block_sizes:
         if not all(getattr(r, "compilable", True) for r in runners):
             return False
         spent = _EAGER_SECONDS.get(runners[-1], {}).get(_hierarchy_key(runners, block_sizes), 0.0)
-        return spent >= AUTO_COMPILE_AFTER_SECONDS
+        return spent > 0 and spent >= _compile_price(runners, block_sizes)
     if not isinstance(compile, bool):
         raise ValueError(f"compile must be True, False or 'auto', got {compile!r}")
     return compile
+
+
+def _compile_price(runners: Sequence[Runner | ProposalLevel], block_sizes: Sequence[int]) -> float:
+    """Seconds compiling this hierarchy is expected to take: what the last process that compiled it
+    spent (``compile_price.py``), at most ``AUTO_COMPILE_AFTER_SECONDS``."""
+    key = compile_price.hierarchy_key(runners, block_sizes)
+    recorded = None if key is None else compile_price.recorded_seconds(key)
+    return AUTO_COMPILE_AFTER_SECONDS if recorded is None else min(recorded, AUTO_COMPILE_AFTER_SECONDS)
+
+
+def _count_compiling(
+    runners: Sequence[Runner | ProposalLevel], block_sizes: Sequence[int], seconds: float
+) -> None:
+    """Record what this run spent compiling its hierarchy's steps, for later processes' price."""
+    key = compile_price.hierarchy_key(runners, block_sizes) if seconds > 0 else None
+    if key is not None:
+        compile_price.add_spent(key, seconds)
 
 
 def _hierarchy_key(runners: Sequence[Runner | ProposalLevel], block_sizes: Sequence[int]) -> tuple:

@@ -53,7 +53,6 @@ class _Inductor(NamedTuple):
     original_check: Callable | None  # CacheabilityValidator.check_tensor (torch 2.13 on)
     tensor_metadata: Callable  # extract_tensor_metadata_for_cache_key
     is_frozen_param: Callable
-    cache_dir: Callable
 
 
 @functools.cache
@@ -63,7 +62,6 @@ def _inductor() -> _Inductor | None:
     try:
         from torch._inductor import codecache
         from torch._inductor.freezing_utils import is_frozen_param
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
 
         validator = getattr(codecache, "CacheabilityValidator", None)
         return _Inductor(
@@ -72,7 +70,6 @@ def _inductor() -> _Inductor | None:
             getattr(validator, "check_tensor", None),
             codecache.extract_tensor_metadata_for_cache_key,
             is_frozen_param,
-            cache_dir,
         )
     except (ImportError, AttributeError):  # pragma: no cover - other torch versions
         return None
@@ -113,6 +110,14 @@ def model_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+def cache_dir() -> str:
+    """Inductor's cache directory (``TORCHINDUCTOR_CACHE_DIR``, else ``torchinductor_$USER`` in the
+    temporary directory), created if missing."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()
+
+
 def cacheable(model: torch.nn.Module) -> bool:
     """Whether ``model``'s compiled steps go to inductor's cache: its weights are at most
     ``MAX_CACHED_WEIGHTS`` bytes and the cache's disk has room for another copy beyond
@@ -121,7 +126,7 @@ def cacheable(model: torch.nn.Module) -> bool:
     if weights > MAX_CACHED_WEIGHTS:
         return False
     try:
-        free = shutil.disk_usage(_inductor().cache_dir()).free
+        free = shutil.disk_usage(cache_dir()).free
     except OSError:
         return False
     return free >= weights + DISK_RESERVE

@@ -75,9 +75,11 @@ def generate(
     the same tokens alone or in any batch); by default it is drawn from torch's global generator, so
     ``torch.manual_seed`` makes runs repeatable as with HF. ``compile``: run the decoding steps
     through ``torch.compile`` (``True``), eagerly (``False``), or ``"auto"`` (the default): eagerly
-    until this hierarchy has decoded for ``hsd_fast.engine.AUTO_COMPILE_AFTER_SECONDS``, compiled
-    from then on (compiling costs tens of seconds on a CPU per step shape; a later process loads
-    the compiled steps from inductor's cache in a few seconds each: ``hsd_fast.graph_cache``).
+    until this hierarchy has decoded for as long as compiling it costs, compiled from then on
+    (compiling costs tens of seconds on a CPU per step shape; a later process loads the compiled
+    steps from inductor's cache in a few seconds each, ``hsd_fast.graph_cache``, and waits for what
+    the last process that compiled them spent, ``hsd_fast.compile_price``, at most
+    ``hsd_fast.engine.AUTO_COMPILE_AFTER_SECONDS``).
     ``tree``: the first draft drafts this ``hsd_fast.Tree`` of candidates and the next level verifies
     it in one forward; ``T[0]``, checked like every block size, then stands for the tree's depth.
     Steps with a tree compile as the others do.

@@ -1,6 +1,7 @@
 """One process of ``test_graph_cache.py``: for each seed, builds a tiny model from it, decodes with
-compiled steps (no draft) and prints a JSON line: HSD's tokens, HF's greedy tokens, and what
-inductor's FX graph cache did for the run's steps. With ``--plant``, under
+compiled steps (no draft) and prints a JSON line: HSD's tokens, HF's greedy tokens, what
+inductor's FX graph cache did for the run's steps, the seconds they took to compile and the key
+``compile_price`` records them under. With ``--plant``, under
 ``planted_bugs.weights_keyed_on_shapes``."""
 
 from __future__ import annotations
@@ -8,12 +9,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import types
 
 import torch
 from hf_models import tiny_model
 from planted_bugs import weights_keyed_on_shapes
 
 import hsd_fast
+from hsd_fast import compile_price
+from hsd_fast.compile_policy import compile_seconds
 
 PROMPT = [[5, 9, 11, 40, 3, 17]]
 
@@ -25,13 +29,16 @@ def decode(seed: int) -> dict:
     expected = target.generate(ids, **kwargs)
     counters = torch._dynamo.utils.counters
     counters.clear()
+    compiling_before = compile_seconds()
     out = target.generate(ids, custom_generate=hsd_fast.generate, compile=True, **kwargs)
     inductor = counters["inductor"]
+    key = compile_price.hierarchy_key([types.SimpleNamespace(model=target)], ())  # no draft: no block sizes
     return {
         "seed": seed, "tokens": out.tolist(), "expected": expected.tolist(),
         "hits": inductor["fxgraph_cache_hit"], "misses": inductor["fxgraph_cache_miss"],
         "bypasses": inductor["fxgraph_cache_bypass"],
         "packed": inductor["mkldnn_linear_weight_pack_matcher_count"],
+        "compile_seconds": compile_seconds() - compiling_before, "key": key,
     }  # fmt: skip
 
 

@@ -79,6 +79,23 @@ def memory_for_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(compile_policy, "available_memory", lambda: None)
 
 
+@pytest.fixture
+def compile_decisions(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each level step a run builds was asked to compile (``compile="auto"``'s decision),
+    appended as runs build them; the steps are built eager, so nothing compiles."""
+    from hsd_fast.level_step import LevelStep
+
+    asked: list[bool] = []
+    build = LevelStep.of
+
+    def eager_step(runner, level, top, compile, *args):
+        asked.append(compile)
+        return build(runner, level, top, False, *args)
+
+    monkeypatch.setattr(LevelStep, "of", staticmethod(eager_step))
+    return asked
+
+
 @pytest.fixture(scope="module")
 def target() -> torch.nn.Module:
     """A tiny random Llama (``hf_models.tiny_model``): the target of the HF-facing tests that need

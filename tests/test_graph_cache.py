@@ -1,6 +1,7 @@
 """Compiled CPU steps kept in inductor's FX graph cache across processes (``hsd_fast/graph_cache.py``):
 a later process loads the steps an earlier one compiled, a model of the same shapes with other
-weights compiles its own, and every run decodes HF's greedy tokens. The processes are
+weights compiles its own, every run decodes HF's greedy tokens, and each process records what its
+compiles took (``compile_price.py``). The processes are
 ``cached_decode.py`` runs sharing one cache directory (the slow tests: about 2.5 minutes of one
 worker, three compiles). Also the digests that key the weights, and when a model is not cached."""
 
@@ -16,7 +17,7 @@ import pytest
 import torch
 from hf_models import tiny_model
 
-from hsd_fast import graph_cache
+from hsd_fast import compile_price, graph_cache
 
 pytestmark = pytest.mark.hf
 
@@ -43,6 +44,11 @@ def test_a_later_process_loads_the_steps_and_other_weights_compile_their_own(tmp
         assert run["misses"] > 0 and run["hits"] == 0, run
         assert run["packed"] > 0, "no weight was packed: the test does not cover what the key admits"
     assert later[0]["hits"] == first[0]["misses"] and later[0]["misses"] == 0, later
+    # each process recorded what its compiles took (compile_price.py), the later one replacing seed 0's
+    record = json.loads((tmp_path / compile_price.RECORD_FILE).read_text())
+    assert list(record) == [first[1]["key"], later[0]["key"]] and first[0]["key"] == later[0]["key"]
+    for run in (first[1], later[0]):
+        assert run["compile_seconds"] > 0 and record[run["key"]] == round(run["compile_seconds"], 3), record
 
 
 @pytest.mark.slow

@@ -35,8 +35,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
      ("latency", "tree_latency", "selector", "batch_latency", "controller")),
     ("steps", "one level's step: run state, step math, compile policy, buffers, token trees, the target's "
      "kept scores",
-     ("steps", "decode_state", "buffer_pool", "compile_policy", "graph_cache", "level_step", "tree_plan",
-      "tree_steps", "target_outputs")),
+     ("steps", "decode_state", "buffer_pool", "compile_policy", "graph_cache", "compile_price", "level_step",
+      "tree_plan", "tree_steps", "target_outputs")),
     ("engine", "the HSD loop over the levels, driven by the ledger, and its steps committed to it; switching "
      "hierarchies between rounds; stopping criteria replayed on committed tokens",
      ("engine", "round_steps", "round_log", "stopping", "switching", "probes")),

@@ -14,7 +14,6 @@ from planted_bugs import correction_drawn_from_p
 
 import hsd_fast
 from hsd_fast import LookupDraft, engine, run_hsd
-from hsd_fast.level_step import LevelStep
 from hsd_fast.testing.exactness import pooled_chi_square
 from hsd_fast.testing.tables import TableRunner, table_family
 
@@ -149,26 +148,18 @@ def test_a_lookup_level_anywhere_but_first_is_refused(target) -> None:
         run_hsd([LookupDraft()], [torch.tensor([1, 2])], block_sizes=[], max_new_tokens=2)
 
 
-def test_compile_auto_knows_a_lookup_hierarchy_across_requests(monkeypatch) -> None:
+def test_compile_auto_knows_a_lookup_hierarchy_across_requests(monkeypatch, compile_decisions) -> None:
     """``drafts=["lookup"]`` builds a new LookupDraft per request: the rent-or-buy record of
     ``compile="auto"`` keys it by value, so one request's eager seconds count for the next with an
     equal lookup level, and not for another one."""
     target = TableRunner(table_family(VOCAB, ORDER, 1)[0])
     target.compilable = True  # its steps are built eagerly below: only the decision is recorded
     monkeypatch.setattr(engine, "AUTO_COMPILE_AFTER_SECONDS", 1e-9)  # one eager request buys a compile
-    asked: list[bool] = []  # whether the run asked for compiled steps, per level
-    build = LevelStep.of
-
-    def eager_step(runner, level, top, compile, *args):  # records the decision, never compiles
-        asked.append(compile)
-        return build(runner, level, top, False, *args)
-
-    monkeypatch.setattr(LevelStep, "of", staticmethod(eager_step))
 
     def compiles(lookup: LookupDraft) -> bool:
-        asked.clear()
+        compile_decisions.clear()
         run_hsd([lookup, target], [torch.tensor(TABLE_PROMPT)], block_sizes=[3], max_new_tokens=6)
-        return any(asked)
+        return any(compile_decisions)
 
     assert not compiles(LookupDraft())  # nothing decoded yet: eager
     assert compiles(LookupDraft())  # an equal lookup level, built anew: the first request counts

@@ -41,9 +41,10 @@ def test_the_readme_has_python_blocks() -> None:
 def test_a_python_block_runs_as_pasted(line: int, code: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import hsd_fast.engine
 
-    # compile="auto" (the default) compiles once a hierarchy has decoded eagerly for this long: on a
-    # loaded machine a block could cross it and spend minutes compiling. The code runs as pasted.
-    monkeypatch.setattr(hsd_fast.engine, "AUTO_COMPILE_AFTER_SECONDS", float("inf"))
+    # compile="auto" (the default) compiles once a hierarchy has decoded eagerly for as long as
+    # compiling it costs: on a loaded machine a block could cross that and spend minutes compiling.
+    # The code runs as pasted.
+    monkeypatch.setattr(hsd_fast.engine, "_compile_price", lambda runners, block_sizes: float("inf"))
     exec(compile(code, f"{README.name}, line {line}", "exec"), {"__name__": "__readme__"})
 
 
