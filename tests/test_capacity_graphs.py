@@ -2,7 +2,8 @@
 a CPU the token buffer, the KV cache (the slot ids, an exit's hidden states) and the tables as long
 as they trace the capacity as a symbol, so a request that crosses a ``layout.capacity_bucket`` size
 compiles none of the step shapes an earlier request compiled, and still decodes the target's own
-greedy tokens: nothing in a graph kept the first run's size. A planted bug that bakes the token
+greedy tokens: nothing in a graph kept the first run's size. So do a draft with another tokenizer's
+own steps. A planted bug that bakes the token
 buffer's trash column into the graph as a Python int (what the steps did before) is caught. Slow
 (compiles graphs)."""
 
@@ -13,6 +14,7 @@ import torch
 import torch._dynamo
 from hf_models import derived_drafts, left_padded, tiny_model
 from planted_bugs import trash_column_baked_in
+from test_other_tokenizer import byte_level_tokenizer, printable
 
 import hsd_fast
 from hsd_fast import compile_policy
@@ -87,6 +89,33 @@ def test_a_larger_capacity_compiles_no_shape_again(target, name, monkeypatch) ->
         assert _greedy(target, capacity, **hsd) == _greedy(target, capacity, **hf), capacity
         shapes.append(compiled[before:])
     assert shapes[0], "the first request compiled nothing"
+    again = sorted(set(shapes[0]) & set(shapes[1]))
+    assert not again, f"step shapes compiled again at a larger capacity: {again}"
+
+
+def test_a_draft_with_another_tokenizer_compiles_no_shape_again(monkeypatch) -> None:
+    """A draft with another tokenizer keeps a slot cache and a token buffer of its own, sized in its
+    own tokens (docs/design.md, "Drafts with another tokenizer"): its compiled steps, too, serve a
+    larger capacity."""
+    chars = printable()  # the target's tokenizer: one id per character, as the prompts' ids are
+    target_tok = byte_level_tokenizer(chars)
+    pairs = [("Ġ", "t"), ("h", "e"), ("e", "r"), ("i", "n"), ("a", "t"), ("o", "n")]
+    draft_tok = byte_level_tokenizer(chars + [a + b for a, b in pairs], pairs)
+    target = tiny_model("llama", vocab_size=len(target_tok), layers=2, max_positions=512, lm_head_scale=2.0)
+    draft = tiny_model("llama", vocab_size=len(draft_tok), layers=1, max_positions=512, seed=3)
+    hsd = {"custom_generate": hsd_fast.generate, "compile": True, "drafts": [draft], "T": [3]}
+    hsd |= {"target_tokenizer": target_tok, "draft_tokenizers": [draft_tok], "output_hsd_stats": True}
+    compiled = _compiled_shapes(monkeypatch)
+    shapes = []
+    for capacity in NEW:
+        before = len(compiled)
+        ids, mask = PROMPTS
+        options = {"attention_mask": mask, "do_sample": False, "eos_token_id": None}
+        out = target.generate(ids, max_new_tokens=NEW[capacity], **options, **hsd)
+        assert out.sequences.tolist() == _greedy(target, capacity), capacity
+        assert out.hsd_stats.accepted[1] > 0, out.hsd_stats.summary()  # the draft's tokens were taken
+        shapes.append(compiled[before:])
+    assert any(name.startswith("other-tokenizer draft") for name in shapes[0]), shapes[0]  # its own steps
     again = sorted(set(shapes[0]) & set(shapes[1]))
     assert not again, f"step shapes compiled again at a larger capacity: {again}"
 
