@@ -3,9 +3,8 @@ a CPU the token buffer, the KV cache (the slot ids, an exit's hidden states) and
 as they trace the capacity as a symbol, so a request that crosses a ``layout.capacity_bucket`` size
 compiles none of the step shapes an earlier request compiled, and still decodes the target's own
 greedy tokens: nothing in a graph kept the first run's size. So do a draft with another tokenizer's
-own steps. A planted bug that bakes the token
-buffer's trash column into the graph as a Python int (what the steps did before) is caught. Slow
-(compiles graphs)."""
+own steps. A planted bug that bakes the token buffer's trash column into the graph as a Python int
+(what the steps did before) is caught. Slow (compiles graphs)."""
 
 from __future__ import annotations
 
