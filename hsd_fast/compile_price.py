@@ -71,6 +71,11 @@ def recorded_seconds(key: str) -> float | None:
     return float(seconds) if isinstance(seconds, (int, float)) and seconds >= 0 else None
 
 
+def recorded_hierarchies() -> int:
+    """How many hierarchies the record holds a price for."""
+    return len(_read())
+
+
 def add_spent(key: str, seconds: float) -> None:
     """Count ``seconds`` more of compiling the hierarchy ``key`` in this process, and record this
     process's total for later ones. A record that cannot be written is left as it is."""

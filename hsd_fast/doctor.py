@@ -1,18 +1,23 @@
 """``hsd-fast doctor [--target PATH --drafts PATH ...]``: what a user checks before the first run.
 
 Prints the versions (Python, torch, triton, transformers, CUDA), whether the Triton kernels or the
-torch references will run, and for each given model (a checkpoint directory or a zoo name) whether
-it is admitted (and why not), its vocabulary, dtype and device; then whether the given models can
-form one hierarchy (one vocabulary, one device); last, every causal LM family the installed
-transformers registers that the rule refuses, with the reason (docs/design.md, "Architectures by
-rule"). Exit status 1 when a given model or the hierarchy is refused.
+torch references will run, where compiled CPU steps are kept for later processes (inductor's cache:
+its size, the disk left, the compile prices recorded), and for each given model (a checkpoint
+directory or a zoo name) whether it is admitted (and why not), its vocabulary, dtype and device;
+then whether the given models can form one hierarchy (one vocabulary, one device); last, every
+causal LM family the installed transformers registers that the rule refuses, with the reason
+(docs/design.md, "Architectures by rule"). Exit status 1 when a given model or the hierarchy is
+refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
+import os
 import platform
+import shutil
 from pathlib import Path
 
 import torch
@@ -74,6 +79,29 @@ def ops_line() -> str:
     if not triton_installed():
         return "ops          torch references (CUDA is here but triton is not installed)"
     return "ops          Triton kernels on CUDA tensors (compiled steps trace the torch references instead)"
+
+
+def compiled_steps_line() -> str:
+    """Where a CPU run's compiled steps are kept for later processes (inductor's FX graph cache,
+    ``graph_cache.py``), what they take on disk (nothing is evicted: each step of a model holds a
+    copy of its weights), and how many hierarchies have a compile price recorded
+    (``compile_price.py``)."""
+    from hsd_fast import compile_price, graph_cache
+
+    if os.environ.get("TORCHINDUCTOR_FX_GRAPH_CACHE") == "0":
+        return "compiled     steps compile in every process (TORCHINDUCTOR_FX_GRAPH_CACHE=0)"
+    root = Path(graph_cache.cache_dir())
+    size = 0
+    for path in root.rglob("*"):
+        with contextlib.suppress(OSError):  # removed while we walk
+            size += path.stat().st_size if path.is_file() else 0
+    free = shutil.disk_usage(root).free
+    count = compile_price.recorded_hierarchies()
+    return (
+        f"compiled     steps kept for later processes in {root} ({size / 2**20:.0f} MiB, "
+        f"{free / 2**30:.1f} GiB free; nothing is evicted: delete it to reclaim the space), compile price "
+        f"recorded for {count} {'hierarchy' if count == 1 else 'hierarchies'}"
+    )
 
 
 def model_lines(role: str, name: str, model: torch.nn.Module) -> tuple[list[str], bool]:
@@ -189,7 +217,7 @@ def load_model(name: str, dtype: torch.dtype | None, device: str) -> torch.nn.Mo
 
 
 def run(args: argparse.Namespace) -> int:
-    print("\n".join([*versions(), ops_line()]))
+    print("\n".join([*versions(), ops_line(), compiled_steps_line()]))
     named = ([("target", args.target)] if args.target else []) + [
         (f"draft {i}", name) for i, name in enumerate(args.drafts)
     ]

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from arch_configs import VOCAB, tiny_model
 from printed import words
 from transformers import MambaConfig, MambaForCausalLM
 
+from hsd_fast import compile_price
 from hsd_fast.architectures import families
 from hsd_fast.cli import main
 
@@ -51,6 +54,20 @@ def test_doctor_on_admitted_models(checkpoints, capsys) -> None:
     assert "the target verifies from its hidden states (layers < k not recomputed)" in said
     assert "registers" not in out  # --no-families
     assert "generation its generation_config (HF's defaults): greedy; no logits processor" in said
+
+
+def test_doctor_says_where_compiled_steps_are_kept(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    (tmp_path / "fxgraph").mkdir()
+    (tmp_path / "fxgraph" / "entry").write_bytes(bytes(3 * 2**20))
+    (tmp_path / compile_price.RECORD_FILE).write_text(json.dumps({"a": 17.0, "b": 70.0}))
+    assert main(["doctor", "--no-families"]) == 0
+    said = words(capsys.readouterr().out)
+    assert f"compiled steps kept for later processes in {tmp_path} (3 MiB," in said
+    assert "compile price recorded for 2 hierarchies" in said
+    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+    assert main(["doctor", "--no-families"]) == 0
+    assert "steps compile in every process" in words(capsys.readouterr().out)
 
 
 def test_doctor_says_how_a_checkpoints_generation_config_is_served(tmp_path, capsys) -> None:
