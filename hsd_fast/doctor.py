@@ -90,7 +90,10 @@ def compiled_steps_line() -> str:
 
     if os.environ.get("TORCHINDUCTOR_FX_GRAPH_CACHE") == "0":
         return "compiled     steps compile in every process (TORCHINDUCTOR_FX_GRAPH_CACHE=0)"
-    root = Path(graph_cache.cache_dir())
+    try:
+        root = Path(graph_cache.cache_dir())
+    except OSError as error:  # it is created where missing
+        return f"compiled     steps compile in every process: inductor's cache directory unusable ({error})"
     size = 0
     for path in root.rglob("*"):
         with contextlib.suppress(OSError):  # removed while we walk

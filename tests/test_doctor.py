@@ -65,9 +65,12 @@ def test_doctor_says_where_compiled_steps_are_kept(tmp_path, monkeypatch, capsys
     said = words(capsys.readouterr().out)
     assert f"compiled steps kept for later processes in {tmp_path} (3 MiB," in said
     assert "compile price recorded for 2 hierarchies" in said
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "fxgraph" / "entry" / "x"))  # under a file
+    assert main(["doctor", "--no-families"]) == 0
+    assert "inductor's cache directory unusable" in words(capsys.readouterr().out)
     monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
     assert main(["doctor", "--no-families"]) == 0
-    assert "steps compile in every process" in words(capsys.readouterr().out)
+    assert "steps compile in every process (TORCHINDUCTOR_FX_GRAPH_CACHE=0)" in words(capsys.readouterr().out)
 
 
 def test_doctor_says_how_a_checkpoints_generation_config_is_served(tmp_path, capsys) -> None:
