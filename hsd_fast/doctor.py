@@ -101,7 +101,7 @@ def compiled_steps_line() -> str:
     free = shutil.disk_usage(root).free
     count = compile_price.recorded_hierarchies()
     return (
-        f"compiled     steps kept for later processes in {root} ({size / 2**20:.0f} MiB, "
+        f"compiled     CPU steps kept for later processes in {root} ({size / 2**20:.0f} MiB, "
         f"{free / 2**30:.1f} GiB free; nothing is evicted: delete it to reclaim the space), compile price "
         f"recorded for {count} {'hierarchy' if count == 1 else 'hierarchies'}"
     )

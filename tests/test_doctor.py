@@ -63,7 +63,7 @@ def test_doctor_says_where_compiled_steps_are_kept(tmp_path, monkeypatch, capsys
     (tmp_path / compile_price.RECORD_FILE).write_text(json.dumps({"a": 17.0, "b": 70.0}))
     assert main(["doctor", "--no-families"]) == 0
     said = words(capsys.readouterr().out)
-    assert f"compiled steps kept for later processes in {tmp_path} (3 MiB," in said
+    assert f"compiled CPU steps kept for later processes in {tmp_path} (3 MiB," in said
     assert "compile price recorded for 2 hierarchies" in said
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "fxgraph" / "entry" / "x"))  # under a file
     assert main(["doctor", "--no-families"]) == 0
