@@ -15,8 +15,8 @@ block sizes. After each run that compiled something, the process writes the seco
 far compiling that hierarchy's steps (a later run may compile a shape the first did not meet), which
 replaces what an earlier process wrote. Only CPU hierarchies whose models inductor's cache keeps
 (``graph_cache.cacheable``) are recorded: elsewhere every process pays the full compile, which the
-default price already assumes. The record only moves when ``auto`` compiles, never what a step
-computes."""
+default price already assumes. The record decides only when ``auto`` compiles; it never changes what
+a step computes."""
 
 from __future__ import annotations
 
