@@ -23,14 +23,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from hsd_fast import graph_cache
+from hsd_fast.files import write_atomically
 from hsd_fast.proposal_level import ProposalLevel
 
 RECORD_FILE = "hsd_fast_compile_seconds.json"
@@ -52,9 +51,7 @@ def hierarchy_key(levels: Sequence[object], block_sizes: Sequence[object]) -> st
             models, name = level.models, type(level).__qualname__
         else:
             models, name = (getattr(level, "model", None),), "model"
-        if not all(isinstance(m, torch.nn.Module) for m in models):
-            return None
-        if not all(_kept_across_processes(m) for m in models):
+        if not all(isinstance(m, torch.nn.Module) and _kept_across_processes(m) for m in models):
             return None
         parts.append(" ".join([name, *(graph_cache.model_digest(m) for m in models)]))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
@@ -83,12 +80,8 @@ def add_spent(key: str, seconds: float) -> None:
     record = {k: v for k, v in _read().items() if k != key}
     record[key] = round(_SPENT[key], 3)  # last: the newest
     record = dict(list(record.items())[-MAX_RECORDED:])
-    path = _path()
     with contextlib.suppress(OSError):
-        # written whole and renamed into place: a process reading at the same time sees one version
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".compile_seconds", delete=False) as f:
-            json.dump(record, f)
-        os.replace(f.name, path)
+        write_atomically(_path(), json.dumps(record))  # a process reading at the same time sees one version
 
 
 def _read() -> dict:

@@ -209,7 +209,8 @@ def run_hsd(
     tree_buffers = {
         t: TreeBuffers(TreePlan.of(t, device), num_rows, target.vocab_size, ring_dtype, greedy) for t in trees
     }
-    compiled = _decide_compile(compile, runners, widest if adapt is None else ADAPTIVE)
+    sizes_key = widest if adapt is None else ADAPTIVE  # the block sizes in compile="auto"'s records
+    compiled = _decide_compile(compile, runners, sizes_key)
     compiling_before = compile_seconds()
     if compiled and transform.needs_prefixes:
         names = [type(transform.processors[i]).__name__ for i in transform.general]
@@ -318,9 +319,9 @@ def run_hsd(
         stats.probe_seconds = switcher.probe_seconds
     if compiled:
         LevelStep.compile_progress_done()
-        _count_compiling(runners, widest if adapt is None else ADAPTIVE, compile_seconds() - compiling_before)
+        _count_compiling(runners, sizes_key, compile_seconds() - compiling_before)
     elif compile == "auto":
-        _count_eager(runners, widest if adapt is None else ADAPTIVE, sum(stats.wall_time))
+        _count_eager(runners, sizes_key, sum(stats.wall_time))
     lens = _output_lens(ledger, stop)
     sequences = [state.tokens[r, : lens[r]].clone() for r in range(num_rows)]
     return HSDResult(sequences, (lens - prompt_lens).tolist(), stats, state.outputs)

@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     ("base", "data types and pure functions every layer shares",
      ("attached", "layout", "stats", "report", "processors", "processor_ops", "sampling_metadata",
       "proposal_level", "lookup", "tree", "schedule", "positions", "hierarchy_types", "switching_types",
-      "cli_args")),
+      "cli_args", "files")),
     ("model", "the latency model: pure Python and the C++ ledger, never the engine",
      ("latency", "tree_latency", "selector", "batch_latency", "controller")),
     ("steps", "one level's step: run state, step math, compile policy, buffers, token trees, the target's "

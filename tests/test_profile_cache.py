@@ -171,7 +171,7 @@ def test_save_writes_only_what_changed(tmp_path, monkeypatch, fake_measurements)
     def no_write(*args, **kwargs):
         raise AssertionError("nothing changed, yet the cache was written")
 
-    monkeypatch.setattr(cache_module.tempfile, "mkstemp", no_write)
+    monkeypatch.setattr(cache_module, "write_atomically", no_write)
     again = ProfileCache(path)
     _measure(again)  # everything found in the file
     again.save()

@@ -31,7 +31,6 @@ import itertools
 import json
 import math
 import os
-import tempfile
 import time
 import warnings
 from collections.abc import Sequence
@@ -43,6 +42,7 @@ from tqdm.auto import tqdm
 
 from hsd_fast.early_exit import exit_of
 from hsd_fast.exit_reuse import refusal
+from hsd_fast.files import write_atomically
 from hsd_fast.latency import Acceptance, BridgedCost, LookupCost
 from hsd_fast.lookup import LookupDraft
 from hsd_fast.processors import LogitsTransform
@@ -207,22 +207,11 @@ class ProfileCache:
         if self.path is None or not self.writable or not self.changed:
             return
         text = json.dumps({"entries": self.entries}, indent=1, sort_keys=True) + "\n"
-        temp = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, temp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-            with os.fdopen(fd, "w") as out:
-                out.write(text)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temp, self.path)
-            temp = None
+            write_atomically(self.path, text)
         except OSError as err:
             _warn(f"cannot save the profile cache {self.path} ({err}); the new measurements are lost")
             return
-        finally:
-            if temp is not None:
-                Path(temp).unlink(missing_ok=True)
         self.changed = False
 
     def costs(
