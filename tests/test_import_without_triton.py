@@ -1,5 +1,9 @@
 """The package imports and decodes where Triton is not installed (macOS, Windows): the engine uses
-the torch references and loads the kernel modules only when a CUDA tensor needs them."""
+the torch references and loads the kernel modules only when a CUDA tensor needs them.
+
+The subprocess hides Triton from the path finder, as a machine without it has it: ``find_spec``
+answers None (torch 2.14 asks it while importing; a finder that raised instead broke ``import torch``
+itself)."""
 
 import subprocess
 import sys
@@ -7,15 +11,17 @@ import textwrap
 
 SCRIPT = textwrap.dedent(
     """
-    import importlib.abc, sys
+    import importlib.machinery, importlib.util, sys
 
-    class NoTriton(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
+    class NoTriton(importlib.machinery.PathFinder):  # site-packages as if Triton were not installed
+        @classmethod
+        def find_spec(cls, name, path=None, target=None):
             if name == "triton" or name.startswith("triton."):
-                raise ImportError(f"{name} is made unimportable by the test")
-            return None
+                return None  # what the path finder says of a package that is not there
+            return super().find_spec(name, path, target)
 
-    sys.meta_path.insert(0, NoTriton())
+    sys.meta_path = [NoTriton if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
+    assert NoTriton in sys.meta_path and importlib.util.find_spec("triton") is None
     import torch
     import hsd_fast
     from hsd_fast.testing.tables import TableRunner, table_family
