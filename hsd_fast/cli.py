@@ -54,8 +54,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_doctor(args)
     if args.command == "bench":
+        from hsd_fast.bench.command import check as check_bench
         from hsd_fast.bench.command import run as run_bench
 
+        check_bench(args, commands["bench"])
         return run_bench(args)
     if args.command == "select":
         from hsd_fast.select_command import check as check_select

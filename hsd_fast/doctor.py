@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from hsd_fast.cli_args import device
+from hsd_fast.select_levels import load_model
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -206,17 +207,6 @@ def family_lines() -> list[str]:
     ]
     lines += [f"  {f.model_type} ({f.class_name}): {f.reason}" for f in refused]
     return lines
-
-
-def load_model(name: str, dtype: torch.dtype | None, device: str) -> torch.nn.Module:
-    """A checkpoint directory (in its own dtype when ``dtype`` is None) or a zoo model."""
-    from hsd_fast import zoo
-
-    if Path(name).is_dir():
-        from transformers import AutoModelForCausalLM
-
-        return AutoModelForCausalLM.from_pretrained(name, dtype=dtype or "auto").to(device).eval()
-    return zoo.load(name, dtype, device)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,8 @@ checkpoint directories, ``lookup`` (the model-free lookup level) and ``exitK`` (
 layers, ``hsd_fast.EarlyExit``); by default the largest zoo model is the target and the lookup level
 and the smaller zoo models are the candidates (and a target trained for early exits offers its
 shallower half); a model on another tokenizer (``xs4k``) drafts through the byte bridge. Acceptance
-is measured on the target's own continuations of the zoo's calibration windows; costs at
+is measured on the target's own continuations of the zoo's calibration windows (or ``--text``), put in
+the target's tokenizer (``zoo.calibration.calibration_in``); costs at
 ``--context`` cached tokens for ``--batch`` rows, eager or
 (``--compile``) compiled, and ``--measure`` runs that batch. Measurements are cached
 (``--cache``); the zoo's committed CPU profile (``zoo/profile_cpu.json``) is read as a fallback.
@@ -48,6 +49,7 @@ from hsd_fast.select_levels import (
     default_candidates,
     default_target,
     level_name,
+    load_model,
     name_errors,
     named_models,
     tokenizer_of,
@@ -215,16 +217,6 @@ def _check_positions(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         parser.error(str(err))
 
 
-def _load(name: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
-    from hsd_fast import zoo
-
-    if Path(name).is_dir():
-        from transformers import AutoModelForCausalLM
-
-        return AutoModelForCausalLM.from_pretrained(name, dtype=dtype).to(device).eval()
-    return zoo.load(name, dtype, device)
-
-
 def run(args: argparse.Namespace) -> int:
     from hsd_fast import zoo
     from hsd_fast.hf_generate import generate
@@ -238,9 +230,11 @@ def run(args: argparse.Namespace) -> int:
     dtype = getattr(torch, args.dtype)
     target_name = args.target or default_target()
     candidate_names = args.candidates or default_candidates(target_name)
-    models = {n: _load(n, dtype, args.device) for n in named_models(target_name, candidate_names)}
+    models = {n: load_model(n, dtype, args.device) for n in named_models(target_name, candidate_names)}
     candidates = candidate_levels(candidate_names, models, target_name)
-    calibration, prompts, described = _calibration_and_prompts(args)
+    tokenizers = {n: tokenizer_of(n) for n in models}
+    text_tokenizer = _text_tokenizer(target_name, models[target_name], tokenizers[target_name])
+    calibration, prompts, described = _calibration_and_prompts(args, text_tokenizer)
     calibration, prompts = calibration.to(args.device), prompts.to(args.device)
 
     if args.no_cache:
@@ -251,7 +245,6 @@ def run(args: argparse.Namespace) -> int:
     if args.do_sample:
         chosen = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
         sampling |= {k: v for k, v in chosen.items() if v is not None}  # unset: HF's defaults
-    tokenizers = {n: tokenizer_of(n) for n in models}
     bridging = {}
     if (own := tokenizers[target_name]) is not None:  # a model on another tokenizer drafts through the bridge
         # (the zoo's were checked before loading; a directory's tokenizer is known only now)
@@ -383,16 +376,34 @@ def _adaptive_view(
     return lines + controller.describe(names)
 
 
-def _calibration_and_prompts(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """Calibration windows [N, L] and measured prompts [M, prompt_len]: from ``--text`` (a text set
-    found on the machine, cut into disjoint windows) or the zoo's calibration (every window, and the
-    first of each source's as a prompt); and a phrase saying which."""
+def _text_tokenizer(name: str, target: torch.nn.Module, own):
+    """The tokenizer the calibration and prompts are encoded by: the target's own, else (a directory
+    without tokenizer files) the zoo's shared one where the target embeds all of its ids."""
+    from hsd_fast import zoo
+
+    if own is not None:
+        return own
+    shared = zoo.load_tokenizer()
+    embedded = target.get_input_embeddings().num_embeddings
+    if embedded < len(shared):
+        raise SystemExit(
+            f"hsd-fast select: --target {name} has no tokenizer files, and its {embedded} embeddings are "
+            f"fewer than the zoo tokenizer's {len(shared)} ids: save its tokenizer in that directory "
+            "(tokenizer.save_pretrained) to calibrate on text in its own ids"
+        )
+    return shared
+
+
+def _calibration_and_prompts(args: argparse.Namespace, tokenizer) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """Calibration windows [N, L] and measured prompts [M, prompt_len] in ``tokenizer``'s ids (the
+    target's): from ``--text`` (a text set found on the machine, cut into disjoint windows) or the
+    zoo's calibration text (every window, and the first of each source's as a prompt); and a phrase
+    saying which."""
     from hsd_fast import zoo
 
     if args.text:
         from hsd_fast.bench.text_sets import prompt_set
 
-        tokenizer = zoo.load_tokenizer()
         try:
             found = prompt_set(
                 args.text, lambda text: tokenizer(text)["input_ids"], prompt_len=args.prompt_len
@@ -400,10 +411,16 @@ def _calibration_and_prompts(args: argparse.Namespace) -> tuple[torch.Tensor, to
         except ValueError as err:
             raise SystemExit(f"hsd-fast select: {err}") from None
         return found.calibration, found.prompts, f"{found.kind}, {args.text}"
-    from hsd_fast.zoo.calibration import read_calibration
+    from hsd_fast.zoo.calibration import calibration_in
 
-    windows = read_calibration(zoo.zoo_dir())
-    calibration = torch.cat(list(windows.values()))  # [N, 128]
+    windows = calibration_in(zoo.zoo_dir(), tokenizer)
+    width = min(w.shape[1] for w in windows.values())
+    if (args.measure or args.adapt) and args.prompt_len > width:  # the target's tokenizer took fewer ids
+        raise SystemExit(
+            f"hsd-fast select: --prompt-len {args.prompt_len}: the zoo's calibration windows are "
+            f"{width} tokens in the target's tokenizer (or use --text)"
+        )
+    calibration = torch.cat([w[:, :width] for w in windows.values()])  # [N, width]
     prompts = torch.stack([w[0, : args.prompt_len] for w in windows.values()])
     return calibration, prompts, "zoo calibration, one per source"
 

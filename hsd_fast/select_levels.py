@@ -91,54 +91,62 @@ def named_models(target: str | None, candidates: list[str] | None) -> list[str]:
     return [n for n in [*levels, target] if n and n != LOOKUP and exit_depth(n) is None]
 
 
-def name_errors(target: str | None, candidates: list[str] | None, adapt: bool = False) -> list[str]:
+def name_errors(
+    target: str | None,
+    candidates: list[str] | None,
+    adapt: bool = False,
+    flags: tuple[str, str] = ("--target", "--candidates"),
+) -> list[str]:
     """What is wrong with the named levels, flag first (empty: nothing): every model a checkpoint
-    directory or a zoo model; a zoo target on the shared tokenizer; at most one zoo draft on another
-    tokenizer (none with ``adapt``); each exit inside the target, named once."""
+    directory or a zoo model; the default candidates (``candidates`` None) only for a zoo target on
+    the shared tokenizer; at most one zoo draft on another tokenizer (none with ``adapt``); each exit
+    inside the target, named once. ``flags``: the command's names for the target and the candidates."""
     records = _zoo_records()
     if not records:  # no zoo: run() says so
         return []
     family = ", ".join(sorted(records))
     errors = []
-    for flag, names in (("--target", [target] if target else []), ("--candidates", candidates or [])):
+    target_flag, levels_flag = flags
+    for flag, names in ((target_flag, [target] if target else []), (levels_flag, candidates or [])):
         for name in names:
-            if flag == "--target" and exit_depth(name) is not None:
-                errors.append(f"--target {name}: an exit is a draft level made of the target's layers")
+            if flag == target_flag and exit_depth(name) is not None:
+                errors.append(f"{target_flag} {name}: an exit is a draft level made of the target's layers")
             known = name == LOOKUP or exit_depth(name) is not None or name in records or Path(name).is_dir()
             if not known:
                 errors.append(f"{flag} {name}: neither a checkpoint directory nor a zoo model ({family})")
     target = target or default_target()
     if target in records:
         own = records[target].get("tokenizer")
-        if own is not None:
+        if own is not None and candidates is None:
             errors.append(
-                f"--target {target}: the zoo's calibration and prompts are in the shared tokenizer's ids, "
-                f"not {target}'s; it can draft for the family (--candidates {target})"
+                f"{target_flag} {target}: the default drafts, the zoo's family, are on the shared tokenizer, "
+                f"not {target}'s: name its drafts ({levels_flag} lookup xxs4k), or let it draft for "
+                f"the family ({levels_flag} {target})"
             )
         bridged = [n for n in candidates or [] if n in records and records[n].get("tokenizer") != own]
-        errors += bridging_errors(bridged, target, adapt)
+        errors += bridging_errors(bridged, target, adapt, levels_flag)
     exits = [n for n in candidates or [] if exit_depth(n) is not None]
     layers = (config_of(target) or {}).get("num_hidden_layers")
     for name in exits:
         if isinstance(layers, int) and not 1 <= exit_depth(name) < layers:
             last = f"exit{layers - 1}"
             errors.append(
-                f"--candidates {name}: the target {target} has {layers} layers: exits are exit1..{last}"
+                f"{levels_flag} {name}: the target {target} has {layers} layers: exits are exit1..{last}"
             )
     if len(set(exits)) < len(exits):
-        errors.append("--candidates: name each exit once")
+        errors.append(f"{levels_flag}: name each exit once")
     return errors
 
 
-def bridging_errors(bridged: list[str], target: str, adapt: bool) -> list[str]:
-    """What is wrong with ``bridged``, the candidates on another tokenizer than ``target``'s: more
-    than one (a hierarchy has one boundary), or any in an adaptive run (``adapt=`` takes none)."""
+def bridging_errors(bridged: list[str], target: str, adapt: bool, flag: str = "--candidates") -> list[str]:
+    """What is wrong with ``bridged``, the candidates (``flag``) on another tokenizer than ``target``'s:
+    more than one (a hierarchy has one boundary), or any in an adaptive run (``adapt=`` takes none)."""
     errors = []
     if bridged and adapt:
         errors.append(f"--adapt: an adaptive run takes no draft with another tokenizer ({bridged[0]})")
     if len(bridged) > 1:
         names = ", ".join(bridged)
-        errors.append(f"--candidates: at most one draft with another tokenizer than {target}'s ({names})")
+        errors.append(f"{flag}: at most one draft with another tokenizer than {target}'s ({names})")
     return errors
 
 
@@ -153,6 +161,18 @@ def candidate_levels(names: list[str], models: dict[str, torch.nn.Module], targe
         return models.get(name, name)  # "lookup" as it is
 
     return [level(n) for n in names]
+
+
+def load_model(name: str, dtype: torch.dtype | None = None, device: str = "cpu") -> torch.nn.Module:
+    """A checkpoint directory's model (``AutoModelForCausalLM``; in its own dtype where ``dtype`` is
+    None) or a zoo model (float32 where None), in eval mode."""
+    from hsd_fast import zoo
+
+    if Path(name).is_dir():
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(name, dtype=dtype or "auto").to(device).eval()
+    return zoo.load(name, dtype, device)
 
 
 def tokenizer_of(name: str):

@@ -40,7 +40,7 @@ def nothing_runs(monkeypatch):
         raise AssertionError("ran past the argument checks")
 
     monkeypatch.setattr("hsd_fast.select_command.run", refuse)
-    monkeypatch.setattr("hsd_fast.select_command._load", refuse)
+    monkeypatch.setattr("hsd_fast.select_command.load_model", refuse)
     monkeypatch.setattr("hsd_fast.zoo_demo.main", refuse)
     monkeypatch.setattr("hsd_fast.demo.main", refuse)
     monkeypatch.setattr(zoo, "load", refuse)
@@ -82,7 +82,10 @@ SELECT_ERRORS = [
     (["--target", "sx", "--candidates", "exit2", "exit2"], "name each exit once"),
     (["--candidates", "xs4k", "xxs4k"], "at most one draft with another tokenizer than s's (xs4k, xxs4k)"),
     (["--candidates", "xs4k", "--adapt"], "--adapt: an adaptive run takes no draft with another tokenizer"),
-    (["--target", "xs4k"], "--target xs4k: the zoo's calibration and prompts are in the shared tokenizer's"),
+    (
+        ["--target", "xs4k"],
+        "--target xs4k: the default drafts, the zoo's family, are on the shared tokenizer",
+    ),
 ]
 
 
@@ -189,7 +192,7 @@ def test_select_writes_both_halves_of_the_report(given, stem, tmp_path, monkeypa
         cache.save()  # as select_hierarchy does
         return pick
 
-    monkeypatch.setattr("hsd_fast.select_command._load", lambda *args: torch.nn.Linear(2, 2))
+    monkeypatch.setattr("hsd_fast.select_command.load_model", lambda *args: torch.nn.Linear(2, 2))
     monkeypatch.setattr("hsd_fast.hierarchy.select_hierarchy", fake_select)
     blocker = tmp_path / "home"
     blocker.write_text("")

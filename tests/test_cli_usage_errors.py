@@ -33,12 +33,13 @@ def _refuse(*args, **kwargs):
 @pytest.fixture
 def nothing_runs(monkeypatch) -> None:
     monkeypatch.setattr("hsd_fast.select_command.run", _refuse)
-    monkeypatch.setattr("hsd_fast.select_command._load", _refuse)
+    monkeypatch.setattr("hsd_fast.select_command.load_model", _refuse)
     monkeypatch.setattr("hsd_fast.doctor.load_model", _refuse)
     monkeypatch.setattr("hsd_fast.zoo.build.measure_acceptance", _refuse)
     monkeypatch.setattr(zoo, "load", _refuse)
     for name in SCENARIOS:
         monkeypatch.setitem(SCENARIOS, name, _refuse)
+    monkeypatch.setattr("hsd_fast.bench.command.checkpoints_scenario", _refuse)
 
 
 def _usage_error(argv: list[str], capsys) -> str:
@@ -85,6 +86,31 @@ def test_bench_checks_out_before_measuring(where, a_file, nothing_runs, capsys) 
 
 
 # ---------------------------------------------------------------------------------------- select
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--scenario", "twin", "--target", "s"], "--scenario twin and --target: a scenario brings its own"),
+        (["--drafts", "xxs"], "--drafts: name their target too (--target)"),
+        (["--target", "s", "--drafts", "nowhere"], "--drafts nowhere: neither a checkpoint directory nor"),
+        (["--target", "s", "--drafts", "xxs", "xxs"], "--drafts: name each draft once"),
+        (["--target", "s", "--drafts", "exit9"], "--drafts exit9: the target s has 6 layers"),
+        (["--target", "exit2"], "--target exit2: an exit is a draft level"),
+        (["--scenario", "tiny", "--text", "licenses"], "the tiny scenario's random models have no tokenizer"),
+        (["--prompts", "missing.txt"], "--prompts missing.txt: no such file"),
+    ],
+)
+def test_bench_refuses_models_and_text_that_cannot_work(args, says, nothing_runs, capsys) -> None:
+    assert says in _usage_error(["bench", *args], capsys)
+
+
+def test_bench_refuses_two_prompt_sets_of_one_name(tmp_path, nothing_runs, capsys) -> None:
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "notes.txt").write_text("text")
+    files = [str(tmp_path / "a" / "notes.txt"), str(tmp_path / "b" / "notes.txt")]
+    assert "two prompt sets of one name" in _usage_error(["bench", "--prompts", *files], capsys)
+
+
 def test_select_trees_names_the_flag_and_the_limit(nothing_runs, capsys) -> None:
     err = _usage_error(["select", "--trees", "4", str(MAX_NODES + 44)], capsys)
     assert "--trees" in err and str(MAX_NODES) in err

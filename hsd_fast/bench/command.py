@@ -31,7 +31,8 @@ from hsd_fast.bench import configs as cfg
 from hsd_fast.bench import measuring
 from hsd_fast.bench.mixed import measure_mixed, mixed_grid, mixed_requests, write_mixed
 from hsd_fast.bench.results import write
-from hsd_fast.bench.scenarios import SCENARIOS, Scenario, draft_models
+from hsd_fast.bench.scenarios import SCENARIOS, Scenario, checkpoints_scenario, draft_models, on_text
+from hsd_fast.bench.text_sets import TEXT_SETS, TextSet, available
 from hsd_fast.bench.timing import CpuMeter
 from hsd_fast.cli_args import output_folder, positive_float, positive_int
 from hsd_fast.controller import LatencyController
@@ -82,10 +83,29 @@ GENERATION_CONFIGS = {
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--scenario", choices=sorted(SCENARIOS), default="zoo",
+        "--scenario", choices=sorted(SCENARIOS),
         help="zoo: target s, drafts xxs xs sm and the lookup level (default); twin: the same at the cost of "
         "wider models (zoo.cost_twin); exits: a target trained for early exits (sx) with its exits; "
         "tokenizers: a draft on another tokenizer; tiny: a random family built in a second (smoke tests)",
+    )  # fmt: skip
+    p.add_argument(
+        "--target", help="instead of a scenario: your target, a checkpoint directory (or a zoo name)"
+    )
+    p.add_argument(
+        "--drafts", nargs="+", default=[],
+        help="with --target: its drafts, smallest first: checkpoint directories, zoo names or 'exitK' (the "
+        "target's first K layers); one may have another tokenizer (default: none; the lookup level is "
+        "always a candidate)",
+    )  # fmt: skip
+    p.add_argument(
+        "--text", nargs="+", choices=list(TEXT_SETS), metavar="SET",
+        help=f"measure on these text sets found on the machine ({', '.join(TEXT_SETS)}; default: the "
+        "scenario's own prompts; with --target, every set the machine has)",
+    )  # fmt: skip
+    p.add_argument(
+        "--prompts", nargs="+", type=Path, metavar="FILE",
+        help="measure on your own text files (UTF-8), each a prompt set named by its file name, cut into "
+        "64-token prompts and calibration windows (with --text: both)",
     )  # fmt: skip
     p.add_argument(
         "--quick", action="store_true", help="a smoke test: eager, one pass, 2 prompts per set, 32 new tokens"
@@ -116,10 +136,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Usage errors (``parser.error``) for arguments that cannot work together, before any model is
+    loaded: a scenario and your own models at once, drafts without a target, names that are not
+    levels, text for a scenario without a tokenizer, text sets or files this machine lacks."""
+    from hsd_fast.select_levels import name_errors
+
+    if args.target is None:
+        if args.drafts:
+            parser.error("--drafts: name their target too (--target)")
+    else:
+        if args.scenario is not None:
+            parser.error(f"--scenario {args.scenario} and --target: a scenario brings its own models")
+        errors = name_errors(args.target, args.drafts, flags=("--target", "--drafts"))
+        if errors:
+            parser.error(errors[0])
+        if len(set(args.drafts)) < len(args.drafts):
+            parser.error("--drafts: name each draft once")
+    if (args.text or args.prompts) and args.scenario == "tiny":
+        parser.error("--text/--prompts: the tiny scenario's random models have no tokenizer")
+    missing = [name for name in args.text or [] if name not in available()]
+    if missing:
+        parser.error(f"--text {missing[0]}: no file of it on this machine ({TEXT_SETS[missing[0]].kind})")
+    for path in args.prompts or []:
+        if not path.is_file():
+            parser.error(f"--prompts {path}: no such file")
+    names = [*(args.text or []), *(p.stem for p in args.prompts or [])]
+    if len(set(names)) < len(names):
+        parser.error("--text/--prompts: two prompt sets of one name (a file is named by its stem)")
+
+
 def _defaults(args: argparse.Namespace) -> argparse.Namespace:
     """What was not given, by ``--quick``; the values given were checked by their argparse types
     (``cli_args``: bad ones are usage errors, never replaced by a default)."""
     quick = args.quick
+    if args.scenario is None:
+        args.scenario = "zoo" if args.target is None else "checkpoints"
     args.eager = args.eager or quick
     chosen = {
         "batch": [1] if quick or args.mixed else [1, 4, 16],
@@ -135,7 +187,7 @@ def _defaults(args: argparse.Namespace) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> int:
     args = _defaults(args)
-    scenario = SCENARIOS[args.scenario]()
+    scenario = _scenario(args)
     sampling = _sampling(args)
     notes: list[str] = []
     tuning_prompts = scenario.prompt_sets[next(iter(scenario.prompt_sets))][: args.prompts_per_set]
@@ -227,6 +279,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scenario(args: argparse.Namespace) -> Scenario:
+    """The scenario named, or the user's own models (``--target``), on the text asked for."""
+    try:
+        if args.target is None:
+            scenario = SCENARIOS[args.scenario]()
+        else:
+            scenario = checkpoints_scenario(args.target, args.drafts)
+        sets = [*(args.text or []), *(TextSet.of_file(p) for p in args.prompts or [])]
+        if not sets and args.target is not None:
+            sets = available()
+            if not sets:
+                raise ValueError("this machine has none of the text sets: give your own (--prompts FILE)")
+        return on_text(scenario, sets, args.prompts_per_set) if sets else scenario
+    except ValueError as err:
+        raise SystemExit(f"hsd-fast bench: {err}") from None
+
+
 def _check_positions(scenario: Scenario, max_new_tokens: int) -> None:
     """Refuse, before anything is measured, a run longer than the models' position tables."""
     limit = fewest_positions(m.config for m in [scenario.target, *draft_models(scenario)])
@@ -309,9 +378,12 @@ def _mixed(scenario: Scenario, sampling: dict, args: argparse.Namespace, profile
 
 
 def _stem_suffix(args: argparse.Namespace) -> str:
+    """What the result files' names add to the scenario's: the text asked for, the sampling."""
+    names = [*(args.text or []), *(path.stem for path in args.prompts or [])]
+    text = f"_on_{'-'.join(names)}" if names else ""
     if args.generation_config:
-        return f"_{args.generation_config}"
-    return "_sampled" if args.do_sample else ""
+        return f"{text}_{args.generation_config}"
+    return text + ("_sampled" if args.do_sample else "")
 
 
 # ----------------------------------------------------------------------------- choosing hierarchies
@@ -399,7 +471,14 @@ def _profile_in_child(args: argparse.Namespace) -> None:
     and those copies stay with the process after the steps are gone (docs/design.md, "Compiled
     steps"): timing the step costs of a large target at several batch sizes in the bench's own
     process left too little memory for the configurations it then compiles."""
-    argv = [sys.executable, "-m", "hsd_fast.bench.command", "--scenario", args.scenario, "--profile-only"]
+    argv = [sys.executable, "-m", "hsd_fast.bench.command", "--profile-only"]
+    if args.target is None:
+        argv += ["--scenario", args.scenario]
+    else:
+        argv += ["--target", args.target] + ["--drafts", *args.drafts] * bool(args.drafts)
+    argv += ["--text", *args.text] if args.text else []
+    argv += ["--prompts", *map(str, args.prompts)] if args.prompts else []
+    argv += ["--prompts-per-set", str(args.prompts_per_set)]
     argv += ["--batch", *map(str, args.batch), "--max-new-tokens", str(args.max_new_tokens)]
     argv += ["--cache", str(args.cache)] + ["--eager"] * args.eager
     argv += ["--do-sample", "--temperature", str(args.temperature)] if args.do_sample else []
@@ -617,7 +696,9 @@ def main(argv: list[str] | None = None) -> int:
     command line; the profiling child (``_profile_in_child``) runs this."""
     parser = argparse.ArgumentParser(prog="hsd-fast bench", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    check(args, parser)
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,11 @@
   4,096-entry tokenizer) drafting through the byte bridge (``hsd_fast.OtherTokenizerDraft``), and HF's
   own ``assistant_tokenizer=`` path for that pair beside it.
 - ``tiny``: a random tiny family built from a config, for smoke tests (no zoo needed).
+- ``checkpoints``: the user's own target and drafts (``hsd-fast bench --target DIR --drafts DIR ...``:
+  checkpoint directories, zoo names, ``exitK``), on the machine's varied text (``text_sets``).
+
+Any scenario with a tokenizer can be measured on other text instead of its own sets (``on_text``:
+``--text`` sets of the machine, ``--prompts`` files of the user's).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class Scenario:
     prompt_sets: dict[str, list[torch.Tensor]]  # name -> prompts (1-D token ids)
     calibration: torch.Tensor  # [N, L] token ids for acceptance profiles (teacher-forced)
     exits: dict[str, int] = field(default_factory=dict)  # draft name -> k, for the early-exit levels
+    tokenizer: object | None = None  # the target's, to put other text in its ids (``on_text``)
 
 
 def zoo_scenario(dtype: torch.dtype = torch.float32) -> Scenario:
@@ -52,6 +58,7 @@ def zoo_scenario(dtype: torch.dtype = torch.float32) -> Scenario:
         drafts={n: models[n] for n in names[:-1]},
         prompt_sets=_zoo_prompts(windows),
         calibration=torch.cat(list(windows.values())),
+        tokenizer=zoo.load_tokenizer(),
     )
 
 
@@ -138,6 +145,77 @@ def tokenizers_scenario() -> Scenario:
         f"through the byte bridge) and xs4k+xxs4k (xxs4k drafting {CHAIN_T} ids per xs4k verification in "
         "their tokenizer, xs4k bridged)"
     )
+    return scenario
+
+
+def checkpoints_scenario(target: str, drafts: list[str]) -> Scenario:
+    """The user's own models, named as ``hsd-fast select`` names them (``select_levels``): a target
+    and drafts smallest first, each a checkpoint directory, a zoo model or ``exitK`` (the target's
+    first K layers); a draft whose tokenizer has another vocabulary than the target's drafts through
+    the byte bridge. In float32 on the CPU. No prompt sets yet: ``on_text`` gives them."""
+    from hsd_fast.early_exit import EarlyExit
+    from hsd_fast.lookup import LOOKUP
+    from hsd_fast.other_tokenizer import same_tokenizer
+    from hsd_fast.select_levels import exit_depth, load_model, tokenizer_of
+
+    levels = [name for name in drafts if name != LOOKUP]  # the lookup level is every bench's candidate 0
+    own = tokenizer_of(target)
+    if own is None:
+        raise ValueError(f"--target {target}: no tokenizer files (save its tokenizer in that directory)")
+    models = {name: load_model(name, torch.float32) for name in [*levels, target] if exit_depth(name) is None}
+    chosen: dict[str, torch.nn.Module | OtherTokenizerDraft] = {}
+    exits = {}
+    for name in levels:
+        if exit_depth(name) is not None:
+            exits[name] = exit_depth(name)
+            chosen[name] = EarlyExit(models[target], exits[name])
+            continue
+        tokenizer = tokenizer_of(name)
+        bridged = tokenizer is not None and not same_tokenizer(tokenizer, own)
+        chosen[name] = OtherTokenizerDraft(models[name], tokenizer, own) if bridged else models[name]
+
+    def size(name: str) -> str:
+        return f"{name} ({models[name].num_parameters() / 1e6:.1f} M)" if name in models else name
+
+    return Scenario(
+        name="checkpoints",
+        description=f"target {size(target)}; drafts {', '.join(map(size, levels)) or 'none'}",
+        target=models[target],
+        drafts=chosen,
+        prompt_sets={},
+        calibration=torch.empty(0, 0, dtype=torch.long),
+        exits=exits,
+        tokenizer=own,
+    )
+
+
+CALIBRATION_PER_SET = 4
+"""Calibration windows (of ``CALIBRATION_TOKENS``) cut from each text set for the selector's profile."""
+CALIBRATION_TOKENS = 128
+
+
+def on_text(scenario: Scenario, sets: list, prompts_per_set: int) -> Scenario:
+    """``scenario`` measured on ``sets`` (``text_sets`` names or ``TextSet``s) instead of its own
+    prompt sets: each set's text in the target's tokenizer, cut into ``prompts_per_set`` prompts of
+    ``PROMPT_TOKENS`` and ``CALIBRATION_PER_SET`` calibration windows, never overlapping; the
+    calibration is every set's windows. A ValueError names a set the machine lacks, a file too short,
+    or a scenario without a tokenizer."""
+    from hsd_fast.bench.text_sets import prompt_set
+
+    if scenario.tokenizer is None:
+        raise ValueError(f"the {scenario.name} scenario has no tokenizer to put text in its ids")
+    tokenizer = scenario.tokenizer
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text)["input_ids"]
+
+    found = [
+        prompt_set(s, encode, CALIBRATION_PER_SET, prompts_per_set, CALIBRATION_TOKENS, PROMPT_TOKENS)
+        for s in sets
+    ]
+    scenario.prompt_sets = {f.name: list(f.prompts) for f in found}
+    scenario.calibration = torch.cat([f.calibration for f in found])
+    scenario.description += f"; text: {', '.join(f'{f.name} ({f.kind})' for f in found)}"
     return scenario
 
 

@@ -9,6 +9,8 @@ itself. These sets are other kinds of text every Linux machine with Python and a
 - ``tables``: data tables (``/etc/services``, ``/etc/protocols``, the time-zone rules);
 - ``man-pages``: manual pages in their roff source (``/usr/share/man/man1``, gzip).
 
+A user's own text file is a set too (``TextSet.of_file``: ``hsd-fast bench --prompts FILE``).
+
 A set takes its files in sorted order, at most ``MAX_FILES`` of them spread evenly over the sorted
 list and ``MAX_CHARS`` characters in all, so the same machine gives the same tokens. A set whose files
 are all missing is absent (``available`` names what was found). Windows are cut from the set's token
@@ -36,6 +38,11 @@ class TextSet:
     name: str
     kind: str  # what the text is, for reports
     sources: tuple[tuple[str, ...], ...]  # groups of globs: the first group that finds files is used
+
+    @classmethod
+    def of_file(cls, path: Path) -> TextSet:
+        """A set of one file, named by its stem (its path taken as it is, not as a glob)."""
+        return cls(path.stem, str(path), ((glob.escape(str(path)),),))
 
     def files(self) -> list[Path]:
         """The files this machine has for the set (see the module doc for the choice)."""
@@ -92,20 +99,23 @@ class PromptSet:
 
 
 def prompt_set(
-    name: str,
+    name: str | TextSet,
     encode: Callable[[str], list[int]],
     calibration: int = 4,
     prompts: int = 3,
     calibration_len: int = 128,
     prompt_len: int = 64,
 ) -> PromptSet:
-    """The set ``name`` tokenized by ``encode`` and cut into ``calibration`` windows of
-    ``calibration_len`` tokens and ``prompts`` prompts of ``prompt_len``, alternating at evenly
-    spaced offsets (a prompt first). A ValueError names the set when the machine lacks it or its
-    text is too short for the windows asked."""
-    if name not in TEXT_SETS:
+    """The set ``name`` (of ``TEXT_SETS``, or a ``TextSet``) tokenized by ``encode`` and cut into
+    ``calibration`` windows of ``calibration_len`` tokens and ``prompts`` prompts of ``prompt_len``,
+    alternating at evenly spaced offsets (a prompt first). A ValueError names the set when the machine
+    lacks it or its text is too short for the windows asked."""
+    if isinstance(name, TextSet):
+        text_set, name = name, name.name
+    elif name in TEXT_SETS:
+        text_set = TEXT_SETS[name]
+    else:
         raise ValueError(f"unknown text set {name!r}; known: {', '.join(TEXT_SETS)}")
-    text_set = TEXT_SETS[name]
     if not text_set.files():
         globs = ", ".join(p for group in text_set.sources for p in group)
         raise ValueError(f"text set {name!r}: none of {globs} exists on this machine")
@@ -114,7 +124,8 @@ def prompt_set(
     count, width = calibration + prompts, max(calibration_len, prompt_len)
     if len(tokens) < count * width:
         raise ValueError(
-            f"text set {name!r}: {len(tokens)} tokens, fewer than the {count} windows of {width} asked"
+            f"text set {name!r} ({text_set.kind}): {len(tokens)} tokens, fewer than the {count} windows of "
+            f"{width} asked"
         )
     stride = (len(tokens) - width) // count  # offsets (i + 1/2) * stride: a file's header is no prompt
     prompt_starts: list[int] = []
