@@ -52,6 +52,7 @@ from hsd_fast.select_levels import (
     load_model,
     name_errors,
     named_models,
+    text_tokenizer_of,
     tokenizer_of,
 )
 
@@ -233,7 +234,10 @@ def run(args: argparse.Namespace) -> int:
     models = {n: load_model(n, dtype, args.device) for n in named_models(target_name, candidate_names)}
     candidates = candidate_levels(candidate_names, models, target_name)
     tokenizers = {n: tokenizer_of(n) for n in models}
-    text_tokenizer = _text_tokenizer(target_name, models[target_name], tokenizers[target_name])
+    try:
+        text_tokenizer = text_tokenizer_of(target_name, models[target_name], tokenizers[target_name])
+    except ValueError as err:
+        raise SystemExit(f"hsd-fast select: {err}") from None
     calibration, prompts, described = _calibration_and_prompts(args, text_tokenizer)
     calibration, prompts = calibration.to(args.device), prompts.to(args.device)
 
@@ -374,24 +378,6 @@ def _adaptive_view(
     used = ("hierarchies used", "  from round")
     lines += [line for line in out.hsd_stats.summary().splitlines() if line.startswith(used)]
     return lines + controller.describe(names)
-
-
-def _text_tokenizer(name: str, target: torch.nn.Module, own):
-    """The tokenizer the calibration and prompts are encoded by: the target's own, else (a directory
-    without tokenizer files) the zoo's shared one where the target embeds all of its ids."""
-    from hsd_fast import zoo
-
-    if own is not None:
-        return own
-    shared = zoo.load_tokenizer()
-    embedded = target.get_input_embeddings().num_embeddings
-    if embedded < len(shared):
-        raise SystemExit(
-            f"hsd-fast select: --target {name} has no tokenizer files, and its {embedded} embeddings are "
-            f"fewer than the zoo tokenizer's {len(shared)} ids: save its tokenizer in that directory "
-            "(tokenizer.save_pretrained) to calibrate on text in its own ids"
-        )
-    return shared
 
 
 def _calibration_and_prompts(args: argparse.Namespace, tokenizer) -> tuple[torch.Tensor, torch.Tensor, str]:

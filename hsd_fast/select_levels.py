@@ -189,6 +189,24 @@ def tokenizer_of(name: str):
         return None
 
 
+def text_tokenizer_of(name: str, target: torch.nn.Module, own):
+    """The tokenizer that puts calibration text and prompts in ``target``'s ids: ``own``, the target's
+    (``tokenizer_of(name)``), else (a directory without tokenizer files) the zoo's shared one, taken to
+    be the target's where it embeds every id of it; a ValueError otherwise."""
+    from hsd_fast import zoo
+
+    if own is not None:
+        return own
+    shared = zoo.load_tokenizer()
+    embedded = target.get_input_embeddings().num_embeddings
+    if embedded < len(shared):
+        raise ValueError(
+            f"--target {name} has no tokenizer files, and its {embedded} embeddings are fewer than the zoo "
+            f"tokenizer's {len(shared)} ids: save its tokenizer in that directory (tokenizer.save_pretrained)"
+        )
+    return shared
+
+
 def level_name(level: object, models: dict[str, torch.nn.Module]) -> str:
     """The name a user would pass for a picked level: a model's (a draft with another tokenizer by
     its model's), ``lookup``, ``exitK`` (with ``RECOMPUTED`` where the selector chose the exit's

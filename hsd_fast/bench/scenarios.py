@@ -156,13 +156,11 @@ def checkpoints_scenario(target: str, drafts: list[str]) -> Scenario:
     from hsd_fast.early_exit import EarlyExit
     from hsd_fast.lookup import LOOKUP
     from hsd_fast.other_tokenizer import same_tokenizer
-    from hsd_fast.select_levels import exit_depth, load_model, tokenizer_of
+    from hsd_fast.select_levels import exit_depth, load_model, text_tokenizer_of, tokenizer_of
 
     levels = [name for name in drafts if name != LOOKUP]  # the lookup level is every bench's candidate 0
-    own = tokenizer_of(target)
-    if own is None:
-        raise ValueError(f"--target {target}: no tokenizer files (save its tokenizer in that directory)")
     models = {name: load_model(name, torch.float32) for name in [*levels, target] if exit_depth(name) is None}
+    own = text_tokenizer_of(target, models[target], tokenizer_of(target))
     chosen: dict[str, torch.nn.Module | OtherTokenizerDraft] = {}
     exits = {}
     for name in levels:
