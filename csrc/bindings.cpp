@@ -293,7 +293,7 @@ becomes the committed length, every hold is released; EOS positions and length b
   py::class_<LookupIndex>(m, "LookupIndex", R"doc(
 One row's prompt-lookup index (csrc/lookup_index.hpp): follows the row's tokens through extend and
 truncate and proposes what followed the most recent earlier occurrence of the longest matching suffix
-(n from max_ngram down to min_ngram).
+(n from max_ngram down to min_ngram), read on into the proposal where the sequence ends first.
 )doc")
       .def(py::init<int64_t, int64_t>(), py::arg("max_ngram") = 3, py::arg("min_ngram") = 1)
       .def_property_readonly("max_ngram", &LookupIndex::max_ngram)

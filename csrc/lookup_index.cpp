@@ -87,9 +87,14 @@ int64_t LookupIndex::propose(int64_t k, int64_t* out) const {
     // token, tokens_[e + 1], follows it.
     const int64_t previous = s.before[static_cast<size_t>(last)];
     if (previous < 0) continue;
-    const int64_t count = std::min(k, last - previous);
-    std::copy_n(tokens_.begin() + previous + 1, count, out);
-    return count;
+    // What followed, read on into the proposal itself where the sequence ends first (an overlapping
+    // copy, as LZ77's): in a loop of period p the latest occurrence is p tokens back, and cut at the
+    // end the proposal would never be longer than p whatever k is.
+    const int64_t period = last - previous;
+    for (int64_t i = 0; i < k; ++i) {
+      out[i] = i < period ? tokens_[static_cast<size_t>(previous + 1 + i)] : out[i - period];
+    }
+    return k;
   }
   return 0;
 }

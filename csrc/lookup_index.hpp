@@ -3,8 +3,9 @@
 // Contract. For a row whose sequence `seq` has N tokens, try n from max_ngram down to min_ngram
 // (only n <= N - 1): the suffix seq[N-n, N) and its most recent *earlier* occurrence, the largest
 // start s with s + n <= N - 1 and seq[s, s+n) == seq[N-n, N) (it may overlap the suffix, but not be
-// it). The first n that has one wins; the proposal is seq[s+n, s+n+k): at least one token, fewer
-// than k where the sequence ends first. No n matches: nothing is proposed. Specification:
+// it). The first n that has one wins; the proposal is k tokens of what followed, seq[s+n, ...),
+// read on into the proposal itself where the sequence ends first (an overlapping copy: a loop of
+// period p = N - s - n continues). No n matches: nothing is proposed. Specification:
 // tests/test_lookup_index.py (a brute-force search the property tests compare against).
 //
 // Representation. The index follows the row as tokens are appended (extend) and rejected ones

@@ -3,7 +3,8 @@
 
 Terms:
     proposal    the tokens that followed the most recent earlier occurrence of the row's longest
-                matching suffix (n-gram, n from ``max_ngram`` down to ``min_ngram``); 0..T_0 tokens
+                matching suffix (n-gram, n from ``max_ngram`` down to ``min_ngram``), read on into the
+                proposal itself where the row ends first (a loop continues); 0..T_0 tokens
     valid       per row, how many leading tokens of the index still equal the row's tokens: a
                 verification replaces the token at its cut and drops everything after it
 
@@ -62,6 +63,10 @@ class LookupDraft(ProposalLevel):
     ) -> LookupProposer:
         return LookupProposer(self, num_rows, sampling.eos_ids.tolist())
 
+
+PROPOSAL_RULE = "overlapping"
+"""Names the proposal rule in profile keys (``profile/cache.py``): rates and costs measured under the
+first rule (a proposal cut where the sequence ended, before 2026-12-05) are not this one's."""
 
 LOOKUP = "lookup"
 """The name of the lookup level (with default settings) wherever levels are listed."""

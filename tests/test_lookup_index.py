@@ -18,8 +18,9 @@ NGRAM_SETTINGS = [(1, 1), (2, 1), (3, 1), (3, 2), (4, 4), (5, 2)]  # (max_ngram,
 
 
 def propose_brute_force(seq: Sequence[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
-    """The contract, by direct search: for n from max_ngram down to min_ngram (n <= N - 1), the
-    continuation of the suffix's latest occurrence starting at s with s + n <= N - 1."""
+    """The contract, by direct search: for n from max_ngram down to min_ngram (n <= N - 1), k tokens
+    of the continuation of the suffix's latest occurrence starting at s with s + n <= N - 1, the
+    sequence extended by the proposal itself where it ends first (an overlapping copy)."""
     seq = list(seq)
     size = len(seq)
     for n in range(max_ngram, min_ngram - 1, -1):
@@ -28,7 +29,10 @@ def propose_brute_force(seq: Sequence[int], k: int, max_ngram: int, min_ngram: i
         suffix = seq[size - n :]
         for s in range(size - 1 - n, -1, -1):
             if seq[s : s + n] == suffix:
-                return seq[s + n : s + n + k]
+                extended = list(seq)
+                while len(extended) < s + n + k:
+                    extended.append(extended[len(extended) - (size - s - n)])
+                return extended[s + n : s + n + k]
     return []
 
 
@@ -116,7 +120,7 @@ def test_the_level_reads_only_what_changed() -> None:
     window = np.array([[-1, -1, 1, 2], [7, 5, 6, 7]])  # positions 2..5; row 0's first two are stale
     proposed, counts, _ = level.propose([0, 1], window, [6, 6], [3, 3])
     assert level.row(0).tolist() == [1, 2, 1, 2, 1, 2] and level.row(1).tolist() == [5, 6, 7, 5, 6, 7]
-    assert proposed[0, : counts[0]].tolist() == [1, 2] and proposed[1, : counts[1]].tolist() == [5, 6, 7]
+    assert proposed[0, : counts[0]].tolist() == [1, 2, 1] and proposed[1, : counts[1]].tolist() == [5, 6, 7]
 
 
 def test_the_level_refuses_bad_rounds() -> None:
@@ -161,7 +165,7 @@ def test_a_longer_ngram_wins_over_a_shorter_one() -> None:
 
 def test_an_occurrence_may_overlap_the_suffix() -> None:
     # [0, 0, 0, 0]: the suffix [0, 0, 0] last occurred at 0, overlapping it, followed by one 0.
-    assert _fresh([0, 0, 0, 0], max_ngram=3, min_ngram=3).propose(5).tolist() == [0]
+    assert _fresh([0, 0, 0, 0], max_ngram=3, min_ngram=3).propose(5).tolist() == [0] * 5
 
 
 def test_no_match_proposes_nothing() -> None:
@@ -170,8 +174,18 @@ def test_no_match_proposes_nothing() -> None:
     assert _fresh([3, 4, 5, 3, 4], max_ngram=3, min_ngram=3).propose(4).tolist() == []
 
 
-def test_the_continuation_stops_at_the_end_of_the_sequence() -> None:
-    assert _fresh([1, 2, 1, 2, 3, 1, 2], max_ngram=2, min_ngram=1).propose(5).tolist() == [3, 1, 2]
+def test_the_continuation_reads_on_into_the_proposal_where_the_sequence_ends() -> None:
+    # [1, 2] last occurred at 2, followed by [3, 1, 2]: a loop of period 3, which the proposal continues.
+    assert _fresh([1, 2, 1, 2, 3, 1, 2], max_ngram=2, min_ngram=1).propose(7).tolist() == [
+        3,
+        1,
+        2,
+        3,
+        1,
+        2,
+        3,
+    ]
+    assert _fresh([5, 6, 7, 5, 6, 7], max_ngram=3, min_ngram=3).propose(5).tolist() == [5, 6, 7, 5, 6]
 
 
 def test_too_short_a_sequence_proposes_nothing() -> None:
@@ -180,7 +194,7 @@ def test_too_short_a_sequence_proposes_nothing() -> None:
     index.extend([7])
     assert index.propose(3).tolist() == []
     index.extend([7])
-    assert index.propose(3).tolist() == [7]
+    assert index.propose(3).tolist() == [7, 7, 7]
     index.truncate(1)
     assert index.propose(3).tolist() == [] and index.tokens.tolist() == [7]
 

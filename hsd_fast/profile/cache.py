@@ -44,7 +44,7 @@ from hsd_fast.early_exit import exit_of
 from hsd_fast.exit_reuse import refusal
 from hsd_fast.files import write_atomically
 from hsd_fast.latency import Acceptance, BridgedCost, LookupCost
-from hsd_fast.lookup import LookupDraft
+from hsd_fast.lookup import PROPOSAL_RULE, LookupDraft
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile import proposal_replay, rank_acceptance, run_text
 from hsd_fast.profile.acceptance_rates import acceptance, teacher_forced_logits, teacher_forced_scores
@@ -412,7 +412,7 @@ class ProfileCache:
         the seconds of a call for every block size 1..``max_T`` (its model drafts more for a larger
         block), ``compile``d or not as the runs selected for (``BridgedCost``)."""
         if isinstance(spec, LookupDraft):
-            kind, level = "lookup", f"{spec.max_ngram}-{spec.min_ngram} T{max_T}"
+            kind, level = "lookup", f"{spec.max_ngram}-{spec.min_ngram} {PROPOSAL_RULE} T{max_T}"
         else:
             draft = f"{model_identity(spec.model)} {tokenizer_identity(spec.tokenizer)}"
             draft += "".join(
@@ -552,5 +552,5 @@ def _aside(path: Path) -> Path:
 def _level_key(level: torch.nn.Module | LookupDraft) -> str:
     """A model's identity, or the lookup level's settings, in a profile key."""
     if isinstance(level, LookupDraft):
-        return f"lookup {level.max_ngram}-{level.min_ngram}"
+        return f"lookup {level.max_ngram}-{level.min_ngram} {PROPOSAL_RULE}"
     return model_identity(level)
