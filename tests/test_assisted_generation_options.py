@@ -89,7 +89,12 @@ def test_from_the_checkpoints_generation_config(target, drafts) -> None:
     expected = target.generate(IDS, do_sample=False, max_new_tokens=NEW).tolist()
     out = _hsd(configured, drafts=drafts[1:])
     assert out.sequences.tolist() == expected
-    assert out.hsd_stats.num_levels == 3 and [len(v) for v in out.hsd_stats.verified_at][2] == 2
+    # the lookup level under the draft, proposing blocks of 4 (its proposals continue the prompt's loop)
+    assert out.hsd_stats.num_levels == 3 and len(out.hsd_stats.verified_at[1]) == 4
+    # the draft's block size is 2 (the target's verifications are wider when a lookup block verified
+    # by the draft hands it more: what it verifies does not show T)
+    levels = with_assisted_generation(resolve_levels(drafts[1:]), configured, configured.generation_config)
+    assert levels.T == (4, 2) and isinstance(levels.proposal, LookupDraft)
 
 
 def test_assistant_model_is_the_one_draft(target, drafts) -> None:
