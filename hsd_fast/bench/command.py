@@ -161,7 +161,7 @@ def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     for path in args.prompts or []:
         if not path.is_file():
             parser.error(f"--prompts {path}: no such file")
-    names = [*(args.text or []), *(p.stem for p in args.prompts or [])]
+    names = _set_names(args)
     if len(set(names)) < len(names):
         parser.error("--text/--prompts: two prompt sets of one name (a file is named by its stem)")
 
@@ -279,6 +279,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _set_names(args: argparse.Namespace) -> list[str]:
+    """The prompt sets asked for by name: ``--text`` sets, then ``--prompts`` files by their stems."""
+    return [*(args.text or []), *(path.stem for path in args.prompts or [])]
+
+
 def _scenario(args: argparse.Namespace) -> Scenario:
     """The scenario named, or the user's own models (``--target``), on the text asked for."""
     try:
@@ -379,7 +384,7 @@ def _mixed(scenario: Scenario, sampling: dict, args: argparse.Namespace, profile
 
 def _stem_suffix(args: argparse.Namespace) -> str:
     """What the result files' names add to the scenario's: the text asked for, the sampling."""
-    names = [*(args.text or []), *(path.stem for path in args.prompts or [])]
+    names = _set_names(args)
     text = f"_on_{'-'.join(names)}" if names else ""
     if args.generation_config:
         return f"{text}_{args.generation_config}"

@@ -412,7 +412,7 @@ class ProfileCache:
         the seconds of a call for every block size 1..``max_T`` (its model drafts more for a larger
         block), ``compile``d or not as the runs selected for (``BridgedCost``)."""
         if isinstance(spec, LookupDraft):
-            kind, level = "lookup", f"{spec.max_ngram}-{spec.min_ngram} {PROPOSAL_RULE} T{max_T}"
+            kind, level = "lookup", f"{_level_key(spec).removeprefix('lookup ')} T{max_T}"
         else:
             draft = f"{model_identity(spec.model)} {tokenizer_identity(spec.tokenizer)}"
             draft += "".join(
