@@ -30,6 +30,7 @@ from hsd_fast.bench import command, measuring
 from hsd_fast.bench import configs as cfg
 from hsd_fast.bench.scenarios import zoo_scenario
 from hsd_fast.bench.timing import CpuMeter, interleaved
+from hsd_fast.hierarchy_types import DEFAULT_MAX_T
 
 ZOO = Path(__file__).parents[1] / "zoo"
 NEW_TOKENS = 128
@@ -67,7 +68,7 @@ def main() -> None:
         }
     names = profiles[1][2]
     picks = {
-        b: select_for_batch(costs, alpha, b, command.GRID_MAX_T, NEW_TOKENS)
+        b: select_for_batch(costs, alpha, b, DEFAULT_MAX_T, NEW_TOKENS)
         for b, (costs, alpha, _) in profiles.items()
     }
     also = [_named(spec, names) for spec in args.also]

@@ -28,7 +28,7 @@ from dataclasses import replace
 import numpy as np
 
 from hsd_fast._C import Ledger
-from hsd_fast.hierarchy_types import Selection
+from hsd_fast.hierarchy_types import DEFAULT_MAX_T, Selection
 from hsd_fast.latency import (
     Acceptance,
     Cost,
@@ -143,7 +143,7 @@ def select_for_batch(
     costs: Sequence[Cost],
     alpha: Sequence[Sequence[Acceptance]],
     rows: int,
-    max_T: int = 8,
+    max_T: int = DEFAULT_MAX_T,
     max_new_tokens: int = 128,
 ) -> Selection:
     """``selector.select`` for a batch of ``rows`` rows (costs measured at ``rows`` rows): its pick

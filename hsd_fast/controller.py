@@ -76,7 +76,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from hsd_fast.hierarchy_types import Hierarchy
+from hsd_fast.hierarchy_types import DEFAULT_MAX_T, Hierarchy
 from hsd_fast.latency import (
     Acceptance,
     Cost,
@@ -158,7 +158,7 @@ class LatencyController:
         self,
         costs: Sequence[Cost],
         alpha: Sequence[Sequence[Acceptance]],
-        max_T: int = 8,
+        max_T: int = DEFAULT_MAX_T,
         every: int = 4,
         max_every: int = 32,
         look_share: float = 0.02,

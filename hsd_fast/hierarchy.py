@@ -22,7 +22,7 @@ from hsd_fast.batch_latency import select_for_batch
 from hsd_fast.early_exit import exit_of, recomputing_variant
 from hsd_fast.engine import MAX_BLOCK_SIZE
 from hsd_fast.hf_generate import generate
-from hsd_fast.hierarchy_types import Hierarchy, NoDraftWarning, Profile, Selection, TreeDraft
+from hsd_fast.hierarchy_types import DEFAULT_MAX_T, Hierarchy, NoDraftWarning, Profile, Selection, TreeDraft
 from hsd_fast.latency import Acceptance, Cost, LookupCost
 from hsd_fast.lookup import LookupDraft, as_lookup
 from hsd_fast.other_tokenizer import OtherTokenizerDraft, same_tokenizer
@@ -45,7 +45,7 @@ def select_hierarchy(
     *,
     context: int | None = None,
     cache: ProfileCache | None = None,
-    max_T: int = 8,
+    max_T: int = DEFAULT_MAX_T,
     max_new_tokens: int = 64,
     progress: bool = True,
     compile: bool = False,

@@ -36,7 +36,7 @@ from hsd_fast.cli_args import (
     report_stem,
     tree_size,
 )
-from hsd_fast.hierarchy_types import TreeDraft
+from hsd_fast.hierarchy_types import DEFAULT_MAX_T, TreeDraft
 from hsd_fast.lookup import LOOKUP
 from hsd_fast.other_tokenizer import same_tokenizer
 from hsd_fast.positions import COMMAND_FORM, check_positions, fewest_positions
@@ -73,7 +73,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=positive_float, default=1.0, help="with --do-sample (default 1.0)")
     p.add_argument("--top-k", type=non_negative_int, help="0: no top-k")
     p.add_argument("--top-p", type=probability, help="with --do-sample: nucleus mass, in (0, 1]")
-    p.add_argument("--max-T", type=positive_int, default=8, help="largest block size considered (default 8)")
+    p.add_argument(
+        "--max-T",
+        type=positive_int,
+        default=DEFAULT_MAX_T,
+        help=f"largest block size considered (default {DEFAULT_MAX_T})",
+    )
     p.add_argument(
         "--trees",
         type=tree_size,

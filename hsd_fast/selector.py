@@ -23,7 +23,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 
-from hsd_fast.hierarchy_types import Selection
+from hsd_fast.hierarchy_types import DEFAULT_MAX_T, Selection
 from hsd_fast.latency import (
     Acceptance,
     Cost,
@@ -41,7 +41,7 @@ from hsd_fast.latency import (
 def select(
     costs: Sequence[Cost],
     alpha: Sequence[Sequence[Acceptance]],
-    max_T: int = 8,
+    max_T: int = DEFAULT_MAX_T,
     keep: int = 4,
     rescore: int = 16,
 ) -> Selection:
@@ -88,7 +88,7 @@ def select(
 
 
 def fixed_block_candidates(
-    costs: Sequence[Cost], alpha: Sequence[Sequence[Acceptance]], max_T: int = 8, keep: int = 4
+    costs: Sequence[Cost], alpha: Sequence[Sequence[Acceptance]], max_T: int = DEFAULT_MAX_T, keep: int = 4
 ) -> list[tuple[float, tuple[tuple[int, int], ...]]]:
     """The k-best DP: (decomposable latency, chain of (draft, T) smallest first), best first, one
     entry per model chain. The empty chain is autoregressive decoding."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hsd_fast.hierarchy_types import DEFAULT_MAX_T
 from hsd_fast.tree import Tree
 
 
@@ -43,7 +44,7 @@ class Adaptive:
 
     policy: Policy | None  # None: the built-in ``ExploreThenCommit``, fresh for every run
     start: Choice | None = None
-    max_T: int = 8
+    max_T: int = DEFAULT_MAX_T
     trees: tuple[Tree, ...] = ()
 
 

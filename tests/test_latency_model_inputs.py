@@ -11,7 +11,10 @@
   draft is chosen, and the selector says why;
 - steps were timed one model at a time, with its weights in the cache; in a chain of several models
   the others' steps run in between: now each step is also timed after that much memory went
-  through the cache, and a chain of models pays those costs.
+  through the cache, and a chain of models pays those costs;
+- a verification over n fed tokens was priced by the affine fit at n, while the step runs the
+  bucket holding n (9 tokens: 12 columns): the selector gave the lookup level T = 8, slower than
+  T = 7. Now a verification costs its bucket.
 
 Models here are built so that their text is known: ``counting_llama`` emits token t + 1 after t,
 so its text repeats only after a full cycle of the vocabulary.
@@ -38,7 +41,7 @@ from hsd_fast.profile import ProfileCache
 from hsd_fast.profile.cache import ProfileCacheWarning
 from hsd_fast.profile.costs import CostProfile, interleaved_medians
 from hsd_fast.profile.run_text import continued
-from hsd_fast.selector import prefer_no_draft
+from hsd_fast.selector import prefer_no_draft, select
 
 VOCAB, FIRST = 96, 3  # tokens FIRST..VOCAB-1 form one cycle of 93
 
@@ -315,3 +318,18 @@ class FakeClock:
 
     def tick(self, seconds: float) -> None:
         self.now += seconds
+
+
+def test_a_verification_is_priced_at_the_bucket_it_runs() -> None:
+    """A step over n fed tokens runs at the bucket holding n, so it costs the bucket's width: 9 fed
+    tokens cost 12's. A lookup level that offers long blocks then gets T = 7 (8 columns) where the fit
+    at the fed width alone gave it T = 8 (9 fed, 12 run: measured slower on the zoo, compiled)."""
+    target = CostProfile((1, 2, 4, 8, 16), (0.0011, 0.0012, 0.0014, 0.0018, 0.0026), (1, 8), (0.0011, 0.0088))
+    assert target(9) == target(12) == target.fit(12) > target(8) == target.fit(8)
+    assert target(5) == target(6) and target(3) == target.fit(3)  # 3 is a bucket
+    assert target(100) == target.fit(100)  # past the widest bucket a span is fed in chunks
+    lookup = LookupCost(1e-5, (0.2,) + (0.0,) * 15 + (0.8,))  # a match offers 16 tokens or more
+    alpha = [[1.0, 0.95], [0.0, 1.0]]
+    assert select([lookup, target], alpha, max_T=8).T == (7,)
+    assert select([lookup, target.fit], alpha, max_T=8).T == (8,)  # what the unbucketed price chose
+    assert expected_latency([lookup, target], [0.95], [7]) < expected_latency([lookup, target], [0.95], [8])

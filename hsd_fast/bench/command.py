@@ -7,9 +7,10 @@ step costs, the lookup level among the candidates) for batch 1, at every batch, 
 batch its own pick (``select_for_batch`` on step costs timed at that batch), at that batch only
 (docs/design.md, "Selecting for a batch"); the best single draft and the best hierarchy of
 a grid: every chain of one or two drafts (the lookup level only at the bottom) with T up to
-``GRID_MAX_T``, ranked by the latency model, its ``GRID_MEASURED`` best measured
-once each (a tuning pass) and the fastest kept. HF assisted generation runs with each draft, with
-its default schedule and with the fixed number of draft tokens that measured best in the tuning pass.
+``DEFAULT_MAX_T`` (what ``select_hierarchy`` considers by default), ranked by the latency model, its
+``GRID_MEASURED`` best measured once each (a tuning pass) and the fastest kept. HF assisted
+generation runs with each draft, with its default schedule and with the fixed number of draft
+tokens that measured best in the tuning pass.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from hsd_fast.controller import LatencyController
 from hsd_fast.early_exit import EarlyExit, exit_of
 from hsd_fast.hf_generate import generate
 from hsd_fast.hierarchy import with_proposal_level, with_recomputing_exits
-from hsd_fast.hierarchy_types import Hierarchy, Profile, Selection
+from hsd_fast.hierarchy_types import DEFAULT_MAX_T, Hierarchy, Profile, Selection
 from hsd_fast.latency import decode_seconds
 from hsd_fast.lookup import LOOKUP, LookupDraft, as_lookup
 from hsd_fast.other_tokenizer import OtherTokenizerDraft
@@ -51,7 +52,6 @@ from hsd_fast.report import markdown_table, run_metadata
 from hsd_fast.select_levels import RECOMPUTED
 from hsd_fast.selector import level_zero_only, select
 
-GRID_MAX_T = 6
 GRID_MEASURED = 6
 ASSISTED_FIXED = (2, 4, 8)
 DEFAULT_CACHE = Path.home() / ".cache" / "hsd_fast" / "profiles.json"
@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     if args.mixed:
         return _mixed(scenario, sampling, args, profiles)
     costs, alpha, names = profiles[1]
-    pick = select(costs, alpha, max_T=GRID_MAX_T)
+    pick = select(costs, alpha)
     hierarchies = {"selector's pick": (pick, None)}
     extra_sections: list[str] = []
     if not args.quick:
@@ -220,14 +220,14 @@ def run(args: argparse.Namespace) -> int:
                 hierarchies[label] = (min(of_kind, key=of_kind.get), None)
         notes.append(
             "Grid: chains of one or two drafts (the lookup level only at the bottom) with "
-            f"T <= {GRID_MAX_T}, ranked by the latency model; the {GRID_MEASURED} best predicted, and "
+            f"T <= {DEFAULT_MAX_T}, ranked by the latency model; the {GRID_MEASURED} best predicted, and "
             f"the best predicted of each kind ({', '.join(_grid_kinds(scenario, names))}), measured once "
             "each at batch 1 on "
             "the first prompt set; 'grid's best' is the fastest of those, and so on."
         )
     for batch in args.batch:  # after the others: a batch's pick that is one of them runs as that one
         if batch != 1:
-            batch_pick = select_for_batch(*profiles[batch][:2], batch, GRID_MAX_T, args.max_new_tokens)
+            batch_pick = select_for_batch(*profiles[batch][:2], batch, DEFAULT_MAX_T, args.max_new_tokens)
             hierarchies[f"selector's pick for batch {batch}"] = (batch_pick, (batch,))
 
     configs = _configs(scenario, sampling, args, hierarchies, names, profiles, tuning_prompts, notes)
@@ -349,7 +349,7 @@ def _mixed(scenario: Scenario, sampling: dict, args: argparse.Namespace, profile
     different = False
     for batch in args.batch:
         costs, alpha, _ = profiles[batch]
-        selection = select_for_batch(costs, alpha, batch, GRID_MAX_T, args.max_new_tokens)
+        selection = select_for_batch(costs, alpha, batch, DEFAULT_MAX_T, args.max_new_tokens)
         profile = Profile(levels, tuple(costs), tuple(tuple(row) for row in alpha))
         pick = replace(Hierarchy.bind(selection, levels, batch), profile=profile)
         work = mixed_requests(sets, batch)
@@ -446,7 +446,7 @@ def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> tuple[
         scenario.calibration,
         transform,
         greedy,
-        GRID_MAX_T,
+        DEFAULT_MAX_T,
         True,
         sampling,
         batch,
@@ -455,7 +455,7 @@ def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> tuple[
     costs, alpha = with_proposal_level(costs, alpha, 0, lookup, rates)
     for at, spec in enumerate(bridged.values(), start=1):
         level, rates = cache.proposal_level(
-            spec, models, scenario.calibration, transform, greedy, GRID_MAX_T, True, sampling, batch,
+            spec, models, scenario.calibration, transform, greedy, DEFAULT_MAX_T, True, sampling, batch,
             compile=not args.eager, **run,
         )  # fmt: skip
         costs, alpha = with_proposal_level(
@@ -549,7 +549,7 @@ def _fallback_profiles(scenario: Scenario) -> list[Path]:
 
 def _grid(scenario, costs, alpha, names, sampling, args, prompts) -> dict[Selection, float]:
     """Measured decode seconds per token (batch 1, prefill excluded) of the grid's best predicted
-    hierarchies: every chain of one or two drafts with T up to GRID_MAX_T (candidate 0, the lookup
+    hierarchies: every chain of one or two drafts with T up to DEFAULT_MAX_T (candidate 0, the lookup
     level, only at the bottom), ranked by the latency model: its GRID_MEASURED best and the best
     predicted of each of the kinds (``_grid_kinds``)."""
     target = len(costs) - 1
@@ -558,7 +558,7 @@ def _grid(scenario, costs, alpha, names, sampling, args, prompts) -> dict[Select
         for chain in itertools.combinations(range(target), size):
             if any(level_zero_only(costs[c]) for c in chain[1:]):
                 continue  # a proposal level only at the bottom
-            for T in itertools.product(range(1, GRID_MAX_T + 1), repeat=size):
+            for T in itertools.product(range(1, DEFAULT_MAX_T + 1), repeat=size):
                 candidates.append((chain_latency(costs, alpha, (*chain, target), T), (*chain, target), T))
     candidates.sort()
     shortlist = candidates[:GRID_MEASURED]
@@ -642,7 +642,7 @@ def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, no
     # the adaptive engine, steered by the latency model: one controller per batch, from that batch's
     # profile (its names: the lookup level, the drafts, the target: the candidates in order)
     kept = {batch: _adaptive_profile(scenario, *profile) for batch, profile in profiles.items()}
-    controls = {batch: LatencyController(c, a, max_T=GRID_MAX_T) for batch, (c, a, _) in kept.items()}
+    controls = {batch: LatencyController(c, a, max_T=DEFAULT_MAX_T) for batch, (c, a, _) in kept.items()}
     profiled = kept[min(kept)][2]
     adaptive = cfg.ours_adaptive(
         scenario.target, scenario.drafts, profiled[:-1], sampling, n, not args.eager, controls,

@@ -6,8 +6,10 @@ transform, the draft or verification op, and the host's part of a step):
 - ``d(k)``: a draft step that draws k tokens, for k in ``drafts``;
 
 each fitted as ``a + b n`` with ``a, b >= 0`` (``AffineCost.fit``), for a batch of ``batch`` rows
-(every row feeds the same span: a step runs over all of a batch's rows). Autoregressive decoding (K = 0)
-draws ``TOKENS_PER_DECODE_STEP`` tokens per step: its cost per token is ``d(that) / that``.
+(every row feeds the same span: a step runs over all of a batch's rows). A verification of n tokens
+is priced at the bucket that holds n (``CostProfile.__call__``), the width the step really runs.
+Autoregressive decoding (K = 0) draws ``TOKENS_PER_DECODE_STEP`` tokens per step: its cost per token
+is ``d(that) / that``.
 
 A busy machine makes single timings meaningless (docs/design.md, "Measuring costs on a busy
 machine"): every step is warmed up until its time settles, then all steps are timed in ``repeats``
@@ -32,6 +34,7 @@ import torch
 from hsd_fast.decode_state import DecodeState
 from hsd_fast.hf_runner import HFRunner
 from hsd_fast.latency import AffineCost
+from hsd_fast.layout import MAX_WIDTH, bucket
 from hsd_fast.level_step import LevelStep
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.sampling_metadata import SamplingMetadata
@@ -67,7 +70,10 @@ class CostProfile:
         return AffineCost.fit(self.drafts, self.draft_seconds)
 
     def __call__(self, n: int) -> float:
-        return self.fit(n)
+        """Seconds of a verification over n fed tokens. A step runs at the bucket holding n
+        (``layout.bucket``: 9 fed tokens run 12 columns, 8 run 8), so it costs that bucket's fit;
+        the spans timed are buckets themselves. Past the widest bucket a span is fed in chunks."""
+        return self.fit(bucket(n) if n <= MAX_WIDTH else n)
 
     def draft(self, k: int) -> float:
         return self.draft_fit(k)
