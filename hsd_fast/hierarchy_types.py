@@ -22,7 +22,7 @@ DEFAULT_MAX_T = 8
 """The largest block size the selector, the latency controller and an adaptive run consider unless
 told otherwise. A verification of T tokens feeds T + 1 columns, run at a bucket of widths
 (``layout.BUCKETS``: ..., 8, 12, 16): T = 7 fills 8 columns, the next full bucket is T = 11. On the
-zoo, compiled, CPU, ``lookup > s`` at T = 11 ran no faster than at T = 7 (docs/design.md §10.1)."""
+zoo, compiled, CPU, ``lookup > s`` at T = 11 ran no faster than at T = 7 (docs/design.md §8.8)."""
 
 
 @dataclass(frozen=True)
