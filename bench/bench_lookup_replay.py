@@ -26,26 +26,29 @@ import torch
 from kernel_bench import run_meta, write_results
 
 from hsd_fast import zoo
+from hsd_fast._C import LookupIndex
 from hsd_fast.bench.text_sets import available, prompt_set
 
 NEW_TOKENS = 128
 PROMPTS = 3
 
 
-def ours(seq: list[int], T: int, overlap: bool, max_ngram: int = 3) -> list[int]:
-    """Our lookup level's proposal for ``seq`` (``overlap``: read on into the proposal itself)."""
+def first_rule(seq: list[int], T: int, max_ngram: int = 3) -> list[int]:
+    """Our lookup level's first rule (no longer in the product): the same match as now, its
+    continuation cut at the end of ``seq``."""
     last = len(seq) - 1
     for n in range(max_ngram, 0, -1):
         for end in range(last - 1, n - 2, -1):  # the latest earlier occurrence
             if seq[end - n + 1 : end + 1] == seq[-n:]:
-                follow = seq[end + 1 :]
-                if not overlap:
-                    return follow[:T]
-                out: list[int] = []
-                while len(out) < T:
-                    out.append((follow + out)[len(out)])
-                return out
+                return seq[end + 1 : end + 1 + T]
     return []
+
+
+def overlapping_copy(seq: list[int], T: int) -> list[int]:
+    """Our lookup level's proposal now: the product's own index (default n-grams, 3 down to 1)."""
+    index = LookupIndex(3, 1)
+    index.extend(seq)
+    return index.propose(T).tolist()
 
 
 def hf(seq: list[int], num_tokens: int = 10, max_ngram: int = 2) -> list[int]:
@@ -75,10 +78,10 @@ def tokens_per_forward(full: list[int], prompt_len: int, propose: Callable[[list
 
 
 RULES = {
-    "first rule (cut at the end), T=6": lambda seq: ours(seq, 6, overlap=False),
-    "first rule (cut at the end), T=10": lambda seq: ours(seq, 10, overlap=False),
-    "overlapping copy (now), T=6": lambda seq: ours(seq, 6, overlap=True),
-    "overlapping copy (now), T=10": lambda seq: ours(seq, 10, overlap=True),
+    "first rule (cut at the end), T=6": lambda seq: first_rule(seq, 6),
+    "first rule (cut at the end), T=10": lambda seq: first_rule(seq, 10),
+    "overlapping copy (now), T=6": lambda seq: overlapping_copy(seq, 6),
+    "overlapping copy (now), T=10": lambda seq: overlapping_copy(seq, 10),
     "HF prompt lookup (10 tokens)": hf,
 }
 

@@ -25,11 +25,11 @@ weights are at most ``MAX_CACHED_WEIGHTS`` (1 GiB) and the disk keeps ``DISK_RES
 them. Hashing costs a pass over the weights per compiled step (about 1 GB/s), small beside a compile.
 
 What is patched is inductor's cache-key pickler (``FxGraphCachePickler._reduce_tensor``, torch
-2.11-2.15; 2.13 on also refuse mkldnn tensors in ``CacheabilityValidator.check_tensor``), once per
-process, and it changes nothing outside ``weights_in_cache_key`` on the thread that entered it (dynamo
-computes the key on the thread that calls the step). Where those are not found the patch does nothing
-and CPU steps compile in every process, as before; ``TORCHINDUCTOR_FX_GRAPH_CACHE=0`` turns inductor's
-cache, and with it this, off."""
+2.11-2.15; from 2.13 on also ``CacheabilityValidator.check_tensor``, which refuses mkldnn tensors), once
+per process, and it changes nothing outside ``weights_in_cache_key`` on the thread that entered it
+(dynamo computes the key on the thread that calls the step). Where those are not found the patch does
+nothing and CPU steps compile in every process, as before; ``TORCHINDUCTOR_FX_GRAPH_CACHE=0`` turns
+inductor's cache, and with it this, off."""
 
 from __future__ import annotations
 

@@ -412,7 +412,7 @@ class ProfileCache:
         the seconds of a call for every block size 1..``max_T`` (its model drafts more for a larger
         block), ``compile``d or not as the runs selected for (``BridgedCost``)."""
         if isinstance(spec, LookupDraft):
-            kind, level = "lookup", f"{_level_key(spec).removeprefix('lookup ')} T{max_T}"
+            kind, level = "lookup", f"{_lookup_settings(spec)} T{max_T}"
         else:
             draft = f"{model_identity(spec.model)} {tokenizer_identity(spec.tokenizer)}"
             draft += "".join(
@@ -552,5 +552,10 @@ def _aside(path: Path) -> Path:
 def _level_key(level: torch.nn.Module | LookupDraft) -> str:
     """A model's identity, or the lookup level's settings, in a profile key."""
     if isinstance(level, LookupDraft):
-        return f"lookup {level.max_ngram}-{level.min_ngram} {PROPOSAL_RULE}"
+        return f"lookup {_lookup_settings(level)}"
     return model_identity(level)
+
+
+def _lookup_settings(level: LookupDraft) -> str:
+    """What a lookup level's proposals depend on: its n-gram range and the proposal rule."""
+    return f"{level.max_ngram}-{level.min_ngram} {PROPOSAL_RULE}"
