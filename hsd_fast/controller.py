@@ -32,25 +32,30 @@ matrix, measured on calibration text in another process. The run corrects both a
   out: a batch's rows that finish apart (the batch pays for the rows that still decode), the
   engine's host work between steps, a verification's cost growing faster with its width than the
   profile's. Each look compares the seconds per token the hierarchy that ran delivered (the
-  look's wall time x rows / tokens committed) with what the model predicts for it, except the
-  first look of a request or after a draft model joined (it holds a prefill or the joining model's
-  catch-up: costs of starting, not of running). The ratio, kept per chain (its levels, whatever
+  look's wall time, the look before it left out, x rows / tokens committed) with what the model
+  predicts for it, except the first look of a request, after a draft model joined, or after steps
+  that ran eagerly while their shapes waited to compile (``Observation.warming``: a prefill, a
+  joining model's catch-up, a warm-up are costs of starting, not of running; warm-up rounds teach
+  no step costs either). The ratio, kept per chain (its levels, whatever
   the block sizes) and faded per look (``CORRECTION_FADE``), multiplies the chain's predictions,
   shrunk by ``CORRECTION_PRIOR`` tokens per row towards the ratio pooled over every drafting chain
   that ran (what misleads the model about one draft mostly misleads it about all: a chain not yet
   run is priced like those that did), and that towards 1. Plain decoding has its own. A chain the
   run left drifts back to the model's prediction and is tried again if the model still prefers it.
 
-It looks every ``every`` rounds at first (``look_every``: the run shows it nothing in between, so
-a look's host work is paid once per interval), after a switch and in each new request. While its
-choice holds, the interval doubles with each look, up to the smallest at which the looks take at
-most ``look_share`` of the time: a look costs ~1 ms of host time (the run's part and the
-controller's), measured, as is a round (the medians over the last ``RECENT_LOOKS`` looks). A zoo
-round at batch 1 takes ~6 ms, so there looks grow sparse (every 16 rounds for 2 %) where the
-hierarchy is already right, which a fixed interval of 4 paid 4 % of the time for; a batch-16 round
-takes 8-30 ms and looks come every 4-8 rounds, where a growth on no other ground (``look_share=0``: up to
-``max_every``) kept drafts that did not pay for 44 % of the tokens (docs/design.md §8.9). The
-rounds between two looks are all shown at the next one: only decisions wait.
+It looks every ``every`` rounds at first (``look_every``: the run shows it nothing in between, so a
+look's host work is paid once per interval) and after a switch. A new request with as many rows as
+the last keeps the hierarchy without deciding (nothing was learnt since the last decision) and looks
+first at half the interval the last request ended with; one with other rows is decided afresh and
+starts at ``every``. While its choice holds, the interval doubles with each look, up to the smallest
+at which the looks take at most ``look_share`` of the time: a look costs ~1 ms of host time (the
+run's part and the controller's), measured, as is a round (the medians over the last
+``RECENT_LOOKS`` looks). A zoo round at batch 1 takes ~6 ms, so there looks grow sparse (every 16
+rounds for 2 %) where the hierarchy is already right, which a fixed interval of 4 paid 4 % of the
+time for; a batch-16 round takes 8-30 ms and looks come every 4-8 rounds, where a growth on no other
+ground (``look_share=0``: up to ``max_every``) kept drafts that did not pay for 44 % of the tokens
+(docs/design.md §8.9). The rounds between two looks are all shown at the next one: only decisions
+wait.
 
 It scores the current hierarchy and its neighbours (each block size one up or down, a
 candidate added or removed, the level-0 draft swapped) and the selector's last runner-ups with the
@@ -328,7 +333,7 @@ class LatencyController:
     def learn(self, seen: Observation) -> None:
         """Fold the round ``seen`` reports into the estimates."""
         self.wall += seen.round_seconds
-        self.rows = max(1, int((~seen.finished).sum()))
+        self.rows = _rows(seen)
         for found in seen.probes:
             self.probe_seconds += found.seconds
             if found.positions:
@@ -337,8 +342,14 @@ class LatencyController:
         if seen.choice is None:
             return
         joined = set(seen.choice.drafts) - set(self.last_chain[0] if self.last_chain else ())
-        # a request's first look holds its prefill, a model's first after joining its catch-up
-        starting = seen.round <= 1 or any(not isinstance(self.prior_costs[m], LookupCost) for m in joined)
+        # a request's first look holds its prefill, a model's first after joining its catch-up, and a
+        # look over warm-up steps (run eagerly while their shape waits to compile: 2-5x the model's time
+        # in a process's first requests) what they cost: costs of starting, not of running
+        starting = (
+            seen.round <= 1
+            or seen.warming
+            or any(not isinstance(self.prior_costs[m], LookupCost) for m in joined)
+        )
         self.last_chain = _chain(seen.choice)
         if seen.round_seconds > 0 and not starting:  # what a look costs against the rounds it spaces
             self.look_costs.append(max(seen.look_seconds - sum(p.seconds for p in seen.probes), 0.0))
@@ -346,11 +357,15 @@ class LatencyController:
             del self.look_costs[:-RECENT_LOOKS], self.round_costs[:-RECENT_LOOKS]
         if seen.round_tokens > 0 and not starting:  # seconds x rows / tokens, modelled at the next decision
             rows = len(seen.committed)
+            # without the look before these rounds (its decision, probes, reconfiguration): the
+            # controller's own time, budgeted apart, is not what the hierarchy costs
+            decoding = max(seen.round_seconds - seen.look_seconds, 0.0)
             waiting = self.unpredicted.setdefault(seen.choice, np.zeros(3))
-            waiting += (seen.round_seconds * rows, seen.round_tokens, seen.round_tokens / rows)
+            waiting += (decoding * rows, seen.round_tokens, seen.round_tokens / rows)
         levels = [*seen.choice.drafts, self.target]
         costs_before = self.prior_costs
-        for level, (sizes, seconds) in enumerate(zip(seen.step_sizes, seen.step_seconds, strict=True)):
+        timed = zip(seen.step_sizes, seen.step_seconds, strict=True) if not seen.warming else ()
+        for level, (sizes, seconds) in enumerate(timed):
             model = levels[level]
             for size, s in zip(sizes.tolist(), seconds.tolist(), strict=True):
                 predicted = _predicted(costs_before[model], level, size)
@@ -507,9 +522,22 @@ class LatencyController:
         self.drafting = _shrunk(*np.sum(drafting, axis=0), 1.0) if drafting else 1.0
 
     def __call__(self, seen: Observation) -> Choice:
+        if seen.round == 0 and self.current is not None and _rows(seen) == self.rows:
+            return self._next_request()
         before = self.current if seen.round > 0 else None  # round 0: a new request starts
         self.current = self._decide(seen)
         self.steady = self.steady + 1 if self.current == before else 0
+        self.interval = self._interval()
+        return self.current
+
+    def _next_request(self) -> Choice:
+        """A new request with as many rows as the last: nothing was learnt since the last decision,
+        which stands. Its text may differ from the last request's, so its first look comes at half
+        the interval that request ended with, not at ``every``: deciding again before the first
+        round and restarting at ``every`` made 3-4 looks per 128-token request at batch 1, 3.7 ms
+        of the ~95 ms it took compiled on a 2-core CPU (docs/design.md, "The adaptive controller")."""
+        assert self.current is not None
+        self.steady = max(0, (self.interval // self.every).bit_length() - 2)  # interval = every << steady
         self.interval = self._interval()
         return self.current
 
@@ -572,6 +600,11 @@ class LatencyController:
     def _valid(self, choice: Choice) -> bool:
         lookups = [i for i, m in enumerate(choice.drafts) if level_zero_only(self.prior_costs[m])]
         return lookups in ([], [0]) and len(set(choice.drafts)) == len(choice.drafts)
+
+
+def _rows(seen: Observation) -> int:
+    """The rows still decoding (at least 1)."""
+    return max(1, int((~seen.finished).sum()))
 
 
 def _mean_rate(rate: Acceptance) -> float:

@@ -74,6 +74,8 @@ class DecodeState:
         self.tree: TreeBuffers | None = None  # a token tree's pending nodes (level 0 drafts trees)
         # step shapes to compile once the run is over (an adaptive run): (LevelStep, kind, widths, tree)
         self.deferred: set[tuple] | None = None
+        # steps of a compiled run that ran eagerly while their shape waited to compile (warm-up)
+        self.warm_up_steps = 0
         # HF's input_ids width before each row's first new token [B] (length processors read it)
         self.prompt_lengths = torch.tensor([p.numel() for p in prompts], dtype=torch.int64)
         self.prompt_widths = transform.prompt_widths(self.prompt_lengths).to(device)

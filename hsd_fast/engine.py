@@ -297,7 +297,7 @@ def run_hsd(
                 break
             # every unfinished row has ended its round: the policy looks, the ledger takes its choice
             looked = time.perf_counter()
-            choice = switcher.round_end(ledger, chain.choice, log)
+            choice = switcher.round_end(ledger, chain.choice, log, state.warm_up_steps)
             if choice != chain.choice:
                 chain = chain_of(choice)
                 logs.append((choice, RoundLog(len(chain.runners))))
@@ -305,6 +305,8 @@ def run_hsd(
             if stop is not None:  # reconfiguring released every hold: the stopped rows stay out
                 _stop_rows(stop, state.tokens, ledger, np.flatnonzero(stop.stopped))
             switcher.looked(time.perf_counter() - looked)
+        if switcher is not None:
+            switcher.finish(ledger)
         if state.deferred:  # inside inference mode, as the steps will run
             LevelStep.compile_deferred(state)
 

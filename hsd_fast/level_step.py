@@ -154,6 +154,7 @@ class LevelStep:
             return self.function(kind, width, out_width, state, compiled=True)
         if covering:
             return self.function(kind, *covering[0], state, compiled=True)
+        state.warm_up_steps += 1
         return self.function(kind, width, out_width, state, compiled=False)
 
     @staticmethod

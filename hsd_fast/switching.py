@@ -69,6 +69,7 @@ class Switcher:
         self.used: list[HierarchyUsed] = []
         self.committed = prompt_lens.copy()  # [B] at the last round's end
         self.marks: tuple | None = None  # what the round log held at the last look (None: nothing)
+        self.warm_up_steps = 0  # the run's warm-up steps (``DecodeState.warm_up_steps``) at the last look
         self.last_look = time.perf_counter()
 
     def first(self) -> Choice:
@@ -99,21 +100,21 @@ class Switcher:
         self.rounds_since_look[rows] += 1
         return rows[self.rounds_since_look[rows] >= self.look_every]
 
-    def round_end(self, ledger: Ledger, choice: Choice, log: RoundLog) -> Choice:
+    def round_end(self, ledger: Ledger, choice: Choice, log: RoundLog, warm_up_steps: int = 0) -> Choice:
         """Every unfinished row has ended its round (held): show the policy what happened, start a new
         epoch, and reconfigure the ledger for the hierarchy it chose (the same one included: the
-        holds are released). Returns that hierarchy."""
+        holds are released). ``warm_up_steps``: the run's steps so far that ran eagerly while their
+        shape waited to compile (``DecodeState.warm_up_steps``). Returns that hierarchy."""
         now = time.perf_counter()
         committed = ledger.frontiers()[:, -1]  # [B]
         # at a round's end a row holds an EOS only if it is committed: then it is finished
         finished = (ledger.eos_positions() >= 0) | (committed >= self.budget_end)
         self.keep_caches(choice, ledger.cached_lens())
-        current = self.used[-1]
-        current.rounds += int(self.rounds_since_look.max(initial=1))
-        current.committed += int((committed - self.committed).sum())
-        current.seconds += now - self.last_look
+        self._count_stretch(committed, now)
         self.round += 1
-        seen = self._observation(choice, finished, log.since(self.marks), committed, now)
+        warming = warm_up_steps > self.warm_up_steps
+        self.warm_up_steps = warm_up_steps
+        seen = self._observation(choice, finished, log.since(self.marks), committed, now, warming)
         chosen = self.check(self.policy(seen))
         self.look_every = self._look_every()
         self.epoch += 1  # the policy has looked: nothing a lower level draws from here on was seen
@@ -131,6 +132,18 @@ class Switcher:
         self.rounds_since_look[:] = 0
         self.marks = log.marks() if chosen == choice else None
         return chosen
+
+    def finish(self, ledger: Ledger) -> None:
+        """The run ended: the rounds since the last look count for the hierarchy they ran (no look
+        follows, so the policy never sees them)."""
+        self._count_stretch(ledger.frontiers()[:, -1], time.perf_counter())
+
+    def _count_stretch(self, committed: np.ndarray, now: float) -> None:
+        """Add the rounds, tokens and seconds since the last look to the hierarchy that ran them."""
+        current = self.used[-1]
+        current.rounds += int(self.rounds_since_look.max(initial=1))
+        current.committed += int((committed - self.committed).sum())
+        current.seconds += now - self.last_look
 
     def looked(self, seconds: float) -> None:
         """The engine timed a look (``round_end`` and the chain it built): ``seconds`` of host time."""
@@ -155,7 +168,9 @@ class Switcher:
             self.probe_seconds += found[-1].seconds
         return tuple(found)
 
-    def _observation(self, choice, finished, logged: dict, committed=None, now=None) -> Observation:
+    def _observation(
+        self, choice, finished, logged: dict, committed=None, now=None, warming: bool = False
+    ) -> Observation:
         committed = self.committed if committed is None else committed
         return Observation(
             round=self.round,
@@ -171,6 +186,7 @@ class Switcher:
             round_seconds=0.0 if now is None else now - self.last_look,
             look_seconds=self.last_look_seconds,
             probes=self.probes,
+            warming=warming,
             **logged,
         )
 

@@ -81,6 +81,9 @@ class Observation:
     step_sizes: tuple[np.ndarray, ...] = ()  # per level: each step's tokens drawn (level 0) or widest fed
     step_seconds: tuple[np.ndarray, ...] = ()  # per level: each step's seconds inside its step function
     probes: tuple[Probe, ...] = ()  # what the probes the policy asked for at the last look found
+    # a compiled run ran a step eagerly in these rounds, its shape waiting to compile: their times
+    # are a warm-up's, not what the hierarchy costs once warm
+    warming: bool = False
 
 
 @dataclass(frozen=True)

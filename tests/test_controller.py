@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -143,6 +144,34 @@ def test_a_chain_that_delivers_slower_than_modelled_is_priced_as_measured() -> N
     assert control.correction(Choice()) == 1.0  # plain decoding has its own: not measured yet
 
 
+def test_warm_up_rounds_and_the_looks_own_time_are_not_what_the_hierarchy_costs() -> None:
+    """Rounds that ran steps eagerly while their shapes waited to compile (``warming``: a process's
+    first requests) teach acceptance but neither the chain's measured seconds per token nor the
+    cost scales; a look's own host time (its decision, probes, the reconfiguration) is not counted
+    as the hierarchy's. A planted slow warm-up or a slow look would otherwise price the chain at
+    several times the model and move the controller off it."""
+    control = LatencyController(COSTS, alpha(0.95), every=1, decide_share=math.inf)
+    first = control(seen(0, None))
+    modelled = control.modelled(first, control.costs(), control.alpha())
+    slow = [[10 * COSTS[m](5)] for m in (*first.drafts, 3)]
+    sizes = [[5]] * len(slow)
+    verified, accepted = [[first.T[0]]] * len(first.drafts), [[0]] * len(first.drafts)
+    warm_up = replace(
+        seen(2, first, verified, accepted, sizes=sizes, seconds=slow, wall=10 * modelled * 4), warming=True
+    )
+    before = control.alpha()
+    assert control(warm_up) == first
+    assert control.measured == {} and not any(control.ratios)  # no cost learnt from it
+    assert control.alpha() != before  # its verifications are counted all the same
+    # a look of 30x a round's modelled time before rounds delivered as modelled: the chain ran as modelled
+    modelled = control.modelled(first, control.costs(), control.alpha())
+    looked = seen(3, first, wall=31 * modelled * 4, look=30 * modelled * 4)
+    control(looked)
+    control(seen(4, first, wall=modelled * 4))  # the next decision folds it
+    measured, modelled_sum, _ = control.measured[(first.drafts, None)]
+    assert measured / modelled_sum == pytest.approx(1.0, rel=0.05)
+
+
 def test_it_switches_when_the_estimates_say_so_and_not_for_a_small_gain() -> None:
     control = LatencyController(COSTS, alpha(0.95), every=1, decide_share=math.inf)  # no time budget
     first = control(seen(0, None))
@@ -178,14 +207,17 @@ def test_looks_grow_sparse_while_the_hierarchy_holds_and_looks_cost() -> None:
     """Each look that keeps the hierarchy doubles the rounds to the next, up to the interval at which
     looks (1 ms here) take at most ``look_share`` of the time: with rounds of 5 ms, 16 rounds for
     2 % (at most ``max_every``); with rounds of 50 ms, every 2 rounds already. The first look of a
-    request (its prefill) measures nothing. A new request (round 0) and a switch bring the interval
-    back to ``every``."""
+    request (its prefill) measures nothing. A new request (round 0) keeps the hierarchy without
+    deciding and halves the interval; a switch brings it back to ``every``."""
     kwargs = {"every": 2, "margin": 10.0, "decide_share": math.inf}
     stay = LatencyController(COSTS, alpha(0.95), look_share=0.02, **kwargs)
     assert intervals_while_holding(stay, round_seconds=5e-3) == [2, 2, 8, 16, 16, 16]
     assert stay.look_every * 5e-3 > 1e-3 / 0.02 - 1e-3 > stay.look_every / 2 * 5e-3  # the smallest that fits
-    stay(seen(0, stay.current))  # the next request
-    assert stay.look_every == 2
+    decided, held = len(stay.decisions), stay.current
+    assert stay(seen(0, None)) == held and len(stay.decisions) == decided  # the next request
+    assert stay.look_every == 8
+    stay(seen(0, None))  # a request with no look: halved again
+    assert stay.look_every == 4
     capped = LatencyController(COSTS, alpha(0.95), look_share=0.02, max_every=8, **kwargs)
     assert intervals_while_holding(capped, round_seconds=5e-3)[-1] == 8
     slow_rounds = LatencyController(COSTS, alpha(0.95), look_share=0.02, **kwargs)
@@ -225,10 +257,10 @@ def test_the_run_asks_for_the_interval_after_every_look() -> None:
         do_sample=False, max_new_tokens=160, compile=False, output_hsd_stats=True,
     )  # fmt: skip
     assert [h.choice for h in out.hsd_stats.hierarchies] == [Choice((0,), (2,))]
-    looks = [r for r, _, _ in control.decisions]  # round 0: the choice before the first round
-    assert looks == list(range(len(looks))) and len(looks) >= 6
-    rounds = out.hsd_stats.hierarchies[0].rounds  # the round ends up to the last look
-    assert [1, 2, 6, *range(14, rounds + 8, 8)][: len(looks) - 1][-1] == rounds
+    looks = [r for r, _, _ in control.decisions]  # none at round 0: the request kept the choice
+    assert looks == list(range(1, len(looks) + 1)) and len(looks) >= 5
+    rounds = out.hsd_stats.hierarchies[0].rounds  # every round end, the last look's stretch included
+    assert len([r for r in [1, 2, 6, *range(14, rounds, 8)] if r < rounds]) == len(looks)
 
 
 def test_decisions_keep_within_their_share_of_the_wall_time(monkeypatch) -> None:
@@ -317,8 +349,19 @@ def test_a_controller_that_served_a_request_starts_the_next_where_it_left_it() -
 
     first = run()
     assert first.hsd_stats.hierarchies[0].choice == Choice((1,), (3,))  # a fresh controller: the pick's
-    decided = len(control.decisions)
+    decided, left = len(control.decisions), control.current
     second = run()
     assert second.sequences.tolist() == first.sequences.tolist() == expected.tolist()
-    round_, choice, _ = control.decisions[decided]  # asked before the first round: its choice is it
-    assert round_ == 0 and second.hsd_stats.hierarchies[0].choice == choice
+    assert second.hsd_stats.hierarchies[0].choice == left  # no decision before its first round
+    assert all(round_ > 0 for round_, _, _ in control.decisions[decided:])
+
+
+def test_a_request_with_other_rows_decides_before_its_first_round() -> None:
+    """The batch changes what a lookup level's verification pads to and what each step costs:
+    a request with another number of rows is decided afresh, and looks from ``every`` again."""
+    control = LatencyController(COSTS, alpha(0.95), every=2, margin=10.0, decide_share=math.inf)
+    intervals_while_holding(control, round_seconds=5e-3)
+    decided = len(control.decisions)
+    wider = replace(seen(0, None), committed=np.array([100, 100]), finished=np.array([False, False]))
+    control(wider)
+    assert len(control.decisions) == decided + 1 and control.rows == 2 and control.look_every == 2

@@ -282,7 +282,7 @@ def test_stats_count_each_candidate_at_its_own_index_and_list_the_hierarchies() 
         Choice((0,), (3,)),
     ]
     assert all(u.switch_seconds >= 0 and u.rounds >= 1 for u in used[:-1])
-    assert sum(u.committed for u in used) <= sum(result.num_new_tokens)
+    assert sum(u.committed for u in used) == sum(result.num_new_tokens)  # the last stretch included
     assert used[3].catch_up_tokens > 0  # candidate 0 sat out two hierarchies: it catches up
     assert stats.verified[1] > 0 and stats.verified[2] > 0 and stats.drafted[0] > 0
     assert 0 < stats.look_seconds < sum(stats.wall_time) + stats.look_seconds  # the looks, timed apart
@@ -336,21 +336,31 @@ def test_compiled_adaptive_runs_compile_only_between_requests() -> None:
         finally:
             after_the_run[0] = False
 
-    alternate = lambda seen: [Choice((0,), (2,)), Choice()][seen.round % 2]  # noqa: E731
+    warming: list[list[bool]] = []  # per request, per look: whether its rounds ran warm-up steps
+
+    def alternate(seen):
+        warming[-1].append(seen.warming)
+        return [Choice((0,), (2,)), Choice()][seen.round % 2]
+
     with (
         mock.patch.object(Compiling, "__call__", spy_call),
         mock.patch.object(LevelStep, "compile_deferred", staticmethod(spy_deferred)),
     ):
         for _ in range(2):
+            warming.append([])
             out = target.generate(
                 ids, custom_generate=hsd_fast.generate, drafts=drafts, adapt=alternate, do_sample=False,
                 max_new_tokens=24, compile=True,
             )  # fmt: skip
             assert out.tolist() == expected.tolist()
         count = len(compiles)
+        warming.append([])
         target.generate(
             ids, custom_generate=hsd_fast.generate, drafts=drafts, adapt=alternate, do_sample=False,
             max_new_tokens=24, compile=True,
         )  # fmt: skip
     assert compiles and all(compiles)  # every graph compiled after a run, none during one
     assert len(compiles) == count  # the third request compiled nothing: the shapes were there
+    # the policy is told which looks followed steps that ran eagerly, waiting to compile: the first
+    # request's, none of the third's
+    assert any(warming[0]) and not any(warming[2])
