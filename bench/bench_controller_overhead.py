@@ -13,8 +13,8 @@ request (every way serves a request, rotated, before any serves the next):
     python bench/bench_controller_overhead.py            # 5 passes over 24 requests, ~1-2 minutes
 
 Writes bench/results/controller_overhead_cpu.{json,md}: ms per request, x the static pick, the
-looks' and probes' host ms per request, decisions per request, and whether every output equals the
-static pick's.
+looks' and probes' host ms per request, decisions per request, whether every output equals the
+static pick's, and the hierarchies the adaptive ways committed their tokens under.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import torch
 from kernel_bench import run_meta, write_results
 
 from hsd_fast import zoo
+from hsd_fast.bench.mixed import choice_label, most_used
 from hsd_fast.bench.scenarios import zoo_scenario
 from hsd_fast.bench.timing import CpuMeter, interleaved
 from hsd_fast.controller import LatencyController
@@ -97,9 +98,11 @@ def main() -> None:
     at = {"request": 0}
     outputs: dict[str, list] = {}
     spent: dict[str, Counter] = {}
+    used: dict[str, Counter] = {}  # hierarchy -> tokens committed under it
+    names = ["lookup", "xxs", "xs", "sm"]
 
     def run_of(name: str, options: Callable[[], dict]) -> Callable[[], None]:
-        outputs[name], spent[name] = [None] * len(work), Counter()
+        outputs[name], spent[name], used[name] = [None] * len(work), Counter(), Counter()
 
         def run() -> None:
             i = at["request"]
@@ -110,6 +113,8 @@ def main() -> None:
             spent[name]["look"] += out.hsd_stats.look_seconds
             spent[name]["probe"] += out.hsd_stats.probe_seconds
             spent[name]["calls"] += 1
+            for stretch in out.hsd_stats.hierarchies or ():
+                used[name][choice_label(stretch.choice, names, "s")] += stretch.committed
 
         return run
 
@@ -151,6 +156,7 @@ def main() -> None:
             "decisions_per_request": round(len(control.decisions) / spent[name]["calls"], 2)
             if control
             else None,
+            "hierarchies": most_used(used[name]) if used[name] else None,
             "same_output": all(
                 torch.equal(a, b) for a, b in zip(outputs[name], outputs["static pick"], strict=True)
             ),

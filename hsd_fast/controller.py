@@ -54,8 +54,8 @@ run's part and the controller's), measured, as is a round (the medians over the 
 rounds for 2 %) where the hierarchy is already right, which a fixed interval of 4 paid 4 % of the
 time for; a batch-16 round takes 8-30 ms and looks come every 4-8 rounds, where a growth on no other
 ground (``look_share=0``: up to ``max_every``) kept drafts that did not pay for 44 % of the tokens
-(docs/design.md §8.9). The rounds between two looks are all shown at the next one: only decisions
-wait.
+(docs/design.md §8.9). The rounds between two looks are all shown at the next one, and those after
+a request's last look at its end (``finished``): only decisions wait.
 
 It scores the current hierarchy and its neighbours (each block size one up or down, a
 candidate added or removed, the level-0 draft swapped) and the selector's last runner-ups with the
@@ -197,6 +197,7 @@ class LatencyController:
         # proposal ended there, and calls cut there by the block size (at least that long)
         self.proposals: dict[int, np.ndarray] = {}
         self.rows = 1  # rows of the run last seen: a lookup level's verification pads to their widest
+        self.batch = 1  # rows of the last request (a new one with as many keeps the choice)
         # per chain (drafts, tree): measured seconds per token x tokens per row, the model's
         # prediction x tokens per row, and tokens per row, faded; and what awaits a prediction
         self.measured: dict[tuple, np.ndarray] = {}
@@ -333,7 +334,8 @@ class LatencyController:
     def learn(self, seen: Observation) -> None:
         """Fold the round ``seen`` reports into the estimates."""
         self.wall += seen.round_seconds
-        self.rows = _rows(seen)
+        if not seen.finished.all():  # the run's end (``finished``) leaves the rows it last decoded
+            self.rows = _rows(seen)
         for found in seen.probes:
             self.probe_seconds += found.seconds
             if found.positions:
@@ -353,7 +355,7 @@ class LatencyController:
         self.last_chain = _chain(seen.choice)
         if seen.round_seconds > 0 and not starting:  # what a look costs against the rounds it spaces
             self.look_costs.append(max(seen.look_seconds - sum(p.seconds for p in seen.probes), 0.0))
-            self.round_costs.append(max(seen.round_seconds - seen.look_seconds, 0.0) / self.interval)
+            self.round_costs.append(max(seen.round_seconds - seen.look_seconds, 0.0) / max(seen.rounds, 1))
             del self.look_costs[:-RECENT_LOOKS], self.round_costs[:-RECENT_LOOKS]
         if seen.round_tokens > 0 and not starting:  # seconds x rows / tokens, modelled at the next decision
             rows = len(seen.committed)
@@ -373,7 +375,7 @@ class LatencyController:
                     self.ratios[model].append(s / predicted)
             del self.ratios[model][:-RECENT_STEPS]
         for counts in (*self.trials.values(), *self.proposals.values()):
-            counts *= FADE**self.every
+            counts *= FADE**seen.rounds  # per round, however far apart the looks
         if seen.verified and isinstance(self.prior_costs[levels[0]], LookupCost):
             self._count_proposals(levels[0], seen.verified[0], seen.choice.T[0])
         for level, (drafts, accepted) in enumerate(zip(seen.verified, seen.accepted, strict=True), start=1):
@@ -522,20 +524,27 @@ class LatencyController:
         self.drafting = _shrunk(*np.sum(drafting, axis=0), 1.0) if drafting else 1.0
 
     def __call__(self, seen: Observation) -> Choice:
-        if seen.round == 0 and self.current is not None and _rows(seen) == self.rows:
+        if seen.round == 0 and self.current is not None and len(seen.committed) == self.batch:
             return self._next_request()
+        self.batch = len(seen.committed)
         before = self.current if seen.round > 0 else None  # round 0: a new request starts
         self.current = self._decide(seen)
         self.steady = self.steady + 1 if self.current == before else 0
         self.interval = self._interval()
         return self.current
 
+    def finished(self, seen: Observation) -> None:
+        """The run ended (``switching_types.Policy``): the rounds after its last look are learnt like a
+        look's; the decision waits for the next request's first look."""
+        self.learn(seen)
+
     def _next_request(self) -> Choice:
-        """A new request with as many rows as the last: nothing was learnt since the last decision,
-        which stands. Its text may differ from the last request's, so its first look comes at half
-        the interval that request ended with, not at ``every``: deciding again before the first
-        round and restarting at ``every`` made 3-4 looks per 128-token request at batch 1, 3.7 ms
-        of the ~95 ms it took compiled on a 2-core CPU (docs/design.md, "The adaptive controller")."""
+        """A new request with as many rows as the last: the last decision stands (since it, only the
+        last request's last rounds were learnt, ``finished``). Its text may differ from the last
+        request's, so its first look comes at half the interval that request ended with, not at
+        ``every``: deciding again before the first round and restarting at ``every`` made 3-4 looks
+        per 128-token request at batch 1, 3.7 ms of the ~95 ms it took compiled on a 2-core CPU
+        (docs/design.md, "The adaptive controller")."""
         assert self.current is not None
         self.steady = max(0, (self.interval // self.every).bit_length() - 2)  # interval = every << steady
         self.interval = self._interval()

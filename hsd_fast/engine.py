@@ -44,7 +44,7 @@ from hsd_fast.sampling_metadata import SamplingMetadata
 from hsd_fast.stats import HSDStats
 from hsd_fast.steps import Runner
 from hsd_fast.stopping import StopChecker
-from hsd_fast.switching import Switcher
+from hsd_fast.switching import Switcher, take_run
 from hsd_fast.switching_types import Adaptive, Choice, Probe
 from hsd_fast.target_outputs import NO_OUTPUTS, OutputRequest, TargetOutputs
 from hsd_fast.tree import Tree
@@ -179,8 +179,11 @@ def run_hsd(
     budget_end = prompt_lens + budget  # [B] where each row's length budget ends
     if trees and int(budget_end.max()) + max(t.depth for t in trees) >= 1 << COLUMN_SHIFT:  # the keys' field
         raise ValueError(f"token trees need positions below 2**{COLUMN_SHIFT}")
+    # an adaptive run's policy may have served runs before it (the latency controller serves a
+    # process's requests): with the same seed they must not share keys (docs/design.md, §3.7)
+    runs_before = take_run(adapt.policy) if adapt is not None else 0
     sampling = SamplingMetadata.build(
-        num_rows, prompts[0].device, seeds, temperature, eos_token_id, greedy, use_kernel
+        num_rows, prompts[0].device, seeds, temperature, eos_token_id, greedy, use_kernel, runs_before
     )
     # Every check is done and the runners have refused what their models cannot hold before the
     # run's buffers are allocated. A level feeds positions up to budget_end - 1 (the last draft of a
@@ -306,7 +309,7 @@ def run_hsd(
                 _stop_rows(stop, state.tokens, ledger, np.flatnonzero(stop.stopped))
             switcher.looked(time.perf_counter() - looked)
         if switcher is not None:
-            switcher.finish(ledger)
+            switcher.finish(ledger, chain.choice, log, state.warm_up_steps)
         if state.deferred:  # inside inference mode, as the steps will run
             LevelStep.compile_deferred(state)
 

@@ -37,10 +37,12 @@ class SamplingMetadata:
         eos_token_id: int | Sequence[int] | None = None,
         greedy: bool = False,
         use_kernel: bool | None = None,
+        runs_before: int = 0,
     ) -> SamplingMetadata:
         """``seeds``: one int (row seeds derived from it) or one int64 per row; ``temperature``: one
-        float or one per row; ``eos_token_id``: none, one or several ids."""
-        seeds = seed_tensor(seeds, num_rows)
+        float or one per row; ``eos_token_id``: none, one or several ids; ``runs_before``: the runs
+        an adaptive run's policy served before it (``run_seeds``)."""
+        seeds = run_seeds(seed_tensor(seeds, num_rows), runs_before)
         temperature = _temperatures(temperature, num_rows, greedy).to(device)
         eos = [] if eos_token_id is None else np.atleast_1d(eos_token_id).tolist()
         host = seeds.to(torch.int64).numpy().copy()
@@ -70,6 +72,21 @@ class SamplingMetadata:
             self.draft_seeds.copy_(self.seeds)
         else:
             self.draft_seeds.copy_(torch.from_numpy(_epoch_seeds(self.host_seeds, epoch)))
+
+
+def run_seeds(seeds: torch.Tensor, runs_before: int) -> torch.Tensor:
+    """[B] int64 row seeds of an adaptive run whose policy served ``runs_before`` runs before it:
+    ``seeds`` for its first, else a 64-bit hash of (seed, runs_before) apart from the epochs'. A
+    policy that keeps state across runs has seen what their keys decided; run again with the same
+    seed, keyed alike, it could choose on the uniforms still to be used (docs/design.md, "Switching
+    hierarchies")."""
+    if runs_before == 0:
+        return seeds
+    hashed = _epoch_seeds(_epoch_seeds(seeds.numpy(), runs_before), _RUNS_DOMAIN)
+    return torch.from_numpy(hashed)
+
+
+_RUNS_DOMAIN = 0x52554E53  # hashed in after the run count: a run's seeds are no epoch's
 
 
 def epoch_seeds(seeds: torch.Tensor, epoch: int) -> torch.Tensor:

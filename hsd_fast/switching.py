@@ -24,6 +24,7 @@ of each row, the ledger reconfigured in one operation) and the built-in policy; 
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -111,10 +112,7 @@ class Switcher:
         finished = (ledger.eos_positions() >= 0) | (committed >= self.budget_end)
         self.keep_caches(choice, ledger.cached_lens())
         self._count_stretch(committed, now)
-        self.round += 1
-        warming = warm_up_steps > self.warm_up_steps
-        self.warm_up_steps = warm_up_steps
-        seen = self._observation(choice, finished, log.since(self.marks), committed, now, warming)
+        seen = self._looked_at(choice, finished, log, committed, now, warm_up_steps)
         chosen = self.check(self.policy(seen))
         self.look_every = self._look_every()
         self.epoch += 1  # the policy has looked: nothing a lower level draws from here on was seen
@@ -133,10 +131,35 @@ class Switcher:
         self.marks = log.marks() if chosen == choice else None
         return chosen
 
-    def finish(self, ledger: Ledger) -> None:
-        """The run ended: the rounds since the last look count for the hierarchy they ran (no look
-        follows, so the policy never sees them)."""
-        self._count_stretch(ledger.frontiers()[:, -1], time.perf_counter())
+    def finish(self, ledger: Ledger, choice: Choice, log: RoundLog, warm_up_steps: int = 0) -> None:
+        """The run ended: the rounds since the last look count for the hierarchy that ran them
+        (``choice``), and a policy with ``finished`` (``switching_types.Policy``) is shown them: no
+        look follows, and without it a short request's last rounds, up to half of them, would teach
+        it nothing. Its time counts as a look's."""
+        now = time.perf_counter()
+        committed = ledger.frontiers()[:, -1]  # [B]
+        self._count_stretch(committed, now)
+        finished = getattr(self.policy, "finished", None)
+        if finished is None or not self.rounds_since_look.any():
+            return
+        done = np.ones(len(committed), dtype=bool)  # every row: the run is over
+        finished(self._looked_at(choice, done, log, committed, now, warm_up_steps))
+        self.look_seconds += time.perf_counter() - now
+
+    def _looked_at(
+        self,
+        choice: Choice,
+        finished: np.ndarray,
+        log: RoundLog,
+        committed: np.ndarray,
+        now: float,
+        warm_up_steps: int,
+    ) -> Observation:
+        """The observation of a look (or of the run's end) at ``now``: the rounds since the last one."""
+        self.round += 1
+        warming = warm_up_steps > self.warm_up_steps
+        self.warm_up_steps = warm_up_steps
+        return self._observation(choice, finished, log.since(self.marks), committed, now, warming)
 
     def _count_stretch(self, committed: np.ndarray, now: float) -> None:
         """Add the rounds, tokens and seconds since the last look to the hierarchy that ran them."""
@@ -187,6 +210,7 @@ class Switcher:
             look_seconds=self.last_look_seconds,
             probes=self.probes,
             warming=warming,
+            rounds=int(self.rounds_since_look.max(initial=0)),
             **logged,
         )
 
@@ -232,6 +256,25 @@ class Switcher:
         if self.lookup_first and choice.drafts and choice.drafts[0] == 0:
             cached[0] = last[0]
         return cached
+
+
+_RUNS_SERVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # policy -> runs it served
+_RUNS_SERVED_BY_ID: dict[int, int] = {}  # a policy that cannot be weakly referenced (or hashed)
+
+
+def take_run(policy: object) -> int:
+    """The runs ``policy`` served before this one, this one now counted (None, the built-in policy
+    made fresh for the run: 0). An adaptive run keys its randomness by it
+    (``sampling_metadata.run_seeds``): exactness holds for a policy's runs with the same seed too."""
+    if policy is None:
+        return 0
+    try:
+        served = _RUNS_SERVED.get(policy, 0)
+        _RUNS_SERVED[policy] = served + 1
+    except TypeError:  # unhashable, or no weak references: by id (a reused id only changes the keys)
+        served = _RUNS_SERVED_BY_ID.get(id(policy), 0)
+        _RUNS_SERVED_BY_ID[id(policy)] = served + 1
+    return served
 
 
 def no_draft() -> Choice:

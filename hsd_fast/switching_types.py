@@ -52,9 +52,11 @@ Policy = Callable[["Observation"], Choice]
 """A function from what the run has seen to the hierarchy of the next round. A policy object may
 also have ``look_every``, an int read at the start and after every look: the run shows it a row's
 rounds only every that many round ends (1 by default; the rounds between are decoded in the same
-hierarchy and reported together at the next look), and ``wants_probes(seen: Observation) ->
+hierarchy and reported together at the next look), ``wants_probes(seen: Observation) ->
 Sequence[int]``: the idle candidates to probe at this look, after its choice (their results come
-with the next observation; greedy runs only)."""
+with the next observation; greedy runs only), and ``finished(seen: Observation) -> None``: shown the
+rounds after the last look when the run ends (every row done; no choice follows). One policy object
+may serve many runs: each after its first is keyed apart from the seed's first (``switching.take_run``)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ class Observation:
     # a compiled run ran a step eagerly in these rounds, its shape waiting to compile: their times
     # are a warm-up's, not what the hierarchy costs once warm
     warming: bool = False
+    rounds: int = 1  # round ends since the last look, the most of any row: the rounds this look reports
 
 
 @dataclass(frozen=True)

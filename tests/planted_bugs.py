@@ -186,6 +186,16 @@ def lower_keys_never_change() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def runs_share_seeds() -> Iterator[None]:
+    """Switching hierarchies: a policy's every run keyed like its first, so a policy that saw what a
+    run with a seed drew can choose on what the next run with that seed will draw."""
+    from hsd_fast import sampling_metadata
+
+    with mock.patch.object(sampling_metadata, "run_seeds", lambda seeds, runs_before: seeds):
+        yield
+
+
+@contextlib.contextmanager
 def joining_levels_skip_catch_up() -> Iterator[None]:
     """Switching hierarchies: a level that joins is told its cache holds the whole committed prefix
     (its stale cache kept as if it had followed the rounds it missed), so it never feeds them."""

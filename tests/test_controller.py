@@ -44,28 +44,30 @@ def alpha(small_to_target: float = 0.8) -> list[list]:
 
 def seen(
     round_: int, choice: Choice | None, verified=(), accepted=(), sizes=(), seconds=(), wall=0.01, tokens=4,
-    look=0.0,
+    look=0.0, rounds=1,
 ) -> Observation:  # fmt: skip
     return Observation(
         round=round_, epoch=round_, choice=choice, num_candidates=3, lookup_first=True, trees=(),
         committed=np.array([100]), finished=np.array([False]), tokens=torch.zeros(1, 1, dtype=torch.int64),
         round_tokens=tokens, round_seconds=wall, look_seconds=look, verified=tuple(map(np.array, verified)),
         accepted=tuple(map(np.array, accepted)), step_sizes=tuple(map(np.array, sizes)),
-        step_seconds=tuple(map(np.array, seconds)),
+        step_seconds=tuple(map(np.array, seconds)), rounds=rounds,
     )  # fmt: skip
 
 
 def test_acceptance_follows_the_verifications_of_the_pair_that_ran() -> None:
-    control = LatencyController(COSTS, alpha(0.8), every=2)  # a look every two rounds
+    control = LatencyController(COSTS, alpha(0.8), every=1)
     small = Choice((1,), (4,))
     for r in range(1, 21):  # the target rejects nearly every token of the small draft
         control.learn(
-            seen(r, small, verified=[[4, 4, 4, 4]], accepted=[[0, 0, 1, 0]], sizes=[[], []], seconds=[[], []])
-        )
+            seen(r, small, verified=[[4, 4, 4, 4]], accepted=[[0, 0, 1, 0]], sizes=[[], []], seconds=[[], []],
+                 rounds=2)
+        )  # fmt: skip
     rate = control.alpha()[1][3]
     assert rate < 0.6  # from 0.8: one success in five trials per look, twenty looks, move it most of the way
     assert control.alpha()[2][3] == 0.9  # a pair that did not run keeps its prior
-    expected_trials = sum(5 * 0.9 ** (2 * k) for k in range(20))  # the counts fade by 0.9 a round
+    # the counts fade by 0.9 a round: a look that reports two rounds fades the older ones twice
+    expected_trials = sum(5 * 0.9 ** (2 * k) for k in range(20))
     assert control.trials[(1, 3)][1].sum() == pytest.approx(expected_trials)
     assert rate == pytest.approx(
         (expected_trials / 5 + PRIOR_TOKENS * 0.8) / (expected_trials + PRIOR_TOKENS)
@@ -172,6 +174,23 @@ def test_warm_up_rounds_and_the_looks_own_time_are_not_what_the_hierarchy_costs(
     assert measured / modelled_sum == pytest.approx(1.0, rel=0.05)
 
 
+def test_the_rounds_after_the_last_look_are_learnt_and_decide_nothing() -> None:
+    """At the run's end (``finished``) the rounds after the last look count like a look's, with no
+    decision; the rows they leave decoding (none) are not the next request's: a request of the same
+    batch keeps the choice."""
+    control = LatencyController(COSTS, alpha(0.95), every=2, decide_share=math.inf)
+    two = {"committed": np.array([100, 100]), "finished": np.array([False, False])}
+    first = control(replace(seen(0, None), **two))
+    control(replace(seen(1, first, rounds=2), **two))
+    decided, before = len(control.decisions), control.alpha()
+    verified, accepted = [[first.T[0]] * 2] * len(first.drafts), [[0, 0]] * len(first.drafts)
+    end = seen(2, first, verified, accepted, [[]] * 3, [[]] * 3, rounds=1)
+    control.finished(replace(end, committed=two["committed"], finished=np.array([True, True])))
+    assert len(control.decisions) == decided and control.alpha() != before
+    assert control.rows == 2 and control(replace(seen(0, None), **two)) == first
+    assert len(control.decisions) == decided  # the next request kept it without deciding
+
+
 def test_it_switches_when_the_estimates_say_so_and_not_for_a_small_gain() -> None:
     control = LatencyController(COSTS, alpha(0.95), every=1, decide_share=math.inf)  # no time budget
     first = control(seen(0, None))
@@ -198,7 +217,8 @@ def intervals_while_holding(control: LatencyController, round_seconds: float, lo
     start = control(seen(0, None))
     intervals = [control.look_every]
     for r in range(1, 6):
-        control(seen(r, start, wall=look + control.look_every * round_seconds, look=look))
+        every = control.look_every
+        control(seen(r, start, wall=look + every * round_seconds, look=look, rounds=every))
         intervals.append(control.look_every)
     return intervals
 
@@ -327,7 +347,8 @@ def test_greedy_with_the_controller_is_the_targets_own() -> None:
             do_sample=False, max_new_tokens=48, compile=False,
         )  # fmt: skip
         assert out.tolist() == expected.tolist()
-    assert len(control.decisions) > 10 and any(r for r in control.ratios)  # it measured and decided
+    assert any(r for r in control.ratios)  # it measured, decided at every look, and switched
+    assert len(control.decisions) > 6 and len({choice for _, choice, _ in control.decisions}) > 2
 
 
 @pytest.mark.hf

@@ -5,6 +5,8 @@ randomness: sampled runs too, token for token), and a verification fed past a dr
 early is caught by the ledger's replay. The target's distribution with pairs on is the subject of
 every chi-square in test_engine.py (pairs are the default)."""
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
@@ -102,13 +104,16 @@ def test_adaptive_runs_pair_and_switch_as_steps_read_one_at_a_time(pairs_taken: 
     order = [Choice((0,), (2,)), Choice((0, 1), (1, 2)), Choice((), ()), Choice((1,), (3,))]
     seen_seconds: list[list[int]] = []
 
-    def cycle(seen: Observation) -> Choice:
-        seen_seconds.append([len(s) for s in seen.step_seconds])
-        return order[seen.round % len(order)]
+    def cycle() -> Callable[[Observation], Choice]:  # one per run: a policy's second run is keyed apart
+        def policy(seen: Observation) -> Choice:
+            seen_seconds.append([len(s) for s in seen.step_seconds])
+            return order[seen.round % len(order)]
 
-    paired = _run([2, 2], True, adapt=Adaptive(cycle, max_T=3))
+        return policy
+
+    paired = _run([2, 2], True, adapt=Adaptive(cycle(), max_T=3))
     taken = len(pairs_taken)
-    single = _run([2, 2], False, adapt=Adaptive(cycle, max_T=3))
+    single = _run([2, 2], False, adapt=Adaptive(cycle(), max_T=3))
     assert taken > 0 and len(pairs_taken) == taken
     assert [s.tolist() for s in paired.sequences] == [s.tolist() for s in single.sequences]
     assert [h.choice for h in paired.stats.hierarchies] == [h.choice for h in single.stats.hierarchies]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hsd_fast.sampling_metadata import SamplingMetadata, row_seeds
+from hsd_fast.sampling_metadata import SamplingMetadata, epoch_seeds, row_seeds, run_seeds
 
 
 def test_one_int_seed_gives_each_row_its_own_seed_independent_of_the_batch() -> None:
@@ -55,3 +55,15 @@ def test_run_hsd_refuses_a_zero_temperature_where_the_ops_read_no_values(monkeyp
     runners = [TableRunner(m) for m in table_family(vocab_size=5, order=2, num_levels=2)]
     with pytest.raises(ValueError, match="temperature"):
         run_hsd(runners, [torch.tensor([0, 1])] * 2, block_sizes=[2], max_new_tokens=6, temperature=0.0)
+
+
+def test_a_policys_later_runs_are_keyed_apart_from_its_first_and_from_every_epoch() -> None:
+    """``run_seeds``: a policy's first run keeps the seeds (a fresh policy's runs are reproducible);
+    each later run has seeds of its own, none an epoch's of the first run or of each other."""
+    seeds = row_seeds(7, 4)
+    assert torch.equal(run_seeds(seeds, 0), seeds)
+    later = [run_seeds(seeds, n) for n in (1, 2, 3)]
+    keyed = {tuple(seeds.tolist())} | {tuple(epoch_seeds(seeds, e).tolist()) for e in range(1, 9)}
+    assert len({tuple(s.tolist()) for s in later} | keyed) == len(later) + len(keyed)
+    built = SamplingMetadata.build(4, torch.device("cpu"), 7, runs_before=2)
+    assert torch.equal(built.seeds, later[1]) and built.host_seeds.tolist() == later[1].tolist()

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 from hf_models import derived_drafts, tiny_model
-from planted_bugs import joining_levels_skip_catch_up, lower_keys_never_change
+from planted_bugs import joining_levels_skip_catch_up, lower_keys_never_change, runs_share_seeds
 
 import hsd_fast
 from hsd_fast import sampling_metadata, zoo
 from hsd_fast.engine import run_hsd
 from hsd_fast.hierarchy_types import Selection
-from hsd_fast.switching import ExploreThenCommit
+from hsd_fast.switching import ExploreThenCommit, take_run
 from hsd_fast.switching_types import Adaptive, Choice, Observation
 from hsd_fast.testing.exactness import pooled_chi_square
 from hsd_fast.testing.tables import TableRunner, table_family
@@ -233,6 +233,57 @@ def test_a_policy_switching_on_rejections_samples_the_target() -> None:
         batch_one_samples(lambda _: RejectionWatcher(), 16, 200)
 
 
+class Remembers:
+    """Serves two runs with one seed and remembers the first: the target alone drew ``token`` first
+    there, so the second run decodes with the target alone again (keyed alike, it would draw
+    ``token`` again), else under the smallest draft. Were the second run keyed like the first, its
+    first token would be ``token`` more often than the target says."""
+
+    def __init__(self, token: int) -> None:
+        self.token, self.first = token, None
+
+    def __call__(self, seen: Observation) -> Choice:
+        return Choice() if self.first in (None, self.token) else Choice((0,), (2,))
+
+    def finished(self, seen: Observation) -> None:
+        if self.first is None:
+            self.first = int(seen.tokens[0, ORDER])
+
+
+def test_runs_are_counted_per_policy_object() -> None:
+    class Unhashable:
+        __hash__ = None
+
+    keeps, unhashable = lambda seen: Choice(), Unhashable()
+    assert [take_run(keeps) for _ in range(3)] == [0, 1, 2]
+    assert [take_run(unhashable), take_run(unhashable)] == [0, 1]  # counted by id
+    assert take_run(None) == 0 and take_run(None) == 0  # the built-in policy, fresh for every run
+
+
+@pytest.mark.slow
+def test_a_policy_that_served_a_run_with_the_same_seed_cannot_bias_the_next() -> None:
+    steps, n = 2, 3000
+    token = max(range(VOCAB), key=lambda t: exact(1).get((t,), 0.0))
+    runners = [TableRunner(m) for m in FAMILY]
+
+    def second_runs() -> list[tuple[int, ...]]:
+        out = []
+        for seed in range(n):
+            policy = Remembers(token)
+            for _ in range(2):
+                result = run_hsd(
+                    runners, [PROMPT], max_new_tokens=steps, seeds=seed, adapt=Adaptive(policy, max_T=2)
+                )
+            out.append(tuple(result.sequences[0][ORDER:].tolist()))
+        return out
+
+    honest = pooled_chi_square(second_runs(), exact(steps))
+    assert honest.p_value > ALPHA, honest
+    with runs_share_seeds():
+        planted = pooled_chi_square(second_runs(), exact(steps))
+    assert planted.p_value < 1e-6, planted
+
+
 # ------------------------------------------------------------------ arguments, stats, the built-in policy
 
 
@@ -286,6 +337,45 @@ def test_stats_count_each_candidate_at_its_own_index_and_list_the_hierarchies() 
     assert used[3].catch_up_tokens > 0  # candidate 0 sat out two hierarchies: it catches up
     assert stats.verified[1] > 0 and stats.verified[2] > 0 and stats.drafted[0] > 0
     assert 0 < stats.look_seconds < sum(stats.wall_time) + stats.look_seconds  # the looks, timed apart
+
+
+class Recorder:
+    """Keeps one hierarchy, looks at every third round end, and records what it is shown, the run's
+    end included (``finished``)."""
+
+    look_every = 3
+
+    def __init__(self, finished: bool = True) -> None:
+        self.looks: list[Observation] = []
+        self.ends: list[Observation] = []
+        if finished:
+            self.finished = self.ends.append
+
+    def __call__(self, seen: Observation) -> Choice:
+        self.looks.append(seen)
+        return Choice((0, 1), (2, 2))
+
+
+def test_a_policy_is_shown_every_round_the_last_ones_at_the_runs_end() -> None:
+    """Each verification, committed token and round reaches the policy once: at the look after it, or,
+    for the rounds after the last look, at the run's end; a policy without ``finished`` is not asked."""
+    policy = Recorder()
+    result = run_hsd(
+        [TableRunner(m) for m in FAMILY], [PROMPT] * 4, max_new_tokens=30, seeds=3,
+        adapt=Adaptive(policy, max_T=3),
+    )  # fmt: skip
+    (end,) = policy.ends
+    assert end.finished.all() and end.round == len(policy.looks) and end.rounds >= 1
+    shown = [*policy.looks[1:], end]  # looks[0]: the first choice, before any round
+    assert sum(s.round_tokens for s in shown) == sum(result.num_new_tokens)
+    assert sum(s.rounds for s in shown) == result.stats.hierarchies[0].rounds
+    assert all(s.rounds == 3 for s in shown[:-1])  # the rounds each look reports
+    for level in (1, 2):  # the draft model's verifications, the target's
+        assert sum(int(s.verified[level - 1].sum()) for s in shown) == result.stats.verified[level]
+        assert sum(int(s.accepted[level - 1].sum()) for s in shown) == result.stats.accepted[level]
+    without = Recorder(finished=False)
+    run_hsd([TableRunner(m) for m in FAMILY], [PROMPT], max_new_tokens=10, seeds=3, adapt=Adaptive(without))
+    assert without.looks and not without.ends
 
 
 def test_the_built_in_policy_explores_then_keeps_the_fastest() -> None:

@@ -116,7 +116,7 @@ def measure_mixed(
             spent[name] += (stats.look_seconds, stats.probe_seconds, time.perf_counter() - start)
             outputs[name][i] = out.sequences
             for stretch in stats.hierarchies:
-                used[name][_label(stretch.choice, candidate_names, target_name)] += stretch.committed
+                used[name][choice_label(stretch.choice, candidate_names, target_name)] += stretch.committed
 
         return run
 
@@ -169,7 +169,7 @@ def measure_mixed(
             "x_no_draft": round(total["no draft"] / total[name], 3),
             "look_share": round(shares[name][0], 4) if name.startswith("adaptive") else None,
             "probe_share": round(shares[name][1], 4) if name.startswith("adaptive") else None,
-            "hierarchies": _most_used(used[name]) if name.startswith("adaptive") else None,
+            "hierarchies": most_used(used[name]) if name.startswith("adaptive") else None,
         }
         for group in groups:
             index = [i for i, r in enumerate(work) if _group(r.group) == group]
@@ -191,13 +191,14 @@ def write_mixed(stem, title: str, notes: list[str], result: MixedResult, meta: d
     write_report(stem, f"{title}: {meta['device']}", meta, [*notes, "", *table], {"rows": result.rows})
 
 
-def _label(choice: Choice, names: list[str], target_name: str) -> str:
+def choice_label(choice: Choice, names: list[str], target_name: str) -> str:
+    """``choice`` in the candidates' ``names``: ``lookup > xs > s T=7,4``."""
     levels = [names[m] for m in choice.drafts] + [target_name]
     T = f" T={','.join(map(str, choice.T))}" if choice.drafts else ""
     return " > ".join(levels) + T + (" tree" if choice.tree else "")
 
 
-def _most_used(tokens: Counter, top: int = 3) -> str:
+def most_used(tokens: Counter, top: int = 3) -> str:
     """The hierarchies that committed the most tokens over the measurement, with their shares."""
     total = sum(tokens.values()) or 1
     return "; ".join(f"{label} {n / total:.0%}" for label, n in tokens.most_common(top))
