@@ -264,10 +264,14 @@ _RUNS_SERVED_BY_ID: dict[int, int] = {}  # a policy that cannot be weakly refere
 
 def take_run(policy: object) -> int:
     """The runs ``policy`` served before this one, this one now counted (None, the built-in policy
-    made fresh for the run: 0). An adaptive run keys its randomness by it
-    (``sampling_metadata.run_seeds``): exactness holds for a policy's runs with the same seed too."""
+    made fresh for the run: 0; a bound method: its object's runs, which hold its state). An adaptive
+    run keys its randomness by it (``sampling_metadata.run_seeds``): exactness holds for a policy's
+    runs with the same seed too. State a policy keeps elsewhere (a global, an object it is built
+    around anew for every run) is not seen: such runs need seeds of their own."""
     if policy is None:
         return 0
+    holder = getattr(policy, "__self__", None)
+    policy = policy if holder is None else holder
     try:
         served = _RUNS_SERVED.get(policy, 0)
         _RUNS_SERVED[policy] = served + 1

@@ -258,6 +258,8 @@ def test_runs_are_counted_per_policy_object() -> None:
     assert [take_run(keeps) for _ in range(3)] == [0, 1, 2]
     assert [take_run(unhashable), take_run(unhashable)] == [0, 1]  # counted by id
     assert take_run(None) == 0 and take_run(None) == 0  # the built-in policy, fresh for every run
+    remembers = Remembers(0)  # a bound method (made anew at each access): counted with its object
+    assert [take_run(remembers.finished), take_run(remembers.finished), take_run(remembers)] == [0, 1, 2]
 
 
 @pytest.mark.slow
