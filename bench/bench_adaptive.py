@@ -4,13 +4,15 @@
 the zoo's own, which ``hsd-fast bench --mixed`` serves. The pick is ``select_hierarchy``'s on the
 zoo's calibration (compiled or eager as the run).
 
-    python bench/bench_adaptive.py                          # greedy, eager steps
-    python bench/bench_adaptive.py --sampled --stem adaptive_cpu_sampled
-    python bench/bench_adaptive.py --twin --max-new-tokens 128 --stem adaptive_twin_cpu
-    python bench/bench_adaptive.py --batch 16 --max-new-tokens 64 --stem adaptive_b16_cpu
+    python bench/bench_adaptive.py                          # greedy, eager steps: adaptive_cpu
+    python bench/bench_adaptive.py --sampled                # adaptive_cpu_sampled
+    python bench/bench_adaptive.py --twin --max-new-tokens 128              # adaptive_twin_cpu
+    python bench/bench_adaptive.py --batch 16 --max-new-tokens 64           # adaptive_b16_cpu
 
 Writes bench/results/<stem>.{json,md}: tokens/s over the whole sequence and per set, and the ratios
-to the static pick and to the best static configuration.
+to the static pick and to the best static configuration. The stem names the options that change
+what is measured (``default_stem``), so a run never overwrites another setting's file; ``--stem``
+overrides it.
 """
 
 from __future__ import annotations
@@ -44,6 +46,16 @@ def text_sets(tokenizer, prompt_len: int, batch: int) -> dict[str, torch.Tensor]
     return found
 
 
+def default_stem(args: argparse.Namespace) -> str:
+    """``adaptive[_twin][_bB]_cpu[_compiled][_sampled][_max_tT]``: the committed files' names."""
+    twin = "_twin" if args.twin else ""
+    batch = f"_b{args.batch}" if args.batch > 1 else ""
+    compiled = "_compiled" if args.compile else ""
+    sampled = "_sampled" if args.sampled else ""
+    max_T = f"_max_t{args.max_T}" if args.max_T != 8 else ""
+    return f"adaptive{twin}{batch}_cpu{compiled}{sampled}{max_T}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -58,8 +70,9 @@ def main() -> None:
     parser.add_argument(
         "--twin", action="store_true", help="s as its cost twin (hidden 768, 12 layers, MLP 2048)"
     )
-    parser.add_argument("--stem", default="adaptive_cpu")
+    parser.add_argument("--stem", help="default: from the options (default_stem)")
     args = parser.parse_args()
+    args.stem = args.stem or default_stem(args)
     warnings.simplefilter("ignore")
     torch.set_grad_enabled(False)
     target = zoo.load("s")
