@@ -13,8 +13,9 @@ the last place (ulps) of the larger logit.
     python bench/bench_family.py [--out DIR] [--budget 450] [--only SUBSTRING ...] [--small] [--eager]
 
 ``--small`` builds tiny twins and ``--eager`` leaves our steps uncompiled (a quick CPU check of the
-script: ``--small --eager --context 64 --new-tokens 16 --passes 1``). Writes DIR/rows.jsonl and
-DIR/family_<device>.{json,md} (default DIR: bench/results).
+script: ``--small --eager --context 64 --new-tokens 16 --passes 1``). Writes DIR/rows.jsonl,
+DIR/family_<device>.{json,md} and DIR/profiles.txt (the profiler's tables of our rows' profiled calls;
+default DIR: bench/results).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from bench_attention_e2e import prompts_of
 
 from hsd_fast import zoo
 from hsd_fast.bench import configs
+from hsd_fast.bench.gpu_busy import kernel_tables, profiled
 from hsd_fast.profile.costs import synchronize, warm_up
 from hsd_fast.report import markdown_table, run_metadata, write_report
 from hsd_fast.zoo.twin import FAMILY_SHAPES
@@ -121,6 +123,7 @@ class FamilyBench:
         self.prompts = {b: [p.to(device) for p in prompts_of(args.context, b)] for b in (1, 16)}
         self.references: dict[int, list[list[int]]] = {}
         self.results: list[dict] = []  # a finished row keeps its call under "run"
+        self.tables: list[str] = []  # the profiler's tables of our rows' profiled calls
         self.started = time.perf_counter()
 
     def elapsed(self) -> float:
@@ -152,8 +155,15 @@ class FamilyBench:
         warm_up(run)
         warm = time.perf_counter() - start
         seconds = [self.timed(run) for _ in range(self.args.passes)]
+        busy = None
+        if name.startswith("ours"):  # one more call under the profiler: the GPU's busy share
+            prof, busy = profiled(run, torch.device(self.device))
+            tables = kernel_tables(prof, cuda=self.device == "cuda")
+            self.tables.append(f"## {name}, batch {batch}\n\n{tables}")
         reference = self.references.setdefault(batch, out)  # the first row of a batch is HF generate
         row = {"config": name, "batch": batch, "warm_up_s": round(warm, 1), "seconds": seconds, "run": run}
+        if busy is not None:
+            row["gpu_kernels_s"] = busy.kernels_s
         differing = [i for i, (a, b) in enumerate(zip(reference, out, strict=True)) if a != b]
         row["equal_to_hf"] = not differing
         if differing:
@@ -184,12 +194,14 @@ class FamilyBench:
         with open(out / "rows.jsonl", "w") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
+        (out / "profiles.txt").write_text("\n\n\n".join(self.tables))
         columns = [
             "batch",
             "config",
             "tok_s",
             "x_hf",
             "x_no_draft",
+            "gpu_busy",
             "calls",
             "warm_up_s",
             "equal_to_hf",
@@ -208,8 +220,10 @@ class FamilyBench:
         notes = [
             "Greedy, our steps compiled (CUDA graphs on CUDA). `tok_s`: new tokens per second over the "
             "batch, median of the calls after warm-up; `x_hf` / `x_no_draft`: against HF `generate` / "
-            "our no-draft decoding at the same batch. `note`: where an output leaves HF's (row, first "
-            "position, the target's logit gap there in bf16 ulps)."
+            "our no-draft decoding at the same batch. `gpu_busy`: the share of a call's wall time in "
+            "which some kernel ran (one profiled call after the timed ones, against their median). "
+            "`note`: where an output leaves HF's (row, first position, the target's logit gap there in "
+            "bf16 ulps)."
         ]
         write_report(
             out / f"family_{self.device}",
@@ -225,6 +239,8 @@ class FamilyBench:
         if "run" not in row:  # failed: its error is the row
             return summary
         summary |= {"tok_s": tokens / statistics.median(row["seconds"]), "calls": len(row["seconds"])}
+        if "gpu_kernels_s" in row:
+            summary["gpu_busy"] = row["gpu_kernels_s"] / statistics.median(row["seconds"])
         for key, base in (("x_hf", "HF generate"), ("x_no_draft", "ours, no draft")):
             match = [
                 r for r in self.results if r["config"] == base and r["batch"] == row["batch"] and "run" in r

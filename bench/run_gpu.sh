@@ -15,7 +15,11 @@
 #   bash bench/run_gpu.sh build family        # the family at real shapes (bench/bench_family.py: an
 #                                             # 8B-shaped bf16 target, a 1B-shaped draft, HF's baselines),
 #                                             # rows written as measured; stops starting rows at FAMILY_BUDGET
-#                                             # seconds (default 470) and is cut at FAMILY_LIMIT (545)
+#                                             # seconds (default 470) and is cut at FAMILY_LIMIT (545);
+#                                             # each of our rows also profiled once: the GPU's busy share
+#   bash bench/run_gpu.sh build profile-family  # bench/profile_round.py --family: per level, a round's
+#                                             # device and host time, the busy share, kernel tables; dense
+#                                             # masks and the tree-attention kernel side by side
 #
 # zoo-train needs the corpus tokens built on the CPU machine, carried as an ignored path:
 #   cp ~/.cache/hsd_fast/zoo/tokens-*.npz .zoo_tokens.npz   (then run with carry=[".zoo_tokens.npz"])
@@ -23,7 +27,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
-stage=${1:?stage: build | family | test | test-graphs | test-attention | bench-rejection | bench-sampling | bench-tree-attention | attention-e2e | attention-e2e-compiled | e2e-twin | zoo-train SIZES...}
+stage=${1:?stage: build | family | profile-family | test | test-graphs | test-attention | bench-rejection | bench-sampling | bench-tree-attention | attention-e2e | attention-e2e-compiled | e2e-twin | zoo-train SIZES...}
 shift
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/run_gpu.log"; }
 
@@ -73,6 +77,13 @@ for s in "$stage" "$@"; do
       timeout "${FAMILY_LIMIT:-545}" python3 bench/bench_family.py --out "$OUT" --budget "${FAMILY_BUDGET:-470}" \
         2>&1 | tee "$OUT/family.log" | tr '\r' '\n' | grep -v "compiling steps" | tail -40 || true
       log "family done" ;;
+    profile-family)
+      log "round profile of the family at real shapes, bf16, dense and fused attention"
+      export PYTHONUNBUFFERED=1
+      timeout "${PROFILE_LIMIT:-545}" python3 bench/profile_round.py --family --attention dense fused \
+        --budget "${PROFILE_BUDGET:-420}" --out "$OUT/profile_round_family" 2>&1 | tee "$OUT/profile_family.log" \
+        | tr '\r' '\n' | grep -v "compiling steps" | tail -30 || true
+      log "profile done" ;;
     zoo-train)
       log "zoo training: $*"
       mkdir -p "$OUT/zoo"

@@ -83,6 +83,10 @@ def refusal(model: torch.nn.Module, windows: dict) -> str | None:
         return "its attention does not go through transformers' AttentionInterface"
     if "sinks" in source or "s_aux" in source:
         return "it has attention sinks"
+    weight = next(model.parameters(), None)
+    if weight is not None and not weight.is_cuda and weight.dtype == torch.bfloat16:
+        # design §15.12: the interpreter's bf16 tl.dot is off by orders of magnitude (garbage tokens)
+        return "off CUDA the kernel runs in Triton's interpreter, whose bf16 dot products are wrong"
     return None
 
 

@@ -158,6 +158,9 @@ def test_models_the_kernel_cannot_serve_keep_the_dense_path() -> None:
     with pytest.raises(ValueError, match="cannot take the fused attention kernel"):
         HFRunner(eager, 96, "fused")
     assert not HFRunner(tiny_model("llama"), 96, "auto").fused  # "auto" on the CPU: dense
+    interpreted_bf16 = tiny_model("llama").to(torch.bfloat16)  # the interpreter's bf16 dots are wrong
+    assert "interpreter" in attention.refusal(interpreted_bf16, {"full_attention": None})
+    assert attention.refusal(tiny_model("llama").half(), {"full_attention": None}) is None
 
 
 def test_the_environment_picks_the_default_path(monkeypatch: pytest.MonkeyPatch) -> None:
