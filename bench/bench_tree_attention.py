@@ -4,6 +4,7 @@ dense mask (today's path) vs `flex_attention` with a block mask, side by side in
     python bench/bench_tree_attention.py            # CUDA if present, else CPU (references only)
     python bench/bench_tree_attention.py --quick    # a small grid
     python bench/bench_tree_attention.py --flex     # also flex_attention (compiles once per shape)
+    python bench/bench_tree_attention.py --splits   # the kernel at every slot split, decode-sized rows
 
 One layer of a Llama-3-8B-shaped attention (32 query heads, 8 K/V heads, head dim 128, bf16 on CUDA,
 fp32 on CPU): each row has a prefix of ``context - n`` cached slots and feeds a tree of n nodes
@@ -17,6 +18,13 @@ and the roofline: max(bytes the kernel must move / copy bandwidth, FLOPs / measu
 peak).
 On CPU only the references run: the torch reference and SDPA with the dense mask.
 Writes bench/results/tree_attention_<device>.{json,md}.
+
+``--splits`` sweeps the kernel's slot split instead (``plan_splits`` splits only from 2048 slots,
+``MIN_SPLIT_SLOTS``: at batch 1 and 8 K/V heads a shorter cache runs 8 programs on a GPU of 132
+processors): per row the GPU's own time at every power-of-two split that leaves at least 64 slots a
+split, each output checked against the reference, beside the launcher's own choice. Writes
+bench/results/tree_attention_splits_<device>.{json,md}; on a CPU it runs under the Triton
+interpreter (``TRITON_INTERPRET=1``) as a check, untimed.
 """
 
 from __future__ import annotations
@@ -67,12 +75,59 @@ def matmul_peak(dtype: torch.dtype) -> float:
     return 2 * 8192**3 / (triton.testing.do_bench(lambda: a @ a, return_mode="median") * 1e-3)
 
 
+SPLITS = (1, 2, 4, 8, 16, 32)
+MIN_SLOTS_PER_SPLIT = 64
+
+
+def split_sweep(shapes: list[tuple[int, int, int]], device: str, dtype: torch.dtype) -> list[dict]:
+    """For each (batch, context, tree nodes): the kernel's GPU time at every split in ``SPLITS`` that
+    leaves ``MIN_SLOTS_PER_SPLIT`` slots a split and at the launcher's choice (None off CUDA), every
+    output checked against the torch reference."""
+    cuda = device == "cuda"
+    rows = []
+    for batch, context, n in shapes:
+        case = make_case(batch, context, n, dtype, device)
+        q, k, v, m = case["query"], case["keys"], case["values"], case["meta"]
+        scale = HEAD_DIM**-0.5
+        reference = tree_attention_torch(q, k, v, m, scale)
+        row: dict = {"batch": batch, "context": context, "tree_nodes": n}
+        for splits in (None, *(s for s in SPLITS if context >= s * MIN_SLOTS_PER_SPLIT)):
+            call = functools.partial(tree_attention_triton, q, k, v, m, scale, splits=splits)
+            torch.testing.assert_close(call(), reference, atol=2e-2, rtol=2e-2)
+            row["launcher_us" if splits is None else f"splits_{splits}_us"] = graph_us(call) if cuda else None
+        if cuda:
+            timed = {key: us for key, us in row.items() if key.startswith("splits_")}
+            best = min(timed, key=timed.get)
+            row["best"] = best.removesuffix("_us")
+            row["launcher_over_best"] = row["launcher_us"] / timed[best]
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
 def main() -> None:
     args = parse_args(
-        __doc__, "batch {1, 8}, context {512, 8192}, tree {1, 16}", flex="also flex_attention (CUDA)"
+        __doc__,
+        "batch {1, 8}, context {512, 8192}, tree {1, 16}",
+        flex="also flex_attention (CUDA)",
+        splits="sweep the kernel's slot split instead",
     )
     cuda = args.device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
+    if args.splits:
+        if cuda:
+            shapes = list(itertools.product([1, 8], [512, 1024, 2048, 8192], [1, 8]))
+        else:  # the interpreter: a check of the script, not a timing
+            shapes = [(1, 128, 1), (1, 128, 8)]
+        meta = run_meta(args.device, heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM, dtype=str(dtype))
+        rows = split_sweep(shapes, args.device, dtype)
+        notes = [
+            "The GPU's own time (one call replayed from a CUDA graph) in microseconds, one attention "
+            f"layer ({HEADS} query heads, {KV_HEADS} K/V heads, head dim {HEAD_DIM}, {dtype}), at each "
+            "slot split and at the launcher's choice (`plan_splits`)."
+        ]
+        write_results(f"tree_attention_splits_{args.device}", "Slot splits", notes, KEYS, rows, meta)
+        return
     if cuda:
         batches = [1, 8] if args.quick else [1, 8, 32]
         contexts = [512, 8192] if args.quick else [512, 2048, 8192, 32768]

@@ -5,6 +5,7 @@
 #   bash bench/run_gpu.sh bench-rejection     # bench/bench_rejection.py -> $OUT/rejection_*.{json,md}
 #   bash bench/run_gpu.sh bench-sampling      # bench/bench_sampling.py -> $OUT/sampling_*.{json,md}
 #   bash bench/run_gpu.sh bench-tree-attention  # bench/bench_tree_attention.py --flex -> $OUT/tree_attention_*
+#   bash bench/run_gpu.sh bench-splits        # bench/bench_tree_attention.py --splits -> $OUT/tree_attention_splits_*
 #   bash bench/run_gpu.sh attention-e2e       # bench/bench_attention_e2e.py -> $OUT/attention_e2e_*
 #   bash bench/run_gpu.sh attention-e2e-compiled  # the same with compiled steps, batch 1, context 768
 #   bash bench/run_gpu.sh test-graphs         # the CUDA-graph tests alone: replay, no re-record
@@ -27,7 +28,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
-stage=${1:?stage: build | family | profile-family | test | test-graphs | test-attention | bench-rejection | bench-sampling | bench-tree-attention | attention-e2e | attention-e2e-compiled | e2e-twin | zoo-train SIZES...}
+stage=${1:?stage: build | family | profile-family | test | test-graphs | test-attention | bench-rejection | bench-sampling | bench-tree-attention | bench-splits | attention-e2e | attention-e2e-compiled | e2e-twin | zoo-train SIZES...}
 shift
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/run_gpu.log"; }
 
@@ -84,6 +85,10 @@ for s in "$stage" "$@"; do
         --budget "${PROFILE_BUDGET:-420}" --out "$OUT/profile_round_family" 2>&1 | tee "$OUT/profile_family.log" \
         | tr '\r' '\n' | grep -v "compiling steps" | tail -30 || true
       log "profile done" ;;
+    bench-splits)
+      log "tree-attention slot splits"
+      python3 bench/bench_tree_attention.py --splits 2>&1 | tee "$OUT/bench_splits.txt" | tail -20
+      cp bench/results/tree_attention_splits_cuda.json bench/results/tree_attention_splits_cuda.md "$OUT"/ ;;
     zoo-train)
       log "zoo training: $*"
       mkdir -p "$OUT/zoo"

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 SCRIPTS = sorted(path.stem for path in BENCH.glob("*.py"))
@@ -73,3 +74,12 @@ def test_the_family_scripts_run_at_small_shapes(bench_on_path, monkeypatch, tmp_
     assert [r["config"] for r in rows][:2] == ["HF generate", "ours, xs > target T=[4]"]
     assert all(r["tok_s"] > 0 and "error" not in r for r in rows)
     assert "## ours, xs > target T=[4], batch 1" in (tmp_path / "f" / "profiles.txt").read_text()
+
+
+@pytest.mark.triton
+def test_the_split_sweep_checks_every_split_against_the_reference(bench_on_path) -> None:
+    """`bench_tree_attention.py --splits` (`run_gpu.sh bench-splits`) at an interpreter's size: each
+    split's output is compared with the torch reference inside the sweep (a mismatch raises)."""
+    sweep = importlib.import_module("bench_tree_attention").split_sweep
+    rows = sweep([(1, 128, 8)], "cpu", torch.float32)
+    assert {"launcher_us", "splits_1_us", "splits_2_us"} <= set(rows[0]) and "splits_4_us" not in rows[0]
