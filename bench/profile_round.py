@@ -103,13 +103,21 @@ class RoundProfile:
         self.rows: list[dict] = []
         self.summaries: list[dict] = []
         self.tables: list[str] = []
+        # one runner per (model, attention path), kept across configurations: a runner keeps its
+        # compiled steps, and a new one would compile them anew (minutes for the 8B-shaped target)
+        self.runners: dict[tuple[str, str], HFRunner] = {}
+
+    def runner(self, name: str, attention: str) -> HFRunner:
+        if (name, attention) not in self.runners:
+            vocab = self.models["target"].config.vocab_size
+            self.runners[name, attention] = HFRunner(self.models[name], vocab, attention)
+        return self.runners[name, attention]
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
     def run(self, name: str, drafts: tuple[str, ...], block_sizes: list[int], attention: str) -> None:
-        vocab = self.models["target"].config.vocab_size
-        runners = [HFRunner(self.models[d], vocab, attention) for d in (*drafts, "target")]
+        runners = [self.runner(d, attention) for d in (*drafts, "target")]
         new_tokens, compiled = self.args.new_tokens, not self.args.eager
         kwargs = dict(block_sizes=block_sizes, max_new_tokens=new_tokens, greedy=True, compile=compiled)
 
