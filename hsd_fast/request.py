@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import warnings
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -35,6 +34,7 @@ from transformers.generation.stopping_criteria import (
     StopStringCriteria,
 )
 
+from hsd_fast.attached import attached
 from hsd_fast.compat import check_devices, check_model, hierarchy_vocab_size
 from hsd_fast.controller import LatencyController
 from hsd_fast.early_exit import EarlyExit, check_exit_order, exit_of, recomputing_variant
@@ -521,17 +521,15 @@ def warn_unless_smallest_first(models: Sequence[torch.nn.Module], first: int) ->
             )
 
 
-_PARAMETER_COUNTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its parameters
-
-
 def _parameter_count(model: torch.nn.Module) -> int:
-    """``model``'s parameter count, counted at its first request: walking its modules costs ~0.3 ms a
-    model on a 2-core CPU, on every request of an adaptive run over four candidates 1 % of a zoo
-    request; the order warning needs only which of two drafts is larger, which editing a model
-    in place hardly moves."""
-    if model not in _PARAMETER_COUNTS:
-        _PARAMETER_COUNTS[model] = sum(p.numel() for p in model.parameters())
-    return _PARAMETER_COUNTS[model]
+    """``model``'s parameter count, counted at its first request and kept on it: walking its modules
+    costs ~0.3 ms a model on a 2-core CPU, on every request of an adaptive run over four candidates
+    1 % of a zoo request; the order warning needs only which of two drafts is larger, which editing a
+    model in place hardly moves."""
+    kept = attached(model, "parameter count")
+    if "count" not in kept:
+        kept["count"] = sum(p.numel() for p in model.parameters())
+    return kept["count"]
 
 
 def _model_name(model: torch.nn.Module) -> str:
