@@ -68,14 +68,14 @@ def main() -> None:
         }
     names = profiles[1][2]
     picks = {
-        b: select_for_batch(costs, alpha, b, DEFAULT_MAX_T, NEW_TOKENS)
-        for b, (costs, alpha, _) in profiles.items()
+        b: select_for_batch(costs, alpha, b, DEFAULT_MAX_T, NEW_TOKENS, spread)
+        for b, (costs, alpha, _, spread) in profiles.items()
     }
     also = [_named(spec, names) for spec in args.also]
 
     rows, redone, recompiled, meter = [], 0, 0, CpuMeter()
     for batch in args.batch:
-        costs, alpha, _ = profiles[batch]
+        costs, alpha, _, spread = profiles[batch]
         contenders: dict[tuple, list[str]] = {((len(names) - 1,), ()): ["no draft"]}
         for label, b in (("batch-1 pick", 1), (f"batch-{batch} pick", batch)):
             contenders.setdefault((picks[b].chain, picks[b].T), []).append(label)
@@ -92,7 +92,7 @@ def main() -> None:
                     raise SystemExit(f"batch {batch}: greedy outputs differ between hierarchies")
         for k, ((chain, T), labels) in enumerate(contenders.items()):
             long, short = (sorted(timings.seconds[2 * k + j])[args.passes // 2] for j in (0, 1))
-            predicted = chain_latency(costs, alpha, chain, T, batch, NEW_TOKENS)
+            predicted = chain_latency(costs, alpha, chain, T, batch, NEW_TOKENS, spread)
             one_row = chain_latency(costs, alpha, chain, T)
             rows.append({
                 "batch": batch, "hierarchy": " > ".join(names[i] for i in chain), "T": list(T),

@@ -58,7 +58,7 @@ def main() -> None:
             cache = Path(scratch) / profile
             shutil.copy(ZOO / profile, cache)
             args = argparse.Namespace(cache=cache, eager=False, max_new_tokens=128)
-            costs, alpha, names = command._profile(scenario, sampling, args)
+            costs, alpha, names, _ = command._profile(scenario, sampling, args)
         for chain, T, then, measured in measured_rows((RESULTS / table).read_text()):
             now = 1 / chain_latency(costs, alpha, tuple(names.index(n) for n in chain), T)
             rows.append({

@@ -40,6 +40,7 @@ from hsd_fast.latency import (
     verifying_costs,
 )
 from hsd_fast.layout import bucket
+from hsd_fast.row_spread import row_rate
 from hsd_fast.schedule import draft_count, drafts_wanted
 from hsd_fast.selector import select
 
@@ -56,23 +57,29 @@ def batch_latency(
     max_new_tokens: int = 128,
     runs: int = 8,
     seed: int = 0,
+    spreads: Sequence[float] | None = None,
 ) -> tuple[float, float]:
     """(mean seconds per token each row commits, its standard error over ``runs``) for ``rows``
     rows generating ``max_new_tokens`` each through levels with ``costs`` (measured at ``rows``
     rows), acceptance ``alphas[i]`` of level i's tokens by level i+1 and block sizes ``T``. A
-    level 0 with a ``block`` distribution (a lookup level, a token tree) proposes its lengths."""
+    level 0 with a ``block`` distribution (a lookup level, a token tree) proposes its lengths.
+    ``spreads[i]``: how far apart rows' rates of pair i lie (``row_spread``; default 0.0: every
+    row accepts at ``alphas``); each row then draws its own rates, the same ``z`` for every pair."""
     if rows < 1 or max_new_tokens < 1 or runs < 1:
         raise ValueError(
             f"batch_latency needs rows, max_new_tokens and runs >= 1, got {rows}, {max_new_tokens}, {runs}"
         )
-    if len(alphas) != len(costs) - 1 or len(T) != len(costs) - 1:
+    spreads = [0.0] * len(alphas) if spreads is None else list(spreads)
+    if len(alphas) != len(costs) - 1 or len(T) != len(costs) - 1 or len(spreads) != len(alphas):
         raise ValueError(
-            f"{len(costs) - 1} draft level(s) need as many alphas and T, got {len(alphas)} and {len(T)}"
+            f"{len(costs) - 1} draft level(s) need as many alphas, T and spreads, got {len(alphas)}, "
+            f"{len(T)} and {len(spreads)}"
         )
     rng = random.Random(seed)
     costs = sharing_the_cache(verifying_costs(costs))
     per_token = [
-        _run_seconds(costs, alphas, T, rows, max_new_tokens, rng) / max_new_tokens for _ in range(runs)
+        _run_seconds(costs, alphas, spreads, T, rows, max_new_tokens, rng) / max_new_tokens
+        for _ in range(runs)
     ]
     error = statistics.stdev(per_token) / math.sqrt(runs) if runs > 1 else 0.0
     return statistics.fmean(per_token), error
@@ -81,12 +88,16 @@ def batch_latency(
 def _run_seconds(
     costs: Sequence[Cost],
     alphas: Sequence[Acceptance],
+    spreads: Sequence[float],
     T: Sequence[int],
     rows: int,
     new: int,
     rng: random.Random,
 ) -> float:
     """Seconds for ``rows`` rows to commit ``new`` tokens each through the engine's loop."""
+    # [rows][pair]: each row's rates; no draw where no pair spreads (the rows' rates are alphas)
+    z = [rng.gauss(0.0, 1.0) for _ in range(rows)] if any(s > 0 for s in spreads) else [0.0] * rows
+    row_alphas = [[row_rate(a, s, z[r]) for a, s in zip(alphas, spreads, strict=True)] for r in range(rows)]
     ledger = Ledger(len(costs), list(T), [PROMPT_TOKENS] * rows, new)
     budget_end = np.full(rows, PROMPT_TOKENS + new, dtype=np.int64)
     # a lookup level or a token tree proposes a block of random (or fixed) length: sizes, probabilities
@@ -113,9 +124,9 @@ def _run_seconds(
             blocks = ends - outs - 1  # [R] the tokens each row's verification checks
             catch_up = ends - starts - (blocks + 1)
             fed = catch_up + np.array([verify_tokens(costs[level - 1], int(b)) for b in blocks])
-            accepted = np.array(
-                [draw_gain(rng, alphas[level - 1], int(b)) - 1 for b in blocks], dtype=np.int64
-            )
+            rates = [row_alphas[r][level - 1] for r in batch_rows]  # each row's own
+            gains = [draw_gain(rng, a, int(b)) for a, b in zip(rates, blocks, strict=True)]
+            accepted = np.array(gains, dtype=np.int64) - 1
             ledger.commit_verify(level, batch_rows, accepted, np.zeros_like(accepted))
             seconds += costs[level](bucket(int(fed.max())))
     return seconds
@@ -128,15 +139,19 @@ def chain_latency(
     T: Sequence[int],
     rows: int = 1,
     max_new_tokens: int = 128,
+    spread: Sequence[Sequence[float]] | None = None,
 ) -> float:
     """Predicted seconds per token of each row for the candidates ``chain`` (indices into ``costs``
     and the acceptance matrix ``alpha``, the target last): the one-row recursion at batch 1, the
-    batch's Monte Carlo (``batch_latency``) at more rows."""
+    batch's Monte Carlo (``batch_latency``) at more rows, its rows' rates apart by ``spread`` (a
+    matrix like ``alpha``; default: all alike)."""
     levels = [costs[m] for m in chain]
-    alphas = [alpha[a][b] for a, b in itertools.pairwise(chain)]
+    pairs = list(itertools.pairwise(chain))
+    alphas = [alpha[a][b] for a, b in pairs]
     if rows == 1:
         return expected_latency(levels, alphas, list(T))
-    return batch_latency(levels, alphas, T, rows, max_new_tokens)[0]
+    spreads = None if spread is None else [spread[a][b] for a, b in pairs]
+    return batch_latency(levels, alphas, T, rows, max_new_tokens, spreads=spreads)[0]
 
 
 def select_for_batch(
@@ -145,8 +160,10 @@ def select_for_batch(
     rows: int,
     max_T: int = DEFAULT_MAX_T,
     max_new_tokens: int = 128,
+    spread: Sequence[Sequence[float]] | None = None,
 ) -> Selection:
-    """``selector.select`` for a batch of ``rows`` rows (costs measured at ``rows`` rows): its pick
+    """``selector.select`` for a batch of ``rows`` rows (costs measured at ``rows`` rows, rows' rates
+    apart by ``spread``, as in ``chain_latency``): its pick
     and runner-ups, which always include plain decoding and the best single draft, rescored by
     ``batch_latency`` and ranked again. The one-row recursion ranks the candidates, so a hierarchy
     outside its short list is not considered; the batch only penalises hierarchies (rows out of
@@ -156,7 +173,7 @@ def select_for_batch(
     if rows == 1:
         return first
     candidates = [replace(first, runner_ups=()), *first.runner_ups]
-    latency = {s: chain_latency(costs, alpha, s.chain, s.T, rows, max_new_tokens) for s in candidates}
+    latency = {s: chain_latency(costs, alpha, s.chain, s.T, rows, max_new_tokens, spread) for s in candidates}
     ar = next(lat for s, lat in latency.items() if len(s.chain) == 1)
     best_single = min((lat for s, lat in latency.items() if len(s.chain) == 2), default=ar)
     ranked = [

@@ -22,6 +22,9 @@ matrix, measured on calibration text in another process. The run corrects both a
   counted as Bernoulli trials up to the first rejection, per block position, on top of the prior
   as ``PRIOR_TOKENS`` pseudo-trials; older rounds fade (``FADE`` per round), so the estimate follows
   the text. Pairs that do not run keep what they had, except what probes tell.
+- **Rows apart**: the estimate pools a batch's rows, but the batch decodes at its slowest row's
+  pace; with the profile's spread (``row_spread``) each pair is priced at the rate of the expected
+  slowest of the rows still decoding (``_paced``).
 - **Probes** (greedy runs): at a look, while the probes' seconds stay under ``probe_share`` of the
   wall time it has seen, the idle model candidate probed longest ago (at most once every
   ``probe_every`` looks) is fed the committed tokens it lacks and scored on them
@@ -92,6 +95,7 @@ from hsd_fast.latency import (
     rate_at,
 )
 from hsd_fast.lookup import level_identity
+from hsd_fast.row_spread import row_rate, slowest_row_z
 from hsd_fast.selector import level_zero_only, select
 from hsd_fast.switching_types import Choice, Observation
 
@@ -157,7 +161,9 @@ class LatencyController:
     ``margin``: the predicted gain a switch needs;
     ``probe_share``: the share of wall time probes may take (0: never probe); ``probe_every``: looks
     between two probes of one candidate; ``decide_share``: the share of wall time decisions may take
-    (a decision look is skipped while they have taken more)."""
+    (a decision look is skipped while they have taken more); ``spread``: how far apart rows accept,
+    per pair (``row_spread``; None: all alike): at more than one row the model prices each pair at
+    the rate of the batch's slowest row, which sets the batch's pace."""
 
     def __init__(
         self,
@@ -172,10 +178,14 @@ class LatencyController:
         probe_share: float = 0.03,
         probe_every: int = 4,
         decide_share: float = 0.02,
+        spread: Sequence[Sequence[float]] | None = None,
     ) -> None:
         n = len(costs)
         if n < 1 or len(alpha) != n or any(len(row) != n for row in alpha):
             raise ValueError(f"need costs for the candidates and the target and an {n} x {n} alpha matrix")
+        if spread is not None and (len(spread) != n or any(len(row) != n for row in spread)):
+            raise ValueError(f"the spread matrix must be {n} x {n}, like alpha")
+        self.spread = None if spread is None else [list(row) for row in spread]
         # an adaptive run recomputes an exit's layers in its verifier (the layers' K/V below the exit
         # are not kept across hierarchies): every verification at its full cost
         self.prior_costs = [_without_reuse(c) for c in costs]
@@ -229,6 +239,8 @@ class LatencyController:
         index.append(len(profile.candidates) - 1)  # the target
         costs = [profile.costs[i] for i in index]
         alpha = [[profile.alpha[i][j] for j in index] for i in index]
+        if profile.spread is not None and "spread" not in kwargs:
+            kwargs["spread"] = [[profile.spread[i][j] for j in index] for i in index]
         return cls(costs, alpha, **kwargs)
 
     @classmethod
@@ -498,8 +510,18 @@ class LatencyController:
     def modelled(self, choice: Choice, costs: Sequence[Cost], alpha) -> float:
         """The latency model's seconds per committed token of ``choice`` under the estimates."""
         levels = [*choice.drafts, self.target]
-        pairs = [alpha[a][b] for a, b in itertools.pairwise(levels)]
+        pairs = [self._paced(alpha[a][b], a, b) for a, b in itertools.pairwise(levels)]
         return expected_latency([costs[m] for m in levels], pairs, list(choice.block_sizes))
+
+    def _paced(self, rate: Acceptance, a: int, b: int) -> Acceptance:
+        """Pair (a, b)'s ``rate`` as the batch's slowest row accepts (``row_spread``): with one draft
+        every row drafts and is verified in step, so the batch runs as many rounds as that row
+        needs (the batch replay with rows apart: within about 10 % of it for one draft on the zoo's
+        batch-16 profile; below it for two, whose rows also fall out of step). One row, or no
+        spread: ``rate``."""
+        if self.spread is None or self.rows <= 1:
+            return rate
+        return row_rate(rate, self.spread[a][b], slowest_row_z(self.rows))
 
     def correction(self, choice: Choice) -> float:
         """Measured / modelled seconds per token of the hierarchies over ``choice``'s chain that
@@ -572,7 +594,11 @@ class LatencyController:
     def _resolve(self, costs: Sequence[Cost], alpha) -> None:
         """The selector's pick and runner-ups on the current estimates become the shortlist."""
         self.resolved_at = self.looks
-        selection = select(costs, alpha, self.max_T)
+        n = len(alpha)
+        paced = [
+            [self._paced(alpha[a][b], a, b) if a != b else alpha[a][b] for b in range(n)] for a in range(n)
+        ]
+        selection = select(costs, paced, self.max_T)
         self.shortlist = [Choice(tuple(s.chain[:-1]), tuple(s.T)) for s in (selection, *selection.runner_ups)]
 
     def _neighbours(self, choice: Choice) -> list[Choice]:

@@ -122,7 +122,11 @@ def select_hierarchy(
     timing = {"context": context, "compile": compile, "transform": transform, "greedy": greedy}
     costs = cache.with_exit_reuse(models, costs, crowds, **timing, batch=batch, clock=clock)
     run = {"new_tokens": max_new_tokens}  # rates on text as long as the run (profile.run_text)
-    alpha = cache.acceptance(models, prompts, transform, greedy, progress, generation_kwargs, **run)
+    measuring = (models, prompts, transform, greedy, progress, generation_kwargs)
+    if batch > 1:  # a batch waits for its slowest row: how far apart rows accept (docs/design.md §8.6)
+        alpha, model_spread = cache.acceptance_and_spread(*measuring, **run)
+    else:
+        alpha, model_spread = cache.acceptance(*measuring, **run), None
     present = [i for i, c in enumerate(everything) if not isinstance(c, ProposalLevel)]  # in costs
     for at in [i for i, c in enumerate(candidates) if isinstance(c, ProposalLevel)]:
         level_cost, rates = cache.proposal_level(
@@ -152,10 +156,13 @@ def select_hierarchy(
         )  # fmt: skip
     costs, alpha, everything = with_recomputing_exits(costs, alpha, everything)  # reuse, or not
     cache.save()
-    selection = select_for_batch(costs, alpha, batch, max_T=max_T, max_new_tokens=max_new_tokens)
+    spread = None if model_spread is None else spread_over(everything, models, model_spread)
+    selection = select_for_batch(costs, alpha, batch, max_T, max_new_tokens, spread)
     selection, no_draft_reason = prefer_no_draft(selection, MODEL_ERROR if min_gain is None else min_gain)
     pick = Hierarchy.bind(selection, everything, batch)
-    pick = replace(pick, profile=Profile(tuple(everything), tuple(costs), tuple(tuple(row) for row in alpha)))
+    spread_rows = None if spread is None else tuple(tuple(row) for row in spread)
+    profile = Profile(tuple(everything), tuple(costs), tuple(tuple(row) for row in alpha), spread_rows)
+    pick = replace(pick, profile=profile)
     if no_draft_reason is not None:
         warnings.warn(f"select_hierarchy: {no_draft_reason}", NoDraftWarning, stacklevel=2)
         pick = replace(pick, no_draft_reason=no_draft_reason)
@@ -279,6 +286,17 @@ def with_tree_candidates(
             rates = ranks.get((d, b)) if b is not None else None
             out_alpha[i][j] = out_alpha[j][i] = tree_acceptance(tree, rates) if rates else 0.0
     return out_costs, out_alpha, out_everything
+
+
+def spread_over(
+    everything: Sequence, models: Sequence[torch.nn.Module], model_spread: Sequence[Sequence[float]]
+) -> list[list[float]]:
+    """The spread matrix (``row_spread``) over the selection's candidates ``everything`` from the one
+    measured over ``models``: 0.0 (rows alike) for a candidate that is not one of them, a proposal
+    level, a token tree or an exit's recomputing twin, whose rows' rates were not measured apart."""
+    at = {id(m): i for i, m in enumerate(models)}
+    index = [at.get(id(c)) for c in everything]
+    return [[0.0 if i is None or j is None else model_spread[i][j] for j in index] for i in index]
 
 
 def with_recomputing_exits(

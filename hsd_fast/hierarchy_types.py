@@ -63,6 +63,8 @@ class Profile:
     candidates: tuple
     costs: tuple
     alpha: tuple[tuple, ...]
+    # how far apart rows accept, per pair (``row_spread``), where the selection was for a batch
+    spread: tuple[tuple[float, ...], ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -97,3 +97,45 @@ def test_select_for_batch_drops_a_hierarchy_its_rows_take_out_of_step() -> None:
     ar = next(r for r in pick.runner_ups if len(r.chain) == 1)
     assert pick.speedup_over_ar == pytest.approx(ar.predicted_latency / pick.predicted_latency)
     assert select_for_batch(COSTS, ALPHA, rows=1) == one_row
+
+
+# ----------------------------------------------------------------------------- rows that accept apart
+def test_rows_alike_replay_as_before() -> None:
+    """A spread of 0 draws no row rates: the replay is the one with rates alike, to the bit."""
+    args = (FLAT, [0.8, 0.7], [2, 4])
+    assert batch_latency(*args, rows=8, runs=3) == batch_latency(*args, rows=8, runs=3, spreads=[0.0, 0.0])
+
+
+def test_a_batch_waits_for_its_slowest_rows() -> None:
+    """One draft keeps its rows in step, but rows that accept apart need different numbers of rounds
+    and the batch runs until the last is done: with the same mean rate, a spread of 1.5 in log-odds
+    slows 16 rows by more than a third; one row alone does not wait for anyone and barely moves."""
+    costs, alphas, T = FLAT[1:], [0.75], [3]
+    alike = batch_latency(costs, alphas, T, rows=16, max_new_tokens=128, runs=16)[0]
+    apart = batch_latency(costs, alphas, T, rows=16, max_new_tokens=128, runs=16, spreads=[1.5])[0]
+    assert apart > 1.35 * alike
+    lone = [
+        batch_latency(costs, alphas, T, rows=1, max_new_tokens=128, runs=64, spreads=[s])[0] for s in (0, 1.5)
+    ]
+    assert lone[1] < 1.25 * lone[0]
+
+
+def test_spreads_reach_the_selection_and_rank_plain_decoding_first() -> None:
+    """A cheap draft the rows-alike replay ranks first at batch 16 loses to plain decoding once its
+    rows accept apart (the zoo on the 2-core CPU: `xxs > s` measured 0.6x plain decoding)."""
+    costs = [AffineCost(0.002, 0.0002), AffineCost(0.011, 0.0015)]
+    alpha = [[1.0, 0.75], [0.75, 1.0]]
+    assert len(select_for_batch(costs, alpha, rows=16).chain) == 2
+    spread = [[0.0, 1.9], [1.9, 0.0]]
+    pick = select_for_batch(costs, alpha, rows=16, spread=spread)
+    assert pick.chain == (1,)
+    draft = next(r for r in pick.runner_ups if len(r.chain) == 2)
+    assert draft.predicted_latency == chain_latency(costs, alpha, draft.chain, draft.T, 16, spread=spread)
+    assert select_for_batch(costs, alpha, rows=1, spread=spread) == select(
+        costs, alpha
+    )  # one row: the recursion
+
+
+def test_batch_latency_refuses_spreads_of_another_length() -> None:
+    with pytest.raises(ValueError, match="as many alphas, T and spreads"):
+        batch_latency(FLAT, [0.8, 0.7], [2, 4], rows=2, spreads=[1.0])

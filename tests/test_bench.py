@@ -279,7 +279,7 @@ def test_the_tokenizers_scenario_compares_hierarchies_with_and_without_a_bridged
     name the best with it and without, and the adaptive engine's profile leaves it out."""
     from types import SimpleNamespace
 
-    from hsd_fast.bench.command import _adaptive_profile, _grid_kinds
+    from hsd_fast.bench.command import BenchProfile, _adaptive_profile, _grid_kinds
     from hsd_fast.other_tokenizer import OtherTokenizerDraft
 
     bridged = object.__new__(OtherTokenizerDraft)  # only its type is read here
@@ -289,8 +289,11 @@ def test_the_tokenizers_scenario_compares_hierarchies_with_and_without_a_bridged
     assert kinds["best with another tokenizer"]((1, 3)) and not kinds["best with another tokenizer"]((2, 3))
     assert kinds["best without another tokenizer"]((0, 2, 3))
     costs, alpha = [0.1, 0.2, 0.3, 1.0], [[i * 4 + j for j in range(4)] for i in range(4)]
-    kept = _adaptive_profile(scenario, costs, alpha, names)
-    assert kept == ([0.1, 0.3, 1.0], [[0, 2, 3], [8, 10, 11], [12, 14, 15]], ["lookup", "xs", "target"])
+    spread = [[float(i + j) for j in range(4)] for i in range(4)]
+    kept = _adaptive_profile(scenario, BenchProfile(costs, alpha, names, spread))
+    kept_rows = [[0, 2, 3], [8, 10, 11], [12, 14, 15]]
+    assert kept == ([0.1, 0.3, 1.0], kept_rows, ["lookup", "xs", "target"], [[0, 2, 3], [2, 4, 5], [3, 5, 6]])
+    assert _adaptive_profile(scenario, BenchProfile(costs, alpha, names, None)).spread is None  # batch 1
 
 
 def test_an_exits_recomputing_twin_runs_by_its_name_and_sits_out_adaptive_runs() -> None:
@@ -303,7 +306,7 @@ def test_an_exits_recomputing_twin_runs_by_its_name_and_sits_out_adaptive_runs()
     from hf_models import tiny_model
 
     from hsd_fast.bench import configs as cfg
-    from hsd_fast.bench.command import _adaptive_profile, _drafts
+    from hsd_fast.bench.command import BenchProfile, _adaptive_profile, _drafts
     from hsd_fast.early_exit import EarlyExit
 
     target = tiny_model("llama", layers=4)
@@ -314,7 +317,11 @@ def test_an_exits_recomputing_twin_runs_by_its_name_and_sits_out_adaptive_runs()
     with pytest.raises(KeyError):
         _drafts(scenario, ["exit3 (recompute)"])  # not an exit of the scenario's
     costs, alpha = [0.1, 0.2, 0.2, 1.0], [[i * 4 + j for j in range(4)] for i in range(4)]
-    assert _adaptive_profile(scenario, costs, alpha, names)[2] == ["lookup", "exit2", "target"]
+    assert _adaptive_profile(scenario, BenchProfile(costs, alpha, names, None)).names == [
+        "lookup",
+        "exit2",
+        "target",
+    ]
     config = cfg.ours(
         target,
         dict(zip(names[:-1], levels, strict=True)),

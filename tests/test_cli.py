@@ -114,11 +114,15 @@ def test_select_prints_and_measures_the_best_hierarchies(
     assert [[r[k] for k in predicted] for r in again] == [[r[k] for k in predicted] for r in rows]
 
     # for a batch: the costs (the models' and the lookup level's host time) are measured at it and
-    # stored apart, acceptance is reused; tokens/s count every row
+    # stored apart, acceptance is reused and each pair's spread over the rows added (the batch waits
+    # for its slowest row); tokens/s count every row
     assert main([*args, "--batch", "3"]) == 0
     batched = json.loads(cache.read_text())["entries"]
     added = sorted(set(batched) - set(entries))
-    assert len(added) == len(identities) + 1 and all(" batch 3 " in k for k in added), added
+    spreads = [k for k in added if k.startswith("spread ")]
+    costs = [k for k in added if k not in spreads]
+    assert len(costs) == len(identities) + 1 and all(" batch 3 " in k for k in costs), added
+    assert len(spreads) == pairs
     report_json = json.loads(report.read_text())
     assert report_json["meta"]["batch"] == 3
     assert all(r["predicted_tok_s"] > 0 for r in report_json["rows"])

@@ -18,7 +18,8 @@ import hsd_fast
 from hsd_fast.controller import CORRECTION_PRIOR, PRIOR_CALLS, PRIOR_TOKENS, LatencyController
 from hsd_fast.engine import run_hsd
 from hsd_fast.hierarchy_types import Selection
-from hsd_fast.latency import AffineCost, LookupCost
+from hsd_fast.latency import AffineCost, LookupCost, expected_latency
+from hsd_fast.row_spread import row_rate, slowest_row_z
 from hsd_fast.switching_types import Adaptive, Choice, Observation
 from hsd_fast.testing.exactness import pooled_chi_square
 from hsd_fast.testing.tables import TableRunner, table_family
@@ -386,3 +387,37 @@ def test_a_request_with_other_rows_decides_before_its_first_round() -> None:
     wider = replace(seen(0, None), committed=np.array([100, 100]), finished=np.array([False, False]))
     control(wider)
     assert len(control.decisions) == decided + 1 and control.rows == 2 and control.look_every == 2
+
+
+def test_a_batch_is_priced_at_the_pace_of_its_slowest_row() -> None:
+    """Rows that accept apart (``spread``): with one row, or rows alike, the draft the target accepts
+    at 0.8 is chosen (under the lookup level); at 16 rows whose rates spread by 2 in log-odds the
+    batch waits for a row that accepts far less, and the lookup level alone is chosen instead. The
+    prediction is the recursion at the slowest row's rates."""
+
+    def first_choice(rows: int, spread: list | None) -> tuple[Choice, LatencyController]:
+        control = LatencyController(COSTS, alpha(0.8), every=1, decide_share=math.inf, spread=spread)
+        look = replace(
+            seen(0, None), committed=np.full(rows, 100), finished=np.zeros(rows, dtype=bool),
+            tokens=torch.zeros(rows, 1, dtype=torch.int64),
+        )  # fmt: skip
+        return control(look), control
+
+    apart = [[0.0 if i == j or 0 in (i, j) else 2.0 for j in range(4)] for i in range(4)]  # not the lookup
+    assert 1 in first_choice(1, apart)[0].drafts
+    assert 1 in first_choice(16, None)[0].drafts
+    paced, control = first_choice(16, apart)
+    assert paced.drafts == (0,), paced  # the lookup level alone
+    draft = Choice((1,), (4,))
+    slowest = row_rate(0.8, 2.0, slowest_row_z(16))
+    assert slowest < 0.3
+    expected = expected_latency([COSTS[1], COSTS[3]], [slowest], [4])
+    assert control.modelled(draft, control.costs(), control.alpha()) == pytest.approx(expected)
+    with pytest.raises(ValueError, match="spread matrix must be 4 x 4"):
+        LatencyController(COSTS, alpha(), spread=[[0.0] * 3] * 3)
+
+
+def test_the_slowest_of_many_rows_lies_further_out() -> None:
+    zs = [slowest_row_z(rows) for rows in (1, 2, 4, 16, 64)]
+    assert zs[0] == 0.0 and all(b < a for a, b in itertools.pairwise(zs))
+    assert zs[3] == pytest.approx(-1.766, abs=0.01)  # the expected smallest of 16 standard normals

@@ -14,6 +14,8 @@ import torch
 from hf_models import layer_dropped_copy, noisy_copy, tiny_model
 
 import hsd_fast
+from hsd_fast import row_spread
+from hsd_fast.batch_latency import select_for_batch
 from hsd_fast.latency import AffineCost
 from hsd_fast.processors import LogitsTransform, generation_sampling
 from hsd_fast.profile import (
@@ -194,7 +196,7 @@ def test_profile_cache_reuses_measurements(tmp_path, monkeypatch) -> None:
     draft = layer_dropped_copy(target, 1)
     ids = torch.randint(3, 96, (2, 12), generator=torch.Generator().manual_seed(0))
     calls = {"costs": 0, "alpha": 0}
-    real_costs, real_alpha = profile.forward_costs, profile.acceptance
+    real_costs, real_alpha = profile.forward_costs, profile.acceptance_and_spread
 
     def counting_costs(*args, **kwargs):
         calls["costs"] += 1
@@ -205,7 +207,7 @@ def test_profile_cache_reuses_measurements(tmp_path, monkeypatch) -> None:
         return real_alpha(*args, **kwargs)
 
     monkeypatch.setattr(profile, "forward_costs", counting_costs)
-    monkeypatch.setattr(profile, "acceptance", counting_alpha)
+    monkeypatch.setattr(profile, "acceptance_and_spread", counting_alpha)
     # the machine's speed held still: a fallback's costs come scaled by the anchor's ratio (here 1)
     monkeypatch.setattr(profile, "anchor_seconds", lambda device, clock=None: 1e-4)
     path = tmp_path / "profiles.json"
@@ -411,3 +413,59 @@ def test_select_hierarchy_chooses_among_token_trees() -> None:
     expected = target.generate(prompts[:1], do_sample=False, max_new_tokens=12)
     out = target.generate(prompts[:1], custom_generate=hsd_fast.generate, hierarchy=pick, max_new_tokens=12)
     assert out.tolist() == expected.tolist()
+
+
+def test_the_rows_spread_is_measured_on_the_run_text_and_cached(tmp_path) -> None:
+    """Each pair's spread (``row_spread``) comes from the same teacher-forced scores as its rate,
+    per row of the run text; cached beside the rate and read back without a forward."""
+    target = tiny_model("llama")
+    draft = layer_dropped_copy(target, 1)
+    ids = torch.randint(3, 96, (6, 16), generator=torch.Generator().manual_seed(5))
+    cache = ProfileCache(tmp_path / "profiles.json")
+    alpha, spread = cache.acceptance_and_spread([draft, target], ids, LogitsTransform(), True, False)
+    text = continued(target, ids, do_sample=False)
+    with torch.inference_mode():
+        draft_argmax, target_argmax = (m(text).logits.argmax(-1)[:, 7:] for m in (draft, target))  # [6, L']
+    agree = (draft_argmax == target_argmax).double().numpy()
+    assert alpha[0][1] == pytest.approx(agree.mean(), abs=1e-6)
+    assert spread[0][1] == spread[1][0] == pytest.approx(row_spread.spread(agree)) and spread[0][0] == 0.0
+    assert cache.acceptance([draft, target], ids, LogitsTransform(), True, False) == alpha
+    cache.save()
+    entries = json.loads((tmp_path / "profiles.json").read_text())["entries"]
+    assert sum(k.startswith("spread ") for k in entries) == 1
+    again = ProfileCache(tmp_path / "profiles.json")
+    for m in (draft, target):  # read back, not measured: no forward may run
+        m.forward = None
+    assert again.acceptance_and_spread([draft, target], ids, LogitsTransform(), True, False) == (
+        alpha,
+        spread,
+    )
+
+
+def test_a_batch_is_selected_with_its_rows_spread(tmp_path, monkeypatch) -> None:
+    """``select_hierarchy(batch=B > 1)`` hands the batch replay the spread over its candidates (0.0
+    for the lookup level, whose rows were not measured apart); at batch 1 there is none to measure."""
+    import hsd_fast.hierarchy as hierarchy
+
+    target = tiny_model("llama")
+    draft = noisy_copy(target, 0.1, seed=1)
+    clock = FakeClock()
+    clock.attach(draft, scale=1)
+    clock.attach(target, scale=6)
+    prompts = torch.randint(3, 96, (4, 16), generator=torch.Generator().manual_seed(2))
+    seen = []
+
+    def recording(costs, alpha, rows, *args):
+        seen.append(args[-1])
+        return select_for_batch(costs, alpha, rows, *args)
+
+    monkeypatch.setattr(hierarchy, "select_for_batch", recording)
+    cache = ProfileCache(tmp_path / "profiles.json")
+    kwargs = {"cache": cache, "clock": clock, "progress": False, "max_T": 3, "min_gain": 0}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hsd_fast.select_hierarchy(target, [draft, "lookup"], prompts, batch=2, **kwargs)
+        hsd_fast.select_hierarchy(target, [draft, "lookup"], prompts, **kwargs)
+    (measured,) = [v for k, v in cache.entries.items() if k.startswith("spread ")]  # draft, target
+    assert seen[0] == [[0.0, 0.0, measured], [0.0, 0.0, 0.0], [measured, 0.0, 0.0]]
+    assert seen[1] is None

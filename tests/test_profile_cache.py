@@ -39,10 +39,10 @@ def fake_measurements(monkeypatch) -> dict:
 
     def alpha(models, *args, **kwargs):
         calls["alpha"] += 1
-        return [[0.5] * len(models) for _ in models]
+        return [[0.5] * len(models) for _ in models], [[0.0] * len(models) for _ in models]
 
     monkeypatch.setattr(cache_module, "forward_costs", costs)
-    monkeypatch.setattr(cache_module, "acceptance", alpha)
+    monkeypatch.setattr(cache_module, "acceptance_and_spread", alpha)
     monkeypatch.setattr(cache_module.run_text, "continued", lambda target, ids, *args, **kwargs: ids)
     monkeypatch.setattr(cache_module, "anchor_seconds", lambda device, clock=None: 1e-4)
     return calls

@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -39,7 +40,7 @@ from hsd_fast.cli_args import output_folder, positive_float, positive_int
 from hsd_fast.controller import LatencyController
 from hsd_fast.early_exit import EarlyExit, exit_of
 from hsd_fast.hf_generate import generate
-from hsd_fast.hierarchy import with_proposal_level, with_recomputing_exits
+from hsd_fast.hierarchy import spread_over, with_proposal_level, with_recomputing_exits
 from hsd_fast.hierarchy_types import DEFAULT_MAX_T, Hierarchy, Profile, Selection
 from hsd_fast.latency import decode_seconds
 from hsd_fast.lookup import LOOKUP, LookupDraft, as_lookup
@@ -206,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.mixed:
         return _mixed(scenario, sampling, args, profiles)
-    costs, alpha, names = profiles[1]
+    costs, alpha, names, _ = profiles[1]
     pick = select(costs, alpha)
     hierarchies = {"selector's pick": (pick, None)}
     extra_sections: list[str] = []
@@ -227,7 +228,8 @@ def run(args: argparse.Namespace) -> int:
         )
     for batch in args.batch:  # after the others: a batch's pick that is one of them runs as that one
         if batch != 1:
-            batch_pick = select_for_batch(*profiles[batch][:2], batch, DEFAULT_MAX_T, args.max_new_tokens)
+            costs_b, alpha_b, _, spread = profiles[batch]
+            batch_pick = select_for_batch(costs_b, alpha_b, batch, DEFAULT_MAX_T, args.max_new_tokens, spread)
             hierarchies[f"selector's pick for batch {batch}"] = (batch_pick, (batch,))
 
     configs = _configs(scenario, sampling, args, hierarchies, names, profiles, tuning_prompts, notes)
@@ -348,9 +350,10 @@ def _mixed(scenario: Scenario, sampling: dict, args: argparse.Namespace, profile
     device = str(next(scenario.target.parameters()).device)
     different = False
     for batch in args.batch:
-        costs, alpha, _ = profiles[batch]
-        selection = select_for_batch(costs, alpha, batch, DEFAULT_MAX_T, args.max_new_tokens)
-        profile = Profile(levels, tuple(costs), tuple(tuple(row) for row in alpha))
+        costs, alpha, _, spread = profiles[batch]
+        selection = select_for_batch(costs, alpha, batch, DEFAULT_MAX_T, args.max_new_tokens, spread)
+        spread_rows = None if spread is None else tuple(tuple(row) for row in spread)
+        profile = Profile(levels, tuple(costs), tuple(tuple(row) for row in alpha), spread_rows)
         pick = replace(Hierarchy.bind(selection, levels, batch), profile=profile)
         work = mixed_requests(sets, batch)
         print(
@@ -418,7 +421,16 @@ def _grid_kinds(scenario: Scenario, names: list[str]) -> dict:
     }
 
 
-def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> tuple[list, list[list], list[str]]:
+class BenchProfile(NamedTuple):
+    """What the bench chooses and predicts from at one batch size, over the candidates ``names``."""
+
+    costs: list
+    alpha: list[list]
+    names: list[str]
+    spread: list[list[float]] | None  # at batch > 1: how far apart rows accept (row_spread)
+
+
+def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> BenchProfile:
     """Compiled step costs at ``batch`` rows and acceptance of the lookup level, the drafts with
     another tokenizer (proposal levels too, profiled by replay) and every model (drafts, then the
     target), cached: candidate 0 is the lookup level, the bridged drafts follow it."""
@@ -437,9 +449,11 @@ def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> tuple[
     timing = {"context": context, "compile": not args.eager, "transform": transform, "greedy": greedy}
     costs = cache.with_exit_reuse(models, costs, crowds, **timing, batch=batch)  # exits' verifiers
     run = {"new_tokens": args.max_new_tokens}  # rates on text as long as the runs (profile.run_text)
-    alpha = cache.acceptance(
-        models, scenario.calibration, transform, greedy, generation_kwargs=sampling, **run
-    )
+    measuring = (models, scenario.calibration, transform, greedy)
+    if batch > 1:
+        alpha, model_spread = cache.acceptance_and_spread(*measuring, generation_kwargs=sampling, **run)
+    else:
+        alpha, model_spread = cache.acceptance(*measuring, generation_kwargs=sampling, **run), None
     lookup, rates = cache.proposal_level(
         LookupDraft(),
         models,
@@ -467,7 +481,8 @@ def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> tuple[
     twins = [by_k[exit_of(level)[1]] + RECOMPUTED for level in levels[len(names) - 1 : -1]]
     names = [*names[:-1], *twins, names[-1]]
     cache.save()
-    return costs, alpha, names
+    spread = None if model_spread is None else spread_over(levels, models, model_spread)
+    return BenchProfile(costs, alpha, names, spread)
 
 
 def _profile_in_child(args: argparse.Namespace) -> None:
@@ -516,12 +531,17 @@ def _bridged(scenario: Scenario) -> dict[str, OtherTokenizerDraft]:
     return {n: d for n, d in scenario.drafts.items() if isinstance(d, OtherTokenizerDraft)}
 
 
-def _adaptive_profile(scenario: Scenario, costs: list, alpha: list[list], names: list[str]) -> tuple:
-    """A profile (costs, alpha, names) without the drafts with another tokenizer (the adaptive engine
-    refuses them) and the exits' recomputing twins (it recomputes every exit: they are its exits)."""
+def _adaptive_profile(scenario: Scenario, profile: BenchProfile) -> BenchProfile:
+    """``profile`` without the drafts with another tokenizer (the adaptive engine refuses them) and
+    the exits' recomputing twins (it recomputes every exit: they are its exits)."""
     bridged = _bridged(scenario)
-    keep = [i for i, n in enumerate(names) if n not in bridged and _recomputed_k(scenario, n) is None]
-    return [costs[i] for i in keep], [[alpha[i][j] for j in keep] for i in keep], [names[i] for i in keep]
+    keep = [i for i, n in enumerate(profile.names) if n not in bridged and _recomputed_k(scenario, n) is None]
+
+    def kept(matrix: list[list] | None) -> list[list] | None:
+        return None if matrix is None else [[matrix[i][j] for j in keep] for i in keep]
+
+    costs, names = [profile.costs[i] for i in keep], [profile.names[i] for i in keep]
+    return BenchProfile(costs, kept(profile.alpha), names, kept(profile.spread))
 
 
 def _hf_runs(config: cfg.Config, prompts, draft_name: str, notes: list[str]) -> bool:
@@ -599,7 +619,7 @@ def _selector_check(pick: Selection, measured: dict[Selection, float], names: li
 
 def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, notes) -> list[cfg.Config]:
     """The configurations measured. ``hierarchies``: label -> (selection, the batches it runs at or
-    None: all); ``profiles``: batch -> (costs, alpha, names) for the predictions at each batch."""
+    None: all); ``profiles``: batch -> its ``BenchProfile`` for the predictions at each batch."""
     n = args.max_new_tokens
     configs = [cfg.hf_generate(scenario.target, sampling, n)]
     if not args.eager:
@@ -618,7 +638,7 @@ def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, no
     if scenario.exits:
         configs.append(_best_hf_early_exit(scenario, sampling, n, prompts, notes))
     alone = cfg.ours(scenario.target, scenario.drafts, [], [], sampling, n, not args.eager, "ours, no draft")
-    alone.predicted = {batch: decode_seconds(costs[-1]) for batch, (costs, _, _) in profiles.items()}
+    alone.predicted = {batch: decode_seconds(profile.costs[-1]) for batch, profile in profiles.items()}
     configs.append(alone)
     seen = {((), ()): alone}
     levels = dict(zip(names[:-1], _drafts(scenario, names[:-1]), strict=True))  # the profile's, by name
@@ -634,15 +654,18 @@ def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, no
         config.name = f"{config.name} ({label})"
         config.batches = batches
         config.predicted = {
-            batch: chain_latency(costs, alpha, selection.chain, selection.T, batch, n)
-            for batch, (costs, alpha, _) in profiles.items()
+            batch: chain_latency(costs, alpha, selection.chain, selection.T, batch, n, spread)
+            for batch, (costs, alpha, _, spread) in profiles.items()
         }
         seen[(chain, selection.T)] = config
         configs.append(config)
     # the adaptive engine, steered by the latency model: one controller per batch, from that batch's
     # profile (its names: the lookup level, the drafts, the target: the candidates in order)
-    kept = {batch: _adaptive_profile(scenario, *profile) for batch, profile in profiles.items()}
-    controls = {batch: LatencyController(c, a, max_T=DEFAULT_MAX_T) for batch, (c, a, _) in kept.items()}
+    kept = {batch: _adaptive_profile(scenario, profile) for batch, profile in profiles.items()}
+    controls = {
+        batch: LatencyController(p.costs, p.alpha, max_T=DEFAULT_MAX_T, spread=p.spread)
+        for batch, p in kept.items()
+    }
     profiled = kept[min(kept)][2]
     adaptive = cfg.ours_adaptive(
         scenario.target, scenario.drafts, profiled[:-1], sampling, n, not args.eager, controls,

@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from hsd_fast.compat import embeddable_ids, fit_logits
 from hsd_fast.processors import LogitsTransform
+from hsd_fast.row_spread import spread
 
 
 @torch.inference_mode()
@@ -29,18 +30,34 @@ def acceptance(
     vocabulary, the target's, is the one decoding samples over) under the sampling ``transform``
     (default: none, temperature 1), averaged over the contexts ending at the positions ``contexts``
     of ``ids`` (default: all)."""
+    return acceptance_and_spread(models, ids, transform, greedy, progress, contexts)[0]
+
+
+@torch.inference_mode()
+def acceptance_and_spread(
+    models: Sequence[torch.nn.Module],
+    ids: torch.Tensor,  # [N, L] token ids, teacher-forced
+    transform: LogitsTransform | None = None,
+    greedy: bool = False,
+    progress: bool = True,
+    contexts: slice = slice(None),
+) -> tuple[list[list[float]], list[list[float]]]:
+    """``acceptance``'s matrix and, from the same forwards, each pair's spread over the N rows of
+    ``ids`` (``row_spread.spread``: how far apart the rows' own rates lie; 0.0 on the diagonal)."""
     transform = transform or LogitsTransform()
     vocab = models[-1].get_output_embeddings().weight.shape[0]  # the target's, as decoding uses it
     dists = [
-        teacher_forced_scores(model, ids, transform, greedy, vocab, contexts).flatten(0, 1)
+        teacher_forced_scores(model, ids, transform, greedy, vocab, contexts)
         for model in tqdm(models, desc="teacher-forced forwards", disable=not progress)
-    ]  # each [N * L', V], or [N * L'] under greedy
+    ]  # each [N, L', V], or [N, L'] under greedy
     alpha = [[1.0] * len(models) for _ in models]
+    spreads = [[0.0] * len(models) for _ in models]
     for j, m in itertools.combinations(range(len(models)), 2):
         a, b = dists[j], dists[m].to(dists[j].device)
-        value = (a == b).float().mean() if greedy else torch.minimum(a, b).sum(-1).mean()
-        alpha[j][m] = alpha[m][j] = float(value)
-    return alpha
+        scores = (a == b).float() if greedy else torch.minimum(a, b).sum(-1)  # [N, L'] per context
+        alpha[j][m] = alpha[m][j] = float(scores.mean())
+        spreads[j][m] = spreads[m][j] = spread(scores.double().cpu().numpy())
+    return alpha, spreads
 
 
 @torch.inference_mode()

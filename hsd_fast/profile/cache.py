@@ -47,7 +47,11 @@ from hsd_fast.latency import Acceptance, BridgedCost, LookupCost
 from hsd_fast.lookup import PROPOSAL_RULE, LookupDraft
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile import proposal_replay, rank_acceptance, run_text
-from hsd_fast.profile.acceptance_rates import acceptance, teacher_forced_logits, teacher_forced_scores
+from hsd_fast.profile.acceptance_rates import (
+    acceptance_and_spread,
+    teacher_forced_logits,
+    teacher_forced_scores,
+)
 from hsd_fast.profile.costs import (
     ANCHOR_TOLERANCE,
     CostProfile,
@@ -335,22 +339,67 @@ class ProfileCache:
         meets: the target's own continuations of ``ids``, ``new_tokens`` long (the run's length;
         default half a row), under ``generation_kwargs`` (the run's sampling settings;
         ``run_text``)."""
+        args = (models, ids, transform, greedy, progress, generation_kwargs, new_tokens)
+        return self._pairwise(("alpha",), *args)[0]
+
+    def acceptance_and_spread(
+        self,
+        models: Sequence[torch.nn.Module],
+        ids: torch.Tensor,
+        transform: LogitsTransform,
+        greedy: bool,
+        progress: bool = True,
+        generation_kwargs: dict | None = None,
+        new_tokens: int | None = None,
+    ) -> tuple[list[list[float]], list[list[float]]]:
+        """``acceptance`` and each pair's spread over the rows of ``ids`` (``row_spread``): what a
+        batch's replay needs, the rows' rates apart as the calibration's texts are."""
+        args = (models, ids, transform, greedy, progress, generation_kwargs, new_tokens)
+        alpha, spread = self._pairwise(("alpha", "spread"), *args)
+        return alpha, spread
+
+    def _pairwise(
+        self,
+        kinds: tuple[str, ...],
+        models: Sequence[torch.nn.Module],
+        ids: torch.Tensor,
+        transform: LogitsTransform,
+        greedy: bool,
+        progress: bool,
+        generation_kwargs: dict | None,
+        new_tokens: int | None,
+    ) -> list[list[list[float]]]:
+        """One symmetric matrix per kind (``alpha``: the rates, ``spread``: the spreads),
+        cached under each unordered pair; any missing costs the forwards of both."""
         names = [model_identity(m) for m in models]
         text = self._text_key(models[-1], ids, transform, greedy, new_tokens)
+        pairs = list(itertools.combinations(range(len(models)), 2))
         keys = {
-            (j, m): f"alpha {' '.join(sorted((names[j], names[m])))} on {text}"
-            for j, m in itertools.combinations(range(len(models)), 2)
+            kind: {(j, m): f"{kind} {' '.join(sorted((names[j], names[m])))} on {text}" for j, m in pairs}
+            for kind in kinds
         }
-        if not all(_is_rate(self.entries.get(key)) for key in keys.values()):
+        valid = {"alpha": _is_rate, "spread": _is_number}
+        if not all(valid[kind](self.entries.get(key)) for kind in kinds for key in keys[kind].values()):
             text_ids = self._run_text(models[-1], ids, text, generation_kwargs, new_tokens)
             contexts = run_text.run_contexts(run_text.continuation_start(ids), text_ids.shape[1])
-            alpha = acceptance(models, text_ids, transform, greedy, progress, contexts=contexts)
-            self.entries.update({key: alpha[j][m] for (j, m), key in keys.items()})
+            measured = dict(
+                zip(
+                    ("alpha", "spread"),
+                    acceptance_and_spread(models, text_ids, transform, greedy, progress, contexts=contexts),
+                    strict=True,
+                )
+            )
+            for kind in kinds:
+                self.entries.update({key: measured[kind][j][m] for (j, m), key in keys[kind].items()})
             self.changed = True
-        alpha = [[1.0] * len(models) for _ in models]
-        for (j, m), key in keys.items():
-            alpha[j][m] = alpha[m][j] = self.entries[key]
-        return alpha
+        out = []
+        for kind in kinds:
+            diagonal = 1.0 if kind == "alpha" else 0.0
+            matrix = [[diagonal] * len(models) for _ in models]
+            for (j, m), key in keys[kind].items():
+                matrix[j][m] = matrix[m][j] = self.entries[key]
+            out.append(matrix)
+        return out
 
     def rank_acceptance(
         self,
