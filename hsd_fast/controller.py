@@ -478,6 +478,14 @@ class LatencyController:
                 f"  {names[i]} > {names[j]}: {_mean_rate(self.prior_alpha[i][j]):.2f} -> "
                 f"{_mean_rate(alpha[i][j]):.2f} ({counts[1].sum():.0f})"
             )
+        if self.spread is not None and self.rows > 1:
+            z = slowest_row_z(self.rows)
+            lines.append(f"  priced at the slowest of {self.rows} rows (z {z:.2f}), per pair that ran:")
+            lines += [
+                f"    {names[i]} > {names[j]}: {_mean_rate(self._paced(alpha[i][j], i, j)):.2f} "
+                f"(spread {self.spread[i][j]:.2f})"
+                for i, j in sorted(self.trials)
+            ]
         for m, counts in sorted(self.proposals.items()):
             prior, now = self.prior_costs[m].lengths, self.lengths(m)  # type: ignore[attr-defined]
             lines.append(

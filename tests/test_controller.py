@@ -413,6 +413,7 @@ def test_a_batch_is_priced_at_the_pace_of_its_slowest_row() -> None:
     assert slowest < 0.3
     expected = expected_latency([COSTS[1], COSTS[3]], [slowest], [4])
     assert control.modelled(draft, control.costs(), control.alpha()) == pytest.approx(expected)
+    assert any("slowest of 16 rows" in line for line in control.describe(["l", "a", "b", "t"]))
     with pytest.raises(ValueError, match="spread matrix must be 4 x 4"):
         LatencyController(COSTS, alpha(), spread=[[0.0] * 3] * 3)
 
