@@ -602,10 +602,7 @@ class LatencyController:
     def _resolve(self, costs: Sequence[Cost], alpha) -> None:
         """The selector's pick and runner-ups on the current estimates become the shortlist."""
         self.resolved_at = self.looks
-        n = len(alpha)
-        paced = [
-            [self._paced(alpha[a][b], a, b) if a != b else alpha[a][b] for b in range(n)] for a in range(n)
-        ]
+        paced = [[self._paced(rate, a, b) for b, rate in enumerate(row)] for a, row in enumerate(alpha)]
         selection = select(costs, paced, self.max_T)
         self.shortlist = [Choice(tuple(s.chain[:-1]), tuple(s.T)) for s in (selection, *selection.runner_ups)]
 

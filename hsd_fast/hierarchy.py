@@ -160,9 +160,7 @@ def select_hierarchy(
     selection = select_for_batch(costs, alpha, batch, max_T, max_new_tokens, spread)
     selection, no_draft_reason = prefer_no_draft(selection, MODEL_ERROR if min_gain is None else min_gain)
     pick = Hierarchy.bind(selection, everything, batch)
-    spread_rows = None if spread is None else tuple(tuple(row) for row in spread)
-    profile = Profile(tuple(everything), tuple(costs), tuple(tuple(row) for row in alpha), spread_rows)
-    pick = replace(pick, profile=profile)
+    pick = replace(pick, profile=Profile.of(everything, costs, alpha, spread))
     if no_draft_reason is not None:
         warnings.warn(f"select_hierarchy: {no_draft_reason}", NoDraftWarning, stacklevel=2)
         pick = replace(pick, no_draft_reason=no_draft_reason)

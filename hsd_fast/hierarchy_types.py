@@ -66,6 +66,16 @@ class Profile:
     # how far apart rows accept, per pair (``row_spread``), where the selection was for a batch
     spread: tuple[tuple[float, ...], ...] | None = None
 
+    @classmethod
+    def of(cls, candidates: Sequence, costs: Sequence, alpha: Sequence[Sequence], spread=None) -> Profile:
+        """The profile of lists as the selector builds them, frozen into tuples."""
+        frozen_spread = None if spread is None else _frozen(spread)
+        return cls(tuple(candidates), tuple(costs), _frozen(alpha), frozen_spread)
+
+
+def _frozen(matrix: Sequence[Sequence]) -> tuple[tuple, ...]:
+    return tuple(tuple(row) for row in matrix)
+
 
 @dataclass(frozen=True)
 class Hierarchy:

@@ -56,6 +56,7 @@ def row_rate(alpha: Acceptance, sigma: float, z: float) -> Acceptance:
     return _moved(alpha, sigma, z)
 
 
+@functools.lru_cache(maxsize=64)  # asked at every scored hierarchy of a controller's decision
 def slowest_row_z(rows: int) -> float:
     """Where the slowest of ``rows`` rows lies, in standard deviations: the expected smallest of
     ``rows`` standard normals (Blom's approximation; 0.0 for one row)."""

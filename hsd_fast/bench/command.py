@@ -352,8 +352,7 @@ def _mixed(scenario: Scenario, sampling: dict, args: argparse.Namespace, profile
     for batch in args.batch:
         costs, alpha, _, spread = profiles[batch]
         selection = select_for_batch(costs, alpha, batch, DEFAULT_MAX_T, args.max_new_tokens, spread)
-        spread_rows = None if spread is None else tuple(tuple(row) for row in spread)
-        profile = Profile(levels, tuple(costs), tuple(tuple(row) for row in alpha), spread_rows)
+        profile = Profile.of(levels, costs, alpha, spread)
         pick = replace(Hierarchy.bind(selection, levels, batch), profile=profile)
         work = mixed_requests(sets, batch)
         print(

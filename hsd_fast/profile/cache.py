@@ -113,6 +113,11 @@ def _is_rate(value: object) -> bool:
     return _is_number(value) and value <= 1
 
 
+# a pairwise entry's kind (``ProfileCache._pairwise``): how a cached value is checked, and the
+# matrix's diagonal (a model against itself: it accepts all it drafts, its rows alike)
+_PAIRWISE = {"alpha": (_is_rate, 1.0), "spread": (_is_number, 0.0)}
+
+
 def _usable_cost(entry: object) -> bool:
     """A cost entry as ``costs`` writes it: four lists of numbers, spans and seconds as long as each
     other, drafts and draft_seconds too, and the noise of its medians. Anything else (a hand edit,
@@ -378,24 +383,21 @@ class ProfileCache:
             kind: {(j, m): f"{kind} {' '.join(sorted((names[j], names[m])))} on {text}" for j, m in pairs}
             for kind in kinds
         }
-        valid = {"alpha": _is_rate, "spread": _is_number}
-        if not all(valid[kind](self.entries.get(key)) for kind in kinds for key in keys[kind].values()):
+        if not all(
+            _PAIRWISE[kind][0](self.entries.get(key)) for kind in kinds for key in keys[kind].values()
+        ):
             text_ids = self._run_text(models[-1], ids, text, generation_kwargs, new_tokens)
             contexts = run_text.run_contexts(run_text.continuation_start(ids), text_ids.shape[1])
-            measured = dict(
-                zip(
-                    ("alpha", "spread"),
-                    acceptance_and_spread(models, text_ids, transform, greedy, progress, contexts=contexts),
-                    strict=True,
-                )
+            alpha, spread = acceptance_and_spread(
+                models, text_ids, transform, greedy, progress, contexts=contexts
             )
+            measured = {"alpha": alpha, "spread": spread}
             for kind in kinds:
                 self.entries.update({key: measured[kind][j][m] for (j, m), key in keys[kind].items()})
             self.changed = True
         out = []
         for kind in kinds:
-            diagonal = 1.0 if kind == "alpha" else 0.0
-            matrix = [[diagonal] * len(models) for _ in models]
+            matrix = [[_PAIRWISE[kind][1]] * len(models) for _ in models]
             for (j, m), key in keys[kind].items():
                 matrix[j][m] = matrix[m][j] = self.entries[key]
             out.append(matrix)
