@@ -1,10 +1,12 @@
 """Rows that accept apart: at batch B on the zoo's mixed requests (code, prose, repetitive text and
 register switches between them: ``hsd_fast.bench.mixed``), each hierarchy's measured decode time per
-row-token beside four predictions from the same profile (step costs timed at B rows, rates on the
+row-token beside five predictions from the same profile (step costs timed at B rows, rates on the
 zoo's calibration text): the one-row recursion, the batch replay with every row at the pair's rate
-(``batch_latency`` before rows accepted apart), the replay with the calibration's spread (what the
-selector uses now; docs/design.md, "Rows that accept apart") and the replay with the spread measured
-on the requests' own rows (the target's greedy continuations of them, teacher-forced).
+(``batch_latency`` before rows accepted apart), the replay with the calibration's model spreads but
+the lookup level's rows pooled (before it had rows of its own), the replay with the calibration's
+spread and lookup rows (what the selector uses now; docs/design.md, "Rows that accept apart") and
+the replay with both measured on the requests' own rows (the target's greedy continuations of them,
+teacher-forced and replayed).
 
     python bench/bench_batch_rows.py [--batch 16] [--passes 2] [--compiled]
 
@@ -30,8 +32,12 @@ from hsd_fast.bench.mixed import mixed_requests
 from hsd_fast.bench.scenarios import zoo_scenario
 from hsd_fast.bench.timing import CpuMeter, interleaved
 from hsd_fast.hierarchy import spread_over
+from hsd_fast.hierarchy_types import DEFAULT_MAX_T
+from hsd_fast.lookup import LOOKUP, LookupDraft
 from hsd_fast.processors import LogitsTransform
-from hsd_fast.profile.acceptance_rates import acceptance_and_spread
+from hsd_fast.profile import proposal_replay
+from hsd_fast.profile.acceptance_rates import acceptance_and_spread, teacher_forced_scores
+from hsd_fast.row_spread import ProposalRows, Spread, sigma_of
 
 NEW_TOKENS = 128
 GREEDY = {"do_sample": False}
@@ -79,6 +85,7 @@ def main() -> None:
         predicted = {
             "recursion": chain_latency(costs, alpha, chain, T),
             "replay, rows alike": chain_latency(*replay),
+            "replay, calibration spread, lookup pooled": chain_latency(*replay, _pooled(spread)),
             "replay, calibration spread": chain_latency(*replay, spread),
             "replay, the stream's spread": chain_latency(*replay, stream_spread),
         }
@@ -88,7 +95,7 @@ def main() -> None:
             **{f"{label} ms": round(1e3 * p, 2) for label, p in predicted.items()},
             **{f"measured / {label}": round(measured / p, 2) for label, p in predicted.items()},
         })  # fmt: skip
-    pairs = [(names.index(d), target) for d in scenario.drafts]
+    pairs = [(names.index(d), target) for d in (LOOKUP, *scenario.drafts)]
     notes = [
         f"The zoo, greedy, fp32, {'compiled' if args.compiled else 'eager'} steps, 2 CPU threads; batch "
         f"{args.batch}; {len(work)} requests of the mixed stream (each set's first two batches, then the "
@@ -97,10 +104,15 @@ def main() -> None:
         "measured_ms: decode seconds per row-token, prefill excluded; the predictions are seconds per "
         "row-token from the same profile (costs timed at this batch; rates and spreads on the zoo's "
         "calibration text, except the last).",
-        "Spread (log-odds std of the rows' rates, noise taken off) with the target, calibration vs the "
-        "stream: "
-        + ", ".join(f"{names[j]} {spread[j][m]:.2f} vs {stream_spread[j][m]:.2f}" for j, m in pairs),
-        "The lookup level's rows are not measured apart (its spread is 0.0 in every prediction).",
+        "Spread (log-odds std of the rows' rates, noise taken off; the lookup level: of its rows' "
+        "first-token success, after shrinking) with the target, calibration vs the stream: "
+        + ", ".join(
+            f"{names[j]} {sigma_of(spread[j][m]):.2f} vs {sigma_of(stream_spread[j][m]):.2f}"
+            for j, m in pairs
+        ),
+        "The lookup level's rows: each calibration row's lengths offered and rates, shrunk towards the "
+        "pooled profile by the share of their spread that is not noise (row_spread.ProposalRows); a "
+        "simulated row takes one of them whole.",
     ]
     meta = run_meta("cpu", batch=args.batch, sampling=GREEDY, passes=args.passes, compiled=args.compiled)
     write_results(
@@ -111,15 +123,31 @@ def main() -> None:
 
 def _spread_on(
     scenario, names: list[str], sequences: list[torch.Tensor], prompt_len: int
-) -> list[list[float]]:
+) -> list[list[Spread]]:
     """The spread matrix over ``names`` measured on the requests' rows: the target's greedy
-    continuations, each draft's argmax against the target's over the generated positions."""
+    continuations, each draft's argmax against the target's over the generated positions, and the
+    lookup level replayed on them (its rows under each model)."""
     models = [scenario.drafts[n] for n in names[1:-1]] + [scenario.target]
     text = torch.cat(sequences)  # [requests x B, prompt + new]
     contexts = slice(prompt_len - 1, text.shape[1] - 1)
     _, measured = acceptance_and_spread(models, text, LogitsTransform(), True, False, contexts)
-    levels = [None, *models]  # names[0] is the lookup level
-    return spread_over(levels, models, measured)
+    lookup = LookupDraft()  # names[0]
+    proposals = proposal_replay.replay(lookup, text, DEFAULT_MAX_T, start=prompt_len)
+    pooled = proposal_replay.offered_lengths(proposals, DEFAULT_MAX_T)
+    calls, lengths = proposal_replay.row_lengths(proposals, DEFAULT_MAX_T)
+    rows = []
+    for model in models:
+        vocab = scenario.target.get_output_embeddings().weight.shape[0]
+        scores = teacher_forced_scores(model, text, LogitsTransform(), True, vocab)
+        own = proposal_replay.row_rates(proposals, text, scores, DEFAULT_MAX_T)
+        rates = proposal_replay.acceptance_by_position(proposals, text, scores, DEFAULT_MAX_T)
+        rows.append(ProposalRows.shrunk(calls, lengths, own, pooled, rates))
+    return spread_over([lookup, *models], models, measured, {id(lookup): rows})
+
+
+def _pooled(spread: list[list[Spread]]) -> list[list[float]]:
+    """``spread`` with the lookup level's rows pooled (0.0), as before it had rows of its own."""
+    return [[0.0 if isinstance(s, ProposalRows) else s for s in row] for row in spread]
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from hsd_fast.latency import (
     verifying_costs,
 )
 from hsd_fast.layout import bucket
-from hsd_fast.row_spread import row_rate
+from hsd_fast.row_spread import ProposalRows, Spread, row_rate
 from hsd_fast.schedule import draft_count, drafts_wanted
 from hsd_fast.selector import select
 
@@ -57,14 +57,16 @@ def batch_latency(
     max_new_tokens: int = 128,
     runs: int = 8,
     seed: int = 0,
-    spreads: Sequence[float] | None = None,
+    spreads: Sequence[Spread] | None = None,
 ) -> tuple[float, float]:
     """(mean seconds per token each row commits, its standard error over ``runs``) for ``rows``
     rows generating ``max_new_tokens`` each through levels with ``costs`` (measured at ``rows``
     rows), acceptance ``alphas[i]`` of level i's tokens by level i+1 and block sizes ``T``. A
     level 0 with a ``block`` distribution (a lookup level, a token tree) proposes its lengths.
     ``spreads[i]``: how far apart rows' rates of pair i lie (``row_spread``; default 0.0: every
-    row accepts at ``alphas``); each row then draws its own rates, the same ``z`` for every pair."""
+    row accepts at ``alphas``); each row then draws its own rates, the same ``z`` for every pair.
+    A proposal level's pair may instead hold its calibration rows (``ProposalRows``): each row then
+    takes one of them whole, its lengths offered and its rates."""
     if rows < 1 or max_new_tokens < 1 or runs < 1:
         raise ValueError(
             f"batch_latency needs rows, max_new_tokens and runs >= 1, got {rows}, {max_new_tokens}, {runs}"
@@ -75,6 +77,9 @@ def batch_latency(
             f"{len(costs) - 1} draft level(s) need as many alphas, T and spreads, got {len(alphas)}, "
             f"{len(T)} and {len(spreads)}"
         )
+    own_rows = [i for i, s in enumerate(spreads) if isinstance(s, ProposalRows)]
+    if own_rows and (own_rows != [0] or not hasattr(costs[0], "lengths")):
+        raise ValueError("only a proposal level (level 0, with lengths offered) has rows of its own")
     rng = random.Random(seed)
     costs = sharing_the_cache(verifying_costs(costs))
     per_token = [
@@ -88,7 +93,7 @@ def batch_latency(
 def _run_seconds(
     costs: Sequence[Cost],
     alphas: Sequence[Acceptance],
-    spreads: Sequence[float],
+    spreads: Sequence[Spread],
     T: Sequence[int],
     rows: int,
     new: int,
@@ -96,12 +101,21 @@ def _run_seconds(
 ) -> float:
     """Seconds for ``rows`` rows to commit ``new`` tokens each through the engine's loop."""
     # [rows][pair]: each row's rates; no draw where no pair spreads (the rows' rates are alphas)
-    z = [rng.gauss(0.0, 1.0) for _ in range(rows)] if any(s > 0 for s in spreads) else [0.0] * rows
-    row_alphas = [[row_rate(a, s, z[r]) for a, s in zip(alphas, spreads, strict=True)] for r in range(rows)]
+    sigmas = [0.0 if isinstance(s, ProposalRows) else s for s in spreads]
+    z = [rng.gauss(0.0, 1.0) for _ in range(rows)] if any(s > 0 for s in sigmas) else [0.0] * rows
+    row_alphas = [[row_rate(a, s, z[r]) for a, s in zip(alphas, sigmas, strict=True)] for r in range(rows)]
     ledger = Ledger(len(costs), list(T), [PROMPT_TOKENS] * rows, new)
     budget_end = np.full(rows, PROMPT_TOKENS + new, dtype=np.int64)
     # a lookup level or a token tree proposes a block of random (or fixed) length: sizes, probabilities
     proposed = costs[0].block(T[0]) if len(costs) > 1 and hasattr(costs[0], "block") else None
+    proposed_by_row = None  # [rows] each row's own, where the level's rows are its calibration rows'
+    if spreads and isinstance(spreads[0], ProposalRows):
+        profiles = spreads[0]
+        taken = [rng.randrange(len(profiles.lengths)) for _ in range(rows)]  # one calibration row each
+        blocks = [replace(costs[0], lengths=profiles.lengths[i]).block(T[0]) for i in taken]
+        proposed_by_row = [(list(block), list(block.values())) for block in blocks]  # sizes, probabilities
+        for r, i in enumerate(taken):
+            row_alphas[r][0] = profiles.rates[i]
     seconds = 0.0
     while (level := ledger.next_level()) >= 0:
         batch_rows = ledger.rows_for(level)
@@ -110,7 +124,10 @@ def _run_seconds(
         if level == 0:
             wanted = drafts_wanted(ledger, batch_rows, budget_end, T)
         if level == 0 and proposed is not None:
-            drawn = rng.choices(list(proposed), list(proposed.values()), k=len(batch_rows))
+            if proposed_by_row is None:
+                drawn = rng.choices(list(proposed), list(proposed.values()), k=len(batch_rows))
+            else:
+                drawn = [rng.choices(*proposed_by_row[r])[0] for r in batch_rows]
             counts = np.minimum(drawn, wanted)
             ledger.commit_proposal(batch_rows, counts, np.zeros_like(counts))
             seconds += draft_seconds(costs[0], T[0])
@@ -139,7 +156,7 @@ def chain_latency(
     T: Sequence[int],
     rows: int = 1,
     max_new_tokens: int = 128,
-    spread: Sequence[Sequence[float]] | None = None,
+    spread: Sequence[Sequence[Spread]] | None = None,
 ) -> float:
     """Predicted seconds per token of each row for the candidates ``chain`` (indices into ``costs``
     and the acceptance matrix ``alpha``, the target last): the one-row recursion at batch 1, the
@@ -160,7 +177,7 @@ def select_for_batch(
     rows: int,
     max_T: int = DEFAULT_MAX_T,
     max_new_tokens: int = 128,
-    spread: Sequence[Sequence[float]] | None = None,
+    spread: Sequence[Sequence[Spread]] | None = None,
 ) -> Selection:
     """``selector.select`` for a batch of ``rows`` rows (costs measured at ``rows`` rows, rows' rates
     apart by ``spread``, as in ``chain_latency``): its pick

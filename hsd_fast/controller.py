@@ -95,7 +95,7 @@ from hsd_fast.latency import (
     rate_at,
 )
 from hsd_fast.lookup import level_identity
-from hsd_fast.row_spread import row_rate, slowest_row_z
+from hsd_fast.row_spread import Spread, row_rate, sigma_of, slowest_row_z
 from hsd_fast.selector import level_zero_only, select
 from hsd_fast.switching_types import Choice, Observation
 
@@ -162,8 +162,9 @@ class LatencyController:
     ``probe_share``: the share of wall time probes may take (0: never probe); ``probe_every``: looks
     between two probes of one candidate; ``decide_share``: the share of wall time decisions may take
     (a decision look is skipped while they have taken more); ``spread``: how far apart rows accept,
-    per pair (``row_spread``; None: all alike): at more than one row the model prices each pair at
-    the rate of the batch's slowest row, which sets the batch's pace."""
+    per pair (``row_spread``; None: all alike; a proposal level's rows, ``ProposalRows``, as their
+    log-odds spread): at more than one row the model prices each pair at the rate of the batch's
+    slowest row, which sets the batch's pace."""
 
     def __init__(
         self,
@@ -178,14 +179,14 @@ class LatencyController:
         probe_share: float = 0.03,
         probe_every: int = 4,
         decide_share: float = 0.02,
-        spread: Sequence[Sequence[float]] | None = None,
+        spread: Sequence[Sequence[Spread]] | None = None,
     ) -> None:
         n = len(costs)
         if n < 1 or len(alpha) != n or any(len(row) != n for row in alpha):
             raise ValueError(f"need costs for the candidates and the target and an {n} x {n} alpha matrix")
         if spread is not None and (len(spread) != n or any(len(row) != n for row in spread)):
             raise ValueError(f"the spread matrix must be {n} x {n}, like alpha")
-        self.spread = None if spread is None else [list(row) for row in spread]
+        self.spread = None if spread is None else [[sigma_of(s) for s in row] for row in spread]
         # an adaptive run recomputes an exit's layers in its verifier (the layers' K/V below the exit
         # are not kept across hierarchies): every verification at its full cost
         self.prior_costs = [_without_reuse(c) for c in costs]

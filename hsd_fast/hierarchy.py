@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 import torch
@@ -30,6 +30,7 @@ from hsd_fast.processors import generation_sampling
 from hsd_fast.profile import ProfileCache, ProfileNoiseWarning, measured_latency
 from hsd_fast.profile.costs import crowd_bytes
 from hsd_fast.proposal_level import ProposalLevel
+from hsd_fast.row_spread import ProposalRows, Spread
 from hsd_fast.selector import prefer_no_draft
 from hsd_fast.tree import MAX_NODES, Tree
 from hsd_fast.tree_latency import tree_acceptance, tree_cost
@@ -128,6 +129,7 @@ def select_hierarchy(
     else:
         alpha, model_spread = cache.acceptance(*measuring, **run), None
     present = [i for i, c in enumerate(everything) if not isinstance(c, ProposalLevel)]  # in costs
+    proposal_rows = {}  # at a batch: a proposal level's rows under each model (its slowest row)
     for at in [i for i, c in enumerate(candidates) if isinstance(c, ProposalLevel)]:
         level_cost, rates = cache.proposal_level(
             candidates[at],
@@ -148,6 +150,11 @@ def select_hierarchy(
         row = [towards.get(i, 0.0) for i in present]  # nothing passes between two proposal levels
         position = sum(i < at for i in present)
         costs, alpha = with_proposal_level(costs, alpha, position, level_cost, row)
+        if batch > 1:
+            proposal_rows[id(candidates[at])] = cache.proposal_rows(
+                candidates[at], models, prompts, transform, greedy, max_T, progress, generation_kwargs,
+                new_tokens=max_new_tokens,
+            )  # fmt: skip
         present = sorted([*present, at])
     if tree_sizes:
         costs, alpha, everything = with_tree_candidates(
@@ -156,7 +163,7 @@ def select_hierarchy(
         )  # fmt: skip
     costs, alpha, everything = with_recomputing_exits(costs, alpha, everything)  # reuse, or not
     cache.save()
-    spread = None if model_spread is None else spread_over(everything, models, model_spread)
+    spread = None if model_spread is None else spread_over(everything, models, model_spread, proposal_rows)
     selection = select_for_batch(costs, alpha, batch, max_T, max_new_tokens, spread)
     selection, no_draft_reason = prefer_no_draft(selection, MODEL_ERROR if min_gain is None else min_gain)
     pick = Hierarchy.bind(selection, everything, batch)
@@ -287,14 +294,25 @@ def with_tree_candidates(
 
 
 def spread_over(
-    everything: Sequence, models: Sequence[torch.nn.Module], model_spread: Sequence[Sequence[float]]
-) -> list[list[float]]:
+    everything: Sequence,
+    models: Sequence[torch.nn.Module],
+    model_spread: Sequence[Sequence[float]],
+    proposal_rows: Mapping[int, Sequence[ProposalRows]] | None = None,
+) -> list[list[Spread]]:
     """The spread matrix (``row_spread``) over the selection's candidates ``everything`` from the one
-    measured over ``models``: 0.0 (rows alike) for a candidate that is not one of them, a proposal
-    level, a token tree or an exit's recomputing twin, whose rows' rates were not measured apart."""
+    measured over ``models``, and for a proposal level ``proposal_rows[id(level)]`` (its rows under
+    each of ``models``, in order) towards them; 0.0 (rows alike) for a pair otherwise: a token tree,
+    an exit's recomputing twin, two proposal levels, whose rows' rates were not measured apart."""
     at = {id(m): i for i, m in enumerate(models)}
     index = [at.get(id(c)) for c in everything]
-    return [[0.0 if i is None or j is None else model_spread[i][j] for j in index] for i in index]
+    matrix: list[list[Spread]] = [
+        [0.0 if i is None or j is None else model_spread[i][j] for j in index] for i in index
+    ]
+    for a, level in enumerate(everything):
+        for b, m in enumerate(index):
+            if m is not None and proposal_rows and id(level) in proposal_rows:
+                matrix[a][b] = matrix[b][a] = proposal_rows[id(level)][m]
+    return matrix
 
 
 def with_recomputing_exits(

@@ -8,6 +8,7 @@ import pytest
 
 from hsd_fast.batch_latency import batch_latency, chain_latency, select_for_batch
 from hsd_fast.latency import AffineCost, LookupCost, expected_latency
+from hsd_fast.row_spread import ProposalRows
 from hsd_fast.selector import select
 
 # Costs with no per-token part: a verification costs the same over any span, so neither the
@@ -139,3 +140,32 @@ def test_spreads_reach_the_selection_and_rank_plain_decoding_first() -> None:
 def test_batch_latency_refuses_spreads_of_another_length() -> None:
     with pytest.raises(ValueError, match="as many alphas, T and spreads"):
         batch_latency(FLAT, [0.8, 0.7], [2, 4], rows=2, spreads=[1.0])
+
+
+def test_a_lookup_level_waits_for_its_rows_that_never_match() -> None:
+    """A lookup whose calibration rows either always offer 4 tokens the target takes (a call per 5
+    tokens) or never offer anything (a call per token): pooled over their calls, nothing matches in
+    5/6 of them, and 16 rows alike finish together; taken whole, the batch waits for a row that
+    never matches, at plain decoding's pace. One row alone takes one profile and, on average over
+    rows, the pooled pace."""
+    pooled = LookupCost(0.0002, (5 / 6, 0.0, 0.0, 0.0, 1 / 6), rows=16)
+    rows = ProposalRows(((1.0, 0.0, 0.0, 0.0, 0.0), (0.0, 0.0, 0.0, 0.0, 1.0)), ((0.0,) * 4, (1.0,) * 4), 3.0)
+    costs, alphas, T = [pooled, FLAT[2]], [(1.0,) * 4], [4]
+    alike = batch_latency(costs, alphas, T, rows=16, max_new_tokens=128)[0]
+    apart = batch_latency(costs, alphas, T, rows=16, max_new_tokens=128, spreads=[rows])[0]
+    assert apart > 1.3 * alike and apart == pytest.approx(FLAT[2](1), rel=0.05)  # a token per round
+    lone = [replace(pooled, rows=1), FLAT[2]]
+    one_pooled = batch_latency(lone, alphas, T, rows=1, max_new_tokens=128, runs=64)[0]
+    assert _close(
+        batch_latency(lone, alphas, T, rows=1, max_new_tokens=128, runs=64, spreads=[rows]), one_pooled
+    )
+
+
+def test_only_a_proposal_level_has_rows_of_its_own() -> None:
+    rows = ProposalRows(((1.0, 0.0),), ((0.5,),), 0.0)
+    with pytest.raises(ValueError, match="only a proposal level"):
+        batch_latency(FLAT[1:], [0.7], [4], rows=2, spreads=[rows])
+    with pytest.raises(ValueError, match="only a proposal level"):
+        batch_latency(
+            [LookupCost(0.0002, (1.0, 0.0)), *FLAT[1:]], [(0.5,), 0.7], [1, 4], rows=2, spreads=[0.0, rows]
+        )

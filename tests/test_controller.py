@@ -19,7 +19,7 @@ from hsd_fast.controller import CORRECTION_PRIOR, PRIOR_CALLS, PRIOR_TOKENS, Lat
 from hsd_fast.engine import run_hsd
 from hsd_fast.hierarchy_types import Selection
 from hsd_fast.latency import AffineCost, LookupCost, expected_latency
-from hsd_fast.row_spread import row_rate, slowest_row_z
+from hsd_fast.row_spread import ProposalRows, row_rate, slowest_row_z
 from hsd_fast.switching_types import Adaptive, Choice, Observation
 from hsd_fast.testing.exactness import pooled_chi_square
 from hsd_fast.testing.tables import TableRunner, table_family
@@ -414,6 +414,14 @@ def test_a_batch_is_priced_at_the_pace_of_its_slowest_row() -> None:
     expected = expected_latency([COSTS[1], COSTS[3]], [slowest], [4])
     assert control.modelled(draft, control.costs(), control.alpha()) == pytest.approx(expected)
     assert any("slowest of 16 rows" in line for line in control.describe(["l", "a", "b", "t"]))
+    # the lookup level's rows (ProposalRows) as their log-odds spread
+    rows = ProposalRows(((1.0, 0.0),), ((0.5,),), sigma=2.0)
+    with_rows = [
+        [rows if 0 in (i, j) and i != j else s for j, s in enumerate(line)] for i, line in enumerate(apart)
+    ]
+    assert LatencyController(COSTS, alpha(0.8), spread=with_rows).spread == [
+        [2.0 * (i != j) for j in range(4)] for i in range(4)
+    ]
     with pytest.raises(ValueError, match="spread matrix must be 4 x 4"):
         LatencyController(COSTS, alpha(), spread=[[0.0] * 3] * 3)
 

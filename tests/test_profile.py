@@ -28,6 +28,7 @@ from hsd_fast.profile import (
 )
 from hsd_fast.profile.costs import EXTRA_SECONDS, MAX_REPEATS, NOISE_GOAL, interleaved_medians
 from hsd_fast.profile.run_text import continued
+from hsd_fast.row_spread import ProposalRows
 
 pytestmark = pytest.mark.hf
 
@@ -443,8 +444,8 @@ def test_the_rows_spread_is_measured_on_the_run_text_and_cached(tmp_path) -> Non
 
 
 def test_a_batch_is_selected_with_its_rows_spread(tmp_path, monkeypatch) -> None:
-    """``select_hierarchy(batch=B > 1)`` hands the batch replay the spread over its candidates (0.0
-    for the lookup level, whose rows were not measured apart); at batch 1 there is none to measure."""
+    """``select_hierarchy(batch=B > 1)`` hands the batch replay the spread over its candidates (for
+    the lookup level, its calibration rows under each model); at batch 1 there is none to measure."""
     import hsd_fast.hierarchy as hierarchy
 
     target = tiny_model("llama")
@@ -467,5 +468,9 @@ def test_a_batch_is_selected_with_its_rows_spread(tmp_path, monkeypatch) -> None
         hsd_fast.select_hierarchy(target, [draft, "lookup"], prompts, batch=2, **kwargs)
         hsd_fast.select_hierarchy(target, [draft, "lookup"], prompts, **kwargs)
     (measured,) = [v for k, v in cache.entries.items() if k.startswith("spread ")]  # draft, target
-    assert seen[0] == [[0.0, 0.0, measured], [0.0, 0.0, 0.0], [measured, 0.0, 0.0]]
+    (draft_rows, target_rows), lookup = seen[0][1][::2], seen[0][1][1]  # everything: draft, lookup, target
+    assert seen[0][0] == [0.0, draft_rows, measured] and seen[0][2] == [measured, target_rows, 0.0]
+    assert lookup == 0.0 and isinstance(draft_rows, ProposalRows) and isinstance(target_rows, ProposalRows)
+    assert len(draft_rows.lengths) == len(target_rows.rates) == len(prompts)  # one per calibration row
+    assert draft_rows.rates != target_rows.rates  # each model's own
     assert seen[1] is None

@@ -18,14 +18,19 @@ from hsd_fast import LookupDraft
 from hsd_fast.latency import mean_gain
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile import ProfileCache, ProfileNoiseWarning
+from hsd_fast.profile.cache import model_identity
 from hsd_fast.profile.proposal_replay import (
     Proposal,
     acceptance_by_position,
     host_seconds,
     offered_lengths,
     replay,
+    row_lengths,
+    row_rates,
+    rows_of,
 )
 from hsd_fast.profile.run_text import continued
+from hsd_fast.row_spread import ProposalRows
 
 TEXT = torch.tensor([[5, 6, 7, 5, 6, 8]])  # [1, 6]
 SPEC = LookupDraft(max_ngram=2, min_ngram=1)
@@ -201,3 +206,63 @@ def test_the_replay_predicts_the_gain_a_run_measures() -> None:
         rounds = int(out.hsd_stats.row_forwards[-1]) - len(prompts)  # the prefills excluded
         measured = len(prompts) * 12 / rounds
         assert predicted > 1.4 and abs(predicted / measured - 1) < 0.1, (T, predicted, measured)
+
+
+def test_each_rows_profile_is_the_pooled_one_over_its_own_calls() -> None:
+    ids = torch.tensor([[5, 6, 7, 5, 6, 8], [1, 2, 1, 2, 1, 2]])
+    scores = torch.tensor([[6, 7, 5, 6, 8, 0], [2, 1, 2, 1, 2, 1]])  # greedy: the text is the argmax
+    calls = [Proposal(1, 2, [1, 2, 1]), Proposal(0, 2, []), Proposal(0, 4, [6, 7]), Proposal(1, 5, [2])]
+    assert rows_of(calls) == [[calls[1], calls[2]], [calls[0], calls[3]]]
+    counts, lengths = row_lengths(calls, 3)
+    rates = row_rates(calls, ids, scores, 3)
+    assert counts == [2, 2]
+    assert lengths == [offered_lengths(calls[1:3], 3), offered_lengths(calls[::3], 3)]
+    assert rates == [acceptance_by_position(c, ids, scores, 3) for c in (calls[1:3], calls[::3])]
+    assert lengths[0] == (0.5, 0.0, 0.5, 0.0) and rates[1] == (1.0, 1.0, 1.0)
+
+
+def test_the_cache_keeps_each_rows_profile_and_replays_only_for_what_is_missing(monkeypatch) -> None:
+    """``proposal_rows``: each calibration row's lengths and rates, from the replay that measured the
+    pooled ones (a row's are the same functions over its own calls), each shrunk towards the pooled;
+    read back without a replay; a cache that holds the pooled profile only (written before rows
+    were kept) still serves ``proposal_level`` as it is, and replays for the rows; a model whose
+    rates are there is not run again."""
+    import hsd_fast.profile.cache as cache_module
+
+    target, drafts = _family()
+    ids = torch.randint(3, 96, (4, 16), generator=torch.Generator().manual_seed(6))
+    cache, models, greedy = ProfileCache(), [drafts[0], target], {"do_sample": False}
+    args = (SPEC, models, ids, LogitsTransform(), True, 4, False, greedy)
+    _, pooled_rates = cache.proposal_level(*args)
+    replays, scored = [], []
+    monkeypatch.setattr(
+        cache_module.proposal_replay, "replay", lambda *a, **k: replays.append(a) or replay(*a, **k)
+    )
+    scoring = cache_module.teacher_forced_scores
+    monkeypatch.setattr(
+        cache_module, "teacher_forced_scores", lambda m, *a: scored.append(m) or scoring(m, *a)
+    )
+    rows = cache.proposal_rows(*args)
+    assert not replays and len(rows) == len(models)  # the first replay kept the rows too
+    (calls,) = [v for k, v in cache.entries.items() if k.startswith("lookup row calls ")]
+    (lengths,) = [v for k, v in cache.entries.items() if k.startswith("lookup row lengths ")]
+    target_rates = next(
+        v
+        for k, v in cache.entries.items()
+        if k.startswith("lookup row rates ") and f"{model_identity(target)} on" in k
+    )
+    assert len(calls) == len(lengths) == len(target_rates) == len(ids)
+    assert rows[1] == ProposalRows.shrunk(
+        calls, lengths, target_rates, cache.proposal_level(*args)[0].lengths, pooled_rates[1]
+    )
+    for key in [k for k in cache.entries if k.startswith("lookup row ")]:
+        del cache.entries[key]  # as a cache from before rows were kept
+    cache.proposal_level(*args)
+    assert not replays and not scored
+    assert cache.proposal_rows(*args) == rows and len(replays) == 1 and scored == models
+    del cache.entries[
+        next(
+            k for k in cache.entries if k.startswith("lookup rates ") and f"{model_identity(target)} on" in k
+        )
+    ]
+    assert cache.proposal_level(*args)[1] == pooled_rates and scored[2:] == [target]  # the target alone

@@ -7,7 +7,7 @@ import statistics
 import numpy as np
 import pytest
 
-from hsd_fast.row_spread import row_rate, spread
+from hsd_fast.row_spread import ProposalRows, row_rate, sigma_of, spread
 
 
 def _bernoulli_scores(rates: np.ndarray, contexts: int, seed: int) -> np.ndarray:
@@ -65,3 +65,43 @@ def test_rates_per_position_all_move_and_edges_stay() -> None:
     assert row_rate(0.7, 0.0, -2.0) == 0.7  # no spread: the pair's rate
     assert row_rate(1.0, 1.5, -2.0) == 1.0 and row_rate(0.0, 1.5, 2.0) == 0.0  # no log-odds to move
     assert math.isclose(row_rate((0.5,), 1.0, 0.0)[0], 0.5, abs_tol=1e-6)  # symmetric about 1/2
+
+
+# ----------------------------------------------------------------------------- a proposal level's rows
+def _lookup_rows(match: np.ndarray, calls: int, seed: int) -> tuple[list, list, list]:
+    """Calibration rows of a lookup that offers 4 tokens (or nothing) with probability ``match[r]``
+    and has them all accepted: each row's calls, lengths offered and rates, as a replay of ``calls``
+    calls per row measures them."""
+    rng = np.random.default_rng(seed)
+    offered = (rng.random((len(match), calls)) < match[:, None]).mean(1)  # [N] measured
+    lengths = [[1 - o, 0.0, 0.0, 0.0, o] for o in offered]
+    return [calls] * len(match), lengths, [[1.0] * 4] * len(match)
+
+
+def test_rows_alike_are_shrunk_to_the_pooled_profile() -> None:
+    """32 rows all matching half their calls, 25 calls each: their measured profiles differ by
+    binomial noise alone, which the shrinkage takes off (every row about the pooled one)."""
+    calls, lengths, rates = _lookup_rows(np.full(32, 0.5), 25, seed=0)
+    assert np.std([row[0] for row in lengths]) > 0.05  # the noise is there to be taken off
+    rows = ProposalRows.shrunk(calls, lengths, rates, [0.5, 0, 0, 0, 0.5], [1.0] * 4)
+    assert max(abs(row[0] - 0.5) for row in rows.lengths) < 0.04
+    assert rows.sigma < 0.15
+
+
+def test_rows_apart_keep_their_own_profiles() -> None:
+    """Half the rows never match, half nearly always: the noise is a small part of their spread, so
+    each keeps most of its own profile (and a large log-odds spread)."""
+    calls, lengths, rates = _lookup_rows(np.repeat([0.02, 0.95], 16), 40, seed=1)
+    rows = ProposalRows.shrunk(calls, lengths, rates, [0.5, 0, 0, 0, 0.5], [1.0] * 4)
+    nothing = sorted(row[0] for row in rows.lengths)
+    assert max(nothing[:16]) < 0.15 and min(nothing[16:]) > 0.85
+    assert rows.sigma > 2 and sigma_of(rows) == rows.sigma and sigma_of(1.5) == 1.5
+
+
+def test_proposal_rows_refuse_profiles_that_do_not_match() -> None:
+    with pytest.raises(ValueError, match="a profile per row"):
+        ProposalRows.shrunk([10, 10], [[1.0, 0.0]], [[0.5]], [1.0, 0.0], [0.5])
+    with pytest.raises(ValueError, match="calls >= 1"):
+        ProposalRows.shrunk([10, 0], [[1.0, 0.0]] * 2, [[0.5]] * 2, [1.0, 0.0], [0.5])
+    with pytest.raises(ValueError, match="one lengths and one rates per row"):
+        ProposalRows(((1.0,),), (), 0.0)

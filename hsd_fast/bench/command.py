@@ -50,6 +50,7 @@ from hsd_fast.processors import generation_sampling
 from hsd_fast.profile import ProfileCache, measured_latency
 from hsd_fast.profile.costs import crowd_bytes
 from hsd_fast.report import markdown_table, run_metadata
+from hsd_fast.row_spread import Spread
 from hsd_fast.select_levels import RECOMPUTED
 from hsd_fast.selector import level_zero_only, select
 
@@ -426,7 +427,7 @@ class BenchProfile(NamedTuple):
     costs: list
     alpha: list[list]
     names: list[str]
-    spread: list[list[float]] | None  # at batch > 1: how far apart rows accept (row_spread)
+    spread: list[list[Spread]] | None  # at batch > 1: how far apart rows accept (row_spread)
 
 
 def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> BenchProfile:
@@ -453,34 +454,21 @@ def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> BenchP
         alpha, model_spread = cache.acceptance_and_spread(*measuring, generation_kwargs=sampling, **run)
     else:
         alpha, model_spread = cache.acceptance(*measuring, generation_kwargs=sampling, **run), None
-    lookup, rates = cache.proposal_level(
-        LookupDraft(),
-        models,
-        scenario.calibration,
-        transform,
-        greedy,
-        DEFAULT_MAX_T,
-        True,
-        sampling,
-        batch,
-        **run,
-    )
-    costs, alpha = with_proposal_level(costs, alpha, 0, lookup, rates)
-    for at, spec in enumerate(bridged.values(), start=1):
-        level, rates = cache.proposal_level(
-            spec, models, scenario.calibration, transform, greedy, DEFAULT_MAX_T, True, sampling, batch,
-            compile=not args.eager, **run,
-        )  # fmt: skip
-        costs, alpha = with_proposal_level(
-            costs, alpha, at, level, [0.0] * at + list(rates)
-        )  # none between them
+    specs = [LookupDraft(), *bridged.values()]  # candidates 0, 1, ...: the proposal levels
+    replay = (models, scenario.calibration, transform, greedy, DEFAULT_MAX_T, True, sampling)
+    for at, spec in enumerate(specs):
+        level, rates = cache.proposal_level(spec, *replay, batch, compile=not args.eager, **run)
+        costs, alpha = with_proposal_level(costs, alpha, at, level, [0.0] * at + list(rates))  # none between
+    # at a batch: each proposal level's rows under each model (a batch waits for its slowest row)
+    rows = [cache.proposal_rows(spec, *replay, **run) for spec in specs] if batch > 1 else []
     levels = [*_drafts(scenario, names[:-1]), scenario.target]
     costs, alpha, levels = with_recomputing_exits(costs, alpha, levels)  # an exit reusing, or not
     by_k = {k: name for name, k in scenario.exits.items()}
     twins = [by_k[exit_of(level)[1]] + RECOMPUTED for level in levels[len(names) - 1 : -1]]
     names = [*names[:-1], *twins, names[-1]]
     cache.save()
-    spread = None if model_spread is None else spread_over(levels, models, model_spread)
+    proposal_rows = {id(level): r for level, r in zip(levels[: len(rows)], rows, strict=True)}  # specs first
+    spread = None if model_spread is None else spread_over(levels, models, model_spread, proposal_rows)
     return BenchProfile(costs, alpha, names, spread)
 
 

@@ -36,6 +36,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -62,6 +63,7 @@ from hsd_fast.profile.costs import (
     without_layers,
 )
 from hsd_fast.proposal_level import ProposalLevel
+from hsd_fast.row_spread import ProposalRows
 
 
 def model_identity(model: torch.nn.Module) -> str:
@@ -462,17 +464,9 @@ class ProfileCache:
         tokenizer (``OtherTokenizerDraft``, replayed with its own proposals through the byte bridge):
         the seconds of a call for every block size 1..``max_T`` (its model drafts more for a larger
         block), ``compile``d or not as the runs selected for (``BridgedCost``)."""
-        if isinstance(spec, LookupDraft):
-            kind, level = "lookup", f"{_lookup_settings(spec)} T{max_T}"
-        else:
-            draft = f"{model_identity(spec.model)} {tokenizer_identity(spec.tokenizer)}"
-            draft += "".join(
-                f" over {_level_key(m)} T{t}" for m, t in zip(spec.below, spec.block_sizes, strict=True)
-            )
-            kind, level = "bridged", f"{draft} to {tokenizer_identity(spec.target_tokenizer)} T{max_T}"
-        shared = " shared" if spec.draws_q(greedy) else ""  # drawn from a shared vocabulary: q handed up
-        lengths, rates = self._replayed(
-            spec, kind, level + shared, models, ids, transform, greedy, max_T, progress, generation_kwargs,
+        kind, level, replayed_as = _proposal_key(spec, greedy, max_T)
+        lengths, rates, *_ = self._replayed(
+            spec, kind, replayed_as, models, ids, transform, greedy, max_T, progress, generation_kwargs,
             new_tokens,
         )  # fmt: skip
         cost_key = f"{kind} cost {level} {ids.device.type}"
@@ -488,6 +482,31 @@ class ProfileCache:
         noise = max(n for _, n in timed)
         return BridgedCost(timed[0][0], lengths, noise, batch, tuple(s for s, _ in timed)), rates
 
+    def proposal_rows(
+        self,
+        spec: ProposalLevel,
+        models: Sequence[torch.nn.Module],
+        ids: torch.Tensor,
+        transform: LogitsTransform,
+        greedy: bool,
+        max_T: int,
+        progress: bool = True,
+        generation_kwargs: dict | None = None,
+        new_tokens: int | None = None,
+    ) -> list[ProposalRows]:
+        """How the rows of ``proposal_level``'s pairs differ, for each of ``models``: the calibration
+        rows' own profiles, shrunk towards the pooled one (``row_spread.ProposalRows``), from the
+        same replay (what a batch's replay needs: its slowest row)."""
+        kind, _, replayed_as = _proposal_key(spec, greedy, max_T)
+        replayed = self._replayed(
+            spec, kind, replayed_as, models, ids, transform, greedy, max_T, progress, generation_kwargs,
+            new_tokens, rows=True,
+        )  # fmt: skip
+        return [
+            ProposalRows.shrunk(replayed.calls, replayed.row_lengths, row_rates, replayed.lengths, rates)
+            for rates, row_rates in zip(replayed.rates, replayed.row_rates, strict=True)
+        ]
+
     def _replayed(
         self,
         spec: ProposalLevel,
@@ -501,33 +520,54 @@ class ProfileCache:
         progress: bool,
         generation_kwargs: dict | None,
         new_tokens: int | None,
-    ) -> tuple[tuple[float, ...], list[Acceptance]]:
+        rows: bool = False,
+    ) -> Replayed:
         """A proposal level's lengths offered and the rates per position at which each of ``models``
-        accepts its proposals (``proposal_replay``), under the keys of its ``kind`` and ``level``."""
+        accepts its proposals (``proposal_replay``), under the keys of its ``kind`` and ``level``;
+        with ``rows``, each calibration row's too. A replay stores both; it runs again only for
+        what is asked and missing (a cache written before rows were kept serves one row as it is)."""
         text = self._text_key(models[-1], ids, transform, greedy, new_tokens)
-        lengths_key = f"{kind} lengths {level} {text}"
-        rate_keys = [f"{kind} rates {level} {model_identity(m)} on {text}" for m in models]
-        missing = [k for k in (lengths_key, *rate_keys) if not _rates(self.entries.get(k))]
-        if missing:
+        names = [model_identity(m) for m in models]
+        lengths_key, calls_key = f"{kind} lengths {level} {text}", f"{kind} row calls {level} {text}"
+        row_lengths_key = f"{kind} row lengths {level} {text}"
+        rate_keys = [f"{kind} rates {level} {name} on {text}" for name in names]
+        row_rate_keys = [f"{kind} row rates {level} {name} on {text}" for name in names]
+        missing = [not _rates(self.entries.get(key)) for key in rate_keys]  # [model]: its forwards needed
+        if rows:
+            missing = [
+                m or not _row_rates(self.entries.get(k)) for m, k in zip(missing, row_rate_keys, strict=True)
+            ]
+        row_entries_missing = not (
+            _numbers(self.entries.get(calls_key)) and _row_rates(self.entries.get(row_lengths_key))
+        )
+        if any(missing) or not _rates(self.entries.get(lengths_key)) or (rows and row_entries_missing):
             text_ids = self._run_text(models[-1], ids, text, generation_kwargs, new_tokens)
             vocab = models[-1].get_output_embeddings().weight.shape[0]
             start = run_text.continuation_start(ids)
             sampled = None if greedy else transform  # a level that draws replays its draws
             proposals = proposal_replay.replay(spec, text_ids, max_T, start=start, transform=sampled)
             self.entries[lengths_key] = list(proposal_replay.offered_lengths(proposals, max_T))
-            replayed = tqdm(
-                zip(models, rate_keys, strict=True),
-                desc=f"{kind} replay",
-                total=len(models),
-                disable=not progress,
-            )
-            for model, key in replayed:
-                if key in missing:
-                    scores = teacher_forced_scores(model, text_ids, transform, greedy, vocab)
-                    rates = proposal_replay.acceptance_by_position(proposals, text_ids, scores, max_T)
-                    self.entries[key] = list(rates)
+            calls, lengths = proposal_replay.row_lengths(proposals, max_T)
+            self.entries[calls_key], self.entries[row_lengths_key] = calls, [list(row) for row in lengths]
+            scored = [
+                (m, k, r)
+                for m, k, r, needed in zip(models, rate_keys, row_rate_keys, missing, strict=True)
+                if needed
+            ]
+            for model, key, row_key in tqdm(scored, desc=f"{kind} replay", disable=not progress):
+                scores = teacher_forced_scores(model, text_ids, transform, greedy, vocab)
+                rates = proposal_replay.acceptance_by_position(proposals, text_ids, scores, max_T)
+                own = proposal_replay.row_rates(proposals, text_ids, scores, max_T)
+                self.entries[key], self.entries[row_key] = list(rates), [list(row) for row in own]
             self.changed = True
-        return tuple(self.entries[lengths_key]), [tuple(self.entries[key]) for key in rate_keys]
+        get = self.entries.get
+        return Replayed(
+            tuple(get(lengths_key)),
+            [tuple(get(key)) for key in rate_keys],
+            tuple(get(calls_key)) if rows else None,
+            tuple(map(tuple, get(row_lengths_key))) if rows else None,
+            [tuple(map(tuple, get(key))) for key in row_rate_keys] if rows else None,
+        )
 
     def _call_seconds(
         self, key: str, spec: ProposalLevel, ids: torch.Tensor, max_T: int, batch: int, timing: dict
@@ -585,6 +625,35 @@ def _numbers(value: object) -> bool:
 def _rates(value: object) -> bool:
     """A non-empty list of probabilities (a lookup level's rates per position or lengths offered)."""
     return _numbers(value) and all(v <= 1 for v in value)
+
+
+def _row_rates(value: object) -> bool:
+    """A non-empty list of ``_rates`` lists, one per calibration row."""
+    return isinstance(value, list) and bool(value) and all(_rates(row) for row in value)
+
+
+class Replayed(NamedTuple):
+    """A proposal level's replay (``ProfileCache._replayed``): pooled, and per row where asked."""
+
+    lengths: tuple[float, ...]
+    rates: list[Acceptance]  # one per model
+    calls: tuple[int, ...] | None  # [N] each row's calls
+    row_lengths: tuple[tuple[float, ...], ...] | None  # [N][max_T + 1]
+    row_rates: list[tuple[tuple[float, ...], ...]] | None  # one per model: [N][max_T]
+
+
+def _proposal_key(spec: ProposalLevel, greedy: bool, max_T: int) -> tuple[str, str, str]:
+    """(kind, level, replayed as): how a proposal level is named in its cost keys and in its
+    replay's (which also say whether it hands its q up)."""
+    if isinstance(spec, LookupDraft):
+        kind, level = "lookup", f"{_lookup_settings(spec)} T{max_T}"
+    else:
+        draft = f"{model_identity(spec.model)} {tokenizer_identity(spec.tokenizer)}"
+        below = zip(spec.below, spec.block_sizes, strict=True)
+        draft += "".join(f" over {_level_key(m)} T{t}" for m, t in below)
+        kind, level = "bridged", f"{draft} to {tokenizer_identity(spec.target_tokenizer)} T{max_T}"
+    shared = " shared" if spec.draws_q(greedy) else ""  # drawn from a shared vocabulary: q handed up
+    return kind, level, level + shared
 
 
 def _warn(message: str) -> None:

@@ -15,6 +15,8 @@ calibration text as the level would meet it in a run:
   Calls, not positions: a matched passage takes one call for many tokens, fresh text one per token;
   weighting every position alike over-counted the matches (predicted 1.7x what the zoo measured);
 - ``offered_lengths``: how often a call offers 0, 1, ... tokens;
+- ``row_lengths``, ``row_rates``: the same per calibration row, over its own calls (a batch waits
+  for its slowest row: ``row_spread.ProposalRows``);
 - ``acceptance_by_position``: per position j of a proposal, the rate a model accepts token j given
   it accepted tokens 1..j-1 (``latency.Acceptance``), under the sampling transform: p(x) for a
   sampled verification of a point-mass draft, min(1, p(x) / q(x)) for a level that draws its
@@ -154,6 +156,30 @@ def acceptance_by_position(
         previous = numerator[j] / denominator[j] if denominator[j] > 0 else previous
         rates.append(float(previous))
     return tuple(rates)
+
+
+def rows_of(proposals: list[Proposal]) -> list[list[Proposal]]:
+    """The calls of each replayed row, in row order (a row that made none is left out)."""
+    rows: dict[int, list[Proposal]] = {}
+    for proposal in proposals:
+        rows.setdefault(proposal.row, []).append(proposal)
+    return [rows[n] for n in sorted(rows)]
+
+
+def row_lengths(proposals: list[Proposal], max_T: int) -> tuple[list[int], list[tuple[float, ...]]]:
+    """Each replayed row's number of calls and its ``offered_lengths``, in row order."""
+    by_row = rows_of(proposals)
+    return [len(calls) for calls in by_row], [offered_lengths(calls, max_T) for calls in by_row]
+
+
+def row_rates(
+    proposals: list[Proposal],
+    ids: torch.Tensor,  # [N, L] the replayed text
+    scores: torch.Tensor,  # as ``acceptance_by_position`` takes them
+    max_T: int,
+) -> list[tuple[float, ...]]:
+    """Each replayed row's ``acceptance_by_position`` over its own calls, in row order."""
+    return [acceptance_by_position(calls, ids, scores, max_T) for calls in rows_of(proposals)]
 
 
 def host_seconds(
