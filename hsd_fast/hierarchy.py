@@ -309,9 +309,10 @@ def spread_over(
         [0.0 if i is None or j is None else model_spread[i][j] for j in index] for i in index
     ]
     for a, level in enumerate(everything):
+        rows = (proposal_rows or {}).get(id(level))  # [model] the level's rows under each
         for b, m in enumerate(index):
-            if m is not None and proposal_rows and id(level) in proposal_rows:
-                matrix[a][b] = matrix[b][a] = proposal_rows[id(level)][m]
+            if rows is not None and m is not None:
+                matrix[a][b] = matrix[b][a] = rows[m]
     return matrix
 
 

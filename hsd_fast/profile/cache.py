@@ -532,15 +532,14 @@ class ProfileCache:
         row_lengths_key = f"{kind} row lengths {level} {text}"
         rate_keys = [f"{kind} rates {level} {name} on {text}" for name in names]
         row_rate_keys = [f"{kind} row rates {level} {name} on {text}" for name in names]
-        missing = [not _rates(self.entries.get(key)) for key in rate_keys]  # [model]: its forwards needed
-        if rows:
-            missing = [
-                m or not _row_rates(self.entries.get(k)) for m, k in zip(missing, row_rate_keys, strict=True)
-            ]
-        row_entries_missing = not (
-            _numbers(self.entries.get(calls_key)) and _row_rates(self.entries.get(row_lengths_key))
-        )
-        if any(missing) or not _rates(self.entries.get(lengths_key)) or (rows and row_entries_missing):
+        get = self.entries.get
+        # [model]: whether its forwards are needed (its rates missing, or its rows' where asked for)
+        score = [
+            not _rates(get(key)) or (rows and not _row_rates(get(row_key)))
+            for key, row_key in zip(rate_keys, row_rate_keys, strict=True)
+        ]
+        rows_missing = rows and not (_numbers(get(calls_key)) and _row_rates(get(row_lengths_key)))
+        if any(score) or rows_missing or not _rates(get(lengths_key)):
             text_ids = self._run_text(models[-1], ids, text, generation_kwargs, new_tokens)
             vocab = models[-1].get_output_embeddings().weight.shape[0]
             start = run_text.continuation_start(ids)
@@ -550,9 +549,7 @@ class ProfileCache:
             calls, lengths = proposal_replay.row_lengths(proposals, max_T)
             self.entries[calls_key], self.entries[row_lengths_key] = calls, [list(row) for row in lengths]
             scored = [
-                (m, k, r)
-                for m, k, r, needed in zip(models, rate_keys, row_rate_keys, missing, strict=True)
-                if needed
+                (m, k, r) for m, k, r, s in zip(models, rate_keys, row_rate_keys, score, strict=True) if s
             ]
             for model, key, row_key in tqdm(scored, desc=f"{kind} replay", disable=not progress):
                 scores = teacher_forced_scores(model, text_ids, transform, greedy, vocab)
@@ -560,7 +557,6 @@ class ProfileCache:
                 own = proposal_replay.row_rates(proposals, text_ids, scores, max_T)
                 self.entries[key], self.entries[row_key] = list(rates), [list(row) for row in own]
             self.changed = True
-        get = self.entries.get
         return Replayed(
             tuple(get(lengths_key)),
             [tuple(get(key)) for key in rate_keys],
