@@ -32,6 +32,8 @@ from hsd_fast.hierarchy_types import DEFAULT_MAX_T, Selection
 from hsd_fast.latency import (
     Acceptance,
     Cost,
+    Through,
+    chain_rates,
     draft_seconds,
     draw_gain,
     expected_latency,
@@ -157,14 +159,16 @@ def chain_latency(
     rows: int = 1,
     max_new_tokens: int = 128,
     spread: Sequence[Sequence[Spread]] | None = None,
+    through: Through | None = None,
 ) -> float:
     """Predicted seconds per token of each row for the candidates ``chain`` (indices into ``costs``
-    and the acceptance matrix ``alpha``, the target last): the one-row recursion at batch 1, the
-    batch's Monte Carlo (``batch_latency``) at more rows, its rows' rates apart by ``spread`` (a
-    matrix like ``alpha``; default: all alike)."""
+    and the acceptance matrix ``alpha``, the target last; its pairs' rates as ``latency.chain_rates``
+    has them with ``through``): the one-row recursion at batch 1, the batch's Monte Carlo
+    (``batch_latency``) at more rows, its rows' rates apart by ``spread`` (a matrix like ``alpha``;
+    default: all alike)."""
     levels = [costs[m] for m in chain]
     pairs = list(itertools.pairwise(chain))
-    alphas = [alpha[a][b] for a, b in pairs]
+    alphas = chain_rates(costs, alpha, chain, T, through)
     if rows == 1:
         return expected_latency(levels, alphas, list(T))
     spreads = None if spread is None else [spread[a][b] for a, b in pairs]
@@ -178,19 +182,21 @@ def select_for_batch(
     max_T: int = DEFAULT_MAX_T,
     max_new_tokens: int = 128,
     spread: Sequence[Sequence[Spread]] | None = None,
+    through: Through | None = None,
 ) -> Selection:
     """``selector.select`` for a batch of ``rows`` rows (costs measured at ``rows`` rows, rows' rates
-    apart by ``spread``, as in ``chain_latency``): its pick
+    apart by ``spread`` and pairs through a proposal level by ``through``, as in ``chain_latency``): its pick
     and runner-ups, which always include plain decoding and the best single draft, rescored by
     ``batch_latency`` and ranked again. The one-row recursion ranks the candidates, so a hierarchy
     outside its short list is not considered; the batch only penalises hierarchies (rows out of
     step, rows finishing apart), so the ones it would promote are the single drafts and plain
     decoding the list always holds."""
-    first = select(costs, alpha, max_T=max_T)
+    first = select(costs, alpha, max_T=max_T, through=through)
     if rows == 1:
         return first
     candidates = [replace(first, runner_ups=()), *first.runner_ups]
-    latency = {s: chain_latency(costs, alpha, s.chain, s.T, rows, max_new_tokens, spread) for s in candidates}
+    setting = (rows, max_new_tokens, spread, through)
+    latency = {s: chain_latency(costs, alpha, s.chain, s.T, *setting) for s in candidates}
     ar = next(lat for s, lat in latency.items() if len(s.chain) == 1)
     best_single = min((lat for s, lat in latency.items() if len(s.chain) == 2), default=ar)
     ranked = [

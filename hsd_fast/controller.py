@@ -22,6 +22,10 @@ matrix, measured on calibration text in another process. The run corrects both a
   counted as Bernoulli trials up to the first rejection, per block position, on top of the prior
   as ``PRIOR_TOKENS`` pseudo-trials; older rounds fade (``FADE`` per round), so the estimate follows
   the text. Pairs that do not run keep what they had, except what probes tell.
+- **Tokens that came through** (``through``): in a chain lookup > m > v, v's trials on m's tokens
+  mix its rate on the proposals m kept, on m's corrections and on m's own drafts (the profile's
+  ``latency.RatesThrough``): they are counted apart from the pair (m, v), and the mix is solved for
+  the kept proposals' rate.
 - **Rows apart**: the estimate pools a batch's rows, but the batch decodes at its slowest row's
   pace; with the profile's spread (``row_spread``) each pair is priced at the rate of the expected
   slowest of the rows still decoding (``_paced``).
@@ -89,10 +93,14 @@ from hsd_fast.latency import (
     Acceptance,
     Cost,
     LookupCost,
+    RatesThrough,
+    Through,
+    chain_rates,
     decode_seconds,
     draft_seconds,
     expected_latency,
     rate_at,
+    shares_through,
 )
 from hsd_fast.lookup import level_identity
 from hsd_fast.row_spread import Spread, row_rate, sigma_of, slowest_row_z
@@ -164,7 +172,9 @@ class LatencyController:
     (a decision look is skipped while they have taken more); ``spread``: how far apart rows accept,
     per pair (``row_spread``; None: all alike; a proposal level's rows, ``ProposalRows``, as their
     log-odds spread): at more than one row the model prices each pair at the rate of the batch's
-    slowest row, which sets the batch's pace."""
+    slowest row, which sets the batch's pace; ``through``: the rates at which a model accepts the
+    proposals the model under it passed (``latency.chain_rates``), corrected by the chains that
+    run (``through``, the method)."""
 
     def __init__(
         self,
@@ -180,6 +190,7 @@ class LatencyController:
         probe_every: int = 4,
         decide_share: float = 0.02,
         spread: Sequence[Sequence[Spread]] | None = None,
+        through: Through | None = None,
     ) -> None:
         n = len(costs)
         if n < 1 or len(alpha) != n or any(len(row) != n for row in alpha):
@@ -191,6 +202,7 @@ class LatencyController:
         # are not kept across hierarchies): every verification at its full cost
         self.prior_costs = [_without_reuse(c) for c in costs]
         self.prior_alpha = [list(row) for row in alpha]
+        self.prior_through = dict(through or {})
         self.max_T, self.every, self.margin, self.resolve_every = max_T, every, margin, resolve_every
         self.max_every, self.look_share = max(max_every, every), look_share
         self.steady = 0  # looks in a row, in this request, that kept the hierarchy
@@ -204,6 +216,9 @@ class LatencyController:
         self.last_probe: dict[int, int] = {}  # candidate -> (request's) round of its last probe
         self.ratios: list[list[float]] = [[] for _ in costs]  # measured / predicted, per candidate
         self.trials: dict[tuple[int, int], np.ndarray] = {}  # per pair, per block position: [2, P]
+        # per (p, m, v) of ``prior_through``: level 2's trials on level 1's tokens in chains p > m > v,
+        # [passed, tried, tried x each share of shares_through: kept, corrections, own]
+        self.through_trials: dict[tuple[int, int, int], np.ndarray] = {}
         # per lookup candidate, per proposal length (the prior's lengths): [2, L], calls whose
         # proposal ended there, and calls cut there by the block size (at least that long)
         self.proposals: dict[int, np.ndarray] = {}
@@ -242,6 +257,13 @@ class LatencyController:
         alpha = [[profile.alpha[i][j] for j in index] for i in index]
         if profile.spread is not None and "spread" not in kwargs:
             kwargs["spread"] = [[profile.spread[i][j] for j in index] for i in index]
+        if profile.through and "through" not in kwargs:
+            ours = {p: i for i, p in enumerate(index)}
+            kwargs["through"] = {
+                (ours[p], ours[m], ours[v]): rate
+                for (p, m, v), rate in profile.through
+                if p in ours and m in ours and v in ours
+            }
         return cls(costs, alpha, **kwargs)
 
     @classmethod
@@ -344,6 +366,25 @@ class LatencyController:
                 out[i][j] = _pooled(passed, tried, prior)
         return out
 
+    def through(self, alpha) -> dict[tuple[int, int, int], RatesThrough]:
+        """How a model v takes what model m passes of lookup level p's proposals
+        (``latency.chain_rates``): the prior's, corrected by the chains p > m > v that ran. Their v
+        took m's tokens at a rate that mixes the rate on the kept proposals, on m's corrections and
+        on m's own (``alpha[m][v]``) by their shares; counted on top of the prior's mix as
+        ``PRIOR_TOKENS`` trials, the mix is solved for the first (the others stay the prior's)."""
+        out = dict(self.prior_through)
+        for chain, (passed, tried, *shared) in self.through_trials.items():
+            prior, direct = out[chain], _mean_rate(alpha[chain[1]][chain[2]])
+            kept, corrections, own = (x / tried for x in shared) if tried > 0 else (0.0, 0.0, 0.0)
+            if kept <= 0:
+                continue
+            corrected = direct if prior.corrected is None else prior.corrected
+            rest = corrected**corrections * direct**own  # the part this leaves as the prior's
+            mixed = (passed + PRIOR_TOKENS * prior.passed**kept * rest) / (tried + PRIOR_TOKENS)
+            if rest > 0:
+                out[chain] = replace(prior, passed=min(1.0, (mixed / rest) ** (1.0 / kept)))
+        return out
+
     def learn(self, seen: Observation) -> None:
         """Fold the round ``seen`` reports into the estimates."""
         self.wall += seen.round_seconds
@@ -387,7 +428,7 @@ class LatencyController:
                 if predicted > 0 and s > 0:
                     self.ratios[model].append(s / predicted)
             del self.ratios[model][:-RECENT_STEPS]
-        for counts in (*self.trials.values(), *self.proposals.values()):
+        for counts in (*self.trials.values(), *self.proposals.values(), *self.through_trials.values()):
             counts *= FADE**seen.rounds  # per round, however far apart the looks
         if seen.verified and isinstance(self.prior_costs[levels[0]], LookupCost):
             self._count_proposals(levels[0], seen.verified[0], seen.choice.T[0])
@@ -399,7 +440,16 @@ class LatencyController:
             positions = np.arange(width)  # block position p: the (p + 1)-th draft
             tried = (positions[None, :] < np.minimum(drafts, accepted + 1)[:, None]).sum(0)
             passed = (positions[None, :] < accepted[:, None]).sum(0)
-            self._count(pair, passed, tried)
+            if level == 2 and (chain := tuple(levels[:3])) in self.prior_through:  # a mix: ``through``
+                shares = shares_through(
+                    replace(self.prior_costs[levels[0]], lengths=self.lengths(levels[0])),
+                    self.alpha()[levels[0]][levels[1]],
+                    seen.choice.T[0],
+                )
+                counts = self.through_trials.setdefault(chain, np.zeros(5))
+                counts += (passed.sum(), tried.sum(), *(share * tried.sum() for share in shares))
+            else:
+                self._count(pair, passed, tried)
 
     def _count(self, pair: tuple[int, int], passed: np.ndarray, tried: np.ndarray) -> None:
         """Add trials of ``pair``, per block position (``[P]`` each; a probe's are position 0's)."""
@@ -479,6 +529,14 @@ class LatencyController:
                 f"  {names[i]} > {names[j]}: {_mean_rate(self.prior_alpha[i][j]):.2f} -> "
                 f"{_mean_rate(alpha[i][j]):.2f} ({counts[1].sum():.0f})"
             )
+        through = self.through(alpha)
+        for (p, m, v), rates in sorted(through.items()):
+            counts, prior = self.through_trials.get((p, m, v), np.zeros(5)), self.prior_through[(p, m, v)]
+            corrected = "" if rates.corrected is None else f", on its corrections {rates.corrected:.2f}"
+            lines.append(
+                f"  {names[v]} on what {names[m]} passed of {names[p]}: {prior.passed:.2f} -> "
+                f"{rates.passed:.2f} ({counts[1]:.0f}){corrected}"
+            )
         if self.spread is not None and self.rows > 1:
             z = slowest_row_z(self.rows)
             lines.append(f"  priced at the slowest of {self.rows} rows (z {z:.2f}), per pair that ran:")
@@ -519,7 +577,8 @@ class LatencyController:
     def modelled(self, choice: Choice, costs: Sequence[Cost], alpha) -> float:
         """The latency model's seconds per committed token of ``choice`` under the estimates."""
         levels = [*choice.drafts, self.target]
-        pairs = [self._paced(alpha[a][b], a, b) for a, b in itertools.pairwise(levels)]
+        rates = chain_rates(costs, alpha, levels, choice.block_sizes, self.through(alpha))
+        pairs = [self._paced(r, a, b) for r, (a, b) in zip(rates, itertools.pairwise(levels), strict=True)]
         return expected_latency([costs[m] for m in levels], pairs, list(choice.block_sizes))
 
     def _paced(self, rate: Acceptance, a: int, b: int) -> Acceptance:
@@ -604,7 +663,7 @@ class LatencyController:
         """The selector's pick and runner-ups on the current estimates become the shortlist."""
         self.resolved_at = self.looks
         paced = [[self._paced(rate, a, b) for b, rate in enumerate(row)] for a, row in enumerate(alpha)]
-        selection = select(costs, paced, self.max_T)
+        selection = select(costs, paced, self.max_T, through=self.through(alpha))
         self.shortlist = [Choice(tuple(s.chain[:-1]), tuple(s.T)) for s in (selection, *selection.runner_ups)]
 
     def _neighbours(self, choice: Choice) -> list[Choice]:

@@ -23,7 +23,7 @@ from hsd_fast.early_exit import exit_of, recomputing_variant
 from hsd_fast.engine import MAX_BLOCK_SIZE
 from hsd_fast.hf_generate import generate
 from hsd_fast.hierarchy_types import DEFAULT_MAX_T, Hierarchy, NoDraftWarning, Profile, Selection, TreeDraft
-from hsd_fast.latency import Acceptance, Cost, LookupCost
+from hsd_fast.latency import Acceptance, Cost, LookupCost, Through
 from hsd_fast.lookup import LookupDraft, as_lookup
 from hsd_fast.other_tokenizer import OtherTokenizerDraft, same_tokenizer
 from hsd_fast.processors import generation_sampling
@@ -130,7 +130,17 @@ def select_hierarchy(
         alpha, model_spread = cache.acceptance(*measuring, **run), None
     present = [i for i, c in enumerate(everything) if not isinstance(c, ProposalLevel)]  # in costs
     proposal_rows = {}  # at a batch: a proposal level's rows under each model (its slowest row)
+    passed_through = {}  # (id(level), id(m), id(v)) -> v's rate on the level's proposals m passed
     for at in [i for i, c in enumerate(candidates) if isinstance(c, ProposalLevel)]:
+        rates_through = cache.proposal_through(  # first: its replay also serves proposal_level
+            candidates[at], models, prompts, transform, greedy, max_T, progress, generation_kwargs,
+            new_tokens=max_new_tokens,
+        )  # fmt: skip
+        passed_through |= {
+            (id(candidates[at]), id(models[i]), id(models[j])): rate
+            for (i, j), rate in rates_through.items()
+            if rate is not None
+        }
         level_cost, rates = cache.proposal_level(
             candidates[at],
             models,
@@ -164,10 +174,11 @@ def select_hierarchy(
     costs, alpha, everything = with_recomputing_exits(costs, alpha, everything)  # reuse, or not
     cache.save()
     spread = None if model_spread is None else spread_over(everything, models, model_spread, proposal_rows)
-    selection = select_for_batch(costs, alpha, batch, max_T, max_new_tokens, spread)
+    through = through_over(everything, passed_through)
+    selection = select_for_batch(costs, alpha, batch, max_T, max_new_tokens, spread, through)
     selection, no_draft_reason = prefer_no_draft(selection, MODEL_ERROR if min_gain is None else min_gain)
     pick = Hierarchy.bind(selection, everything, batch)
-    pick = replace(pick, profile=Profile.of(everything, costs, alpha, spread))
+    pick = replace(pick, profile=Profile.of(everything, costs, alpha, spread, through))
     if no_draft_reason is not None:
         warnings.warn(f"select_hierarchy: {no_draft_reason}", NoDraftWarning, stacklevel=2)
         pick = replace(pick, no_draft_reason=no_draft_reason)
@@ -314,6 +325,18 @@ def spread_over(
             if rows is not None and m is not None:
                 matrix[a][b] = matrix[b][a] = rows[m]
     return matrix
+
+
+def through_over(everything: Sequence, passed_through: Mapping[tuple[int, int, int], float]) -> Through:
+    """``latency.Through`` over the selection's candidates ``everything`` from rates keyed by the
+    levels' ids (``ProfileCache.proposal_through``'s, per proposal level); a candidate made after
+    the replay (a token tree, an exit's recomputing twin) has none: its pairs keep their alpha."""
+    index = {id(c): i for i, c in enumerate(everything)}
+    return {
+        (index[p], index[m], index[v]): rate
+        for (p, m, v), rate in passed_through.items()
+        if p in index and m in index and v in index
+    }
 
 
 def with_recomputing_exits(

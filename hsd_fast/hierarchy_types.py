@@ -65,12 +65,17 @@ class Profile:
     alpha: tuple[tuple, ...]
     # how far apart rows accept, per pair (``row_spread``), where the selection was for a batch
     spread: tuple[tuple[float, ...], ...] | None = None
+    # ((p, m, v), rate): v's rate on the tokens of proposal level p that m passed (``latency.chain_rates``)
+    through: tuple[tuple[tuple[int, int, int], float], ...] = ()
 
     @classmethod
-    def of(cls, candidates: Sequence, costs: Sequence, alpha: Sequence[Sequence], spread=None) -> Profile:
+    def of(
+        cls, candidates: Sequence, costs: Sequence, alpha: Sequence[Sequence], spread=None, through=None
+    ) -> Profile:
         """The profile of lists as the selector builds them, frozen into tuples."""
         frozen_spread = None if spread is None else _frozen(spread)
-        return cls(tuple(candidates), tuple(costs), _frozen(alpha), frozen_spread)
+        frozen_through = tuple(sorted((through or {}).items()))
+        return cls(tuple(candidates), tuple(costs), _frozen(alpha), frozen_spread, frozen_through)
 
 
 def _frozen(matrix: Sequence[Sequence]) -> tuple[tuple, ...]:

@@ -37,7 +37,7 @@ import itertools
 import math
 import random
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 Cost = Callable[[int], float]
@@ -261,6 +261,58 @@ def expected_gain(a: Acceptance, b: int) -> float:
 def mean_gain(a: Acceptance, block: dict[int, float]) -> float:
     """E[G] over a distribution of block sizes."""
     return sum(p * expected_gain(a, b) for b, p in block.items())
+
+
+@dataclass(frozen=True)
+class RatesThrough:
+    """How a model v takes what the model m under it hands up from a proposal level p's proposals
+    (docs/design.md, "Tokens that came through")."""
+
+    passed: float  # v's rate on the proposed tokens m accepted
+    corrected: float | None = None  # on m's own token where it rejected one (None: m's own rate)
+
+
+Through = Mapping[tuple[int, int, int], RatesThrough]
+"""(p, m, v) -> ``RatesThrough`` (measured by ``profile.proposal_replay``; ``chain_rates``)."""
+
+
+def shares_through(below: Cost, rate: Acceptance, T: int) -> tuple[float, float, float]:
+    """Of the tokens a level 1 hands up over its level-0 call (``below``, block size ``T``,
+    accepted at ``rate``), the shares that came through (proposed and kept), that are its
+    corrections (its own token where it rejected a proposed one) and its other own tokens (the
+    bonus after a proposal kept whole, or its draft where nothing was offered): a verification of
+    a block of b keeps E[G | b] - 1 tokens and adds one of the other two kinds."""
+    kept = corrections = 0.0
+    for b, p in block_sizes(below, T).items():
+        kept += p * (expected_gain(rate, b) - 1.0)
+        corrections += p * (1.0 - math.prod(rate_at(rate, j) for j in range(1, b + 1)))
+    gain = kept + 1.0
+    return kept / gain, corrections / gain, (1.0 - corrections) / gain
+
+
+def chain_rates(
+    costs: Sequence[Cost],
+    alpha: Sequence[Sequence[Acceptance]],
+    levels: Sequence[int],
+    T: Sequence[int],
+    through: Through | None = None,
+) -> list[Acceptance]:
+    """The rates of a chain's pairs (``levels``: candidate indices, smallest first), each pair's
+    ``alpha``, except where ``through`` holds the chain's first three (docs/design.md, "Tokens that
+    came through"): level 2 then verifies three kinds of level 1's tokens (``shares_through``):
+    proposed by level 0 and kept by level 1, which level 2 takes at ``passed`` (two levels that
+    agree on a proposed token are mostly right: 0.96-1.0 on the zoo's text sets); level 1's
+    corrections of the proposals it rejected, at ``corrected`` (where a small model rejects a
+    passage the text repeats, the target mostly keeps it: 0.1-0.3); and its other own tokens, at
+    its ``alpha``. A block survives as the product of its tokens' rates, so the pair's one rate is
+    their geometric mean weighted by the shares."""
+    rates = [alpha[a][b] for a, b in itertools.pairwise(levels)]
+    known = (through or {}).get(tuple(levels[:3])) if len(levels) >= 3 else None
+    if known is not None and not isinstance(rates[1], tuple):
+        kept, corrections, own = shares_through(costs[levels[0]], rates[0], T[0])
+        corrected = rates[1] if known.corrected is None else known.corrected
+        rates[1] = known.passed**kept * corrected**corrections * rates[1] ** own
+    return rates
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ slower than AR or the best single draft.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -27,7 +26,9 @@ from hsd_fast.hierarchy_types import DEFAULT_MAX_T, Selection
 from hsd_fast.latency import (
     Acceptance,
     Cost,
+    Through,
     block_sizes,
+    chain_rates,
     decode_seconds,
     draft_seconds,
     expected_gain,
@@ -44,23 +45,26 @@ def select(
     max_T: int = DEFAULT_MAX_T,
     keep: int = 4,
     rescore: int = 16,
+    through: Through | None = None,
 ) -> Selection:
     """Best hierarchy over candidates 0..n-1 (the last is the target) given per-model costs and the
     symmetric pairwise acceptance matrix ``alpha`` (a lookup candidate's entries per position, see
-    ``latency.Acceptance``). Candidates are taken in cost order c(1), a lookup level first."""
+    ``latency.Acceptance``; ``through``: the rates at which a model takes the proposals the model under
+    it passed, ``latency.chain_rates``). Candidates are taken in cost order c(1), a lookup level
+    first."""
     n = len(costs)
     if n < 1 or len(alpha) != n or any(len(row) != n for row in alpha):
         raise ValueError(f"need n >= 1 costs and an n x n alpha matrix, got {n} costs")
     target = n - 1
     drafts = _drafts_in_cost_order(costs)
-    finals = fixed_block_candidates(costs, alpha, max_T, keep)
+    finals = fixed_block_candidates(costs, alpha, max_T, keep, through)
     shortlisted = {chain for _, chain in finals[:rescore]}
     shortlisted |= {((m, t),) for m in drafts for t in _block_sizes_of(costs[m], max_T)} | {()}  # + AR
 
     # The decomposable form ranks T's a little differently from the exact recursion: polish each
     # shortlisted chain's T by coordinate descent on the exact latency.
-    refined = {_refine_T(costs, alpha, chain, target, max_T) for chain in shortlisted}
-    scored = sorted((_exact(costs, alpha, chain, target), chain) for chain in refined)
+    refined = {_refine_T(costs, alpha, chain, target, max_T, through) for chain in shortlisted}
+    scored = sorted((_exact(costs, alpha, chain, target, through), chain) for chain in refined)
     ar = decode_seconds(costs[target])
     best_single = min(lat for lat, chain in scored if len(chain) == 1) if drafts else ar
     hierarchies = [
@@ -88,7 +92,11 @@ def select(
 
 
 def fixed_block_candidates(
-    costs: Sequence[Cost], alpha: Sequence[Sequence[Acceptance]], max_T: int = DEFAULT_MAX_T, keep: int = 4
+    costs: Sequence[Cost],
+    alpha: Sequence[Sequence[Acceptance]],
+    max_T: int = DEFAULT_MAX_T,
+    keep: int = 4,
+    through: Through | None = None,
 ) -> list[tuple[float, tuple[tuple[int, int], ...]]]:
     """The k-best DP: (decomposable latency, chain of (draft, T) smallest first), best first, one
     entry per model chain. The empty chain is autoregressive decoding."""
@@ -102,24 +110,26 @@ def fixed_block_candidates(
             for below in drafts[:pos] if not level_zero_only(costs[m]) else ():
                 for t_below in _block_sizes_of(costs[below], max_T):
                     for value, chain in best[(below, t_below)]:
-                        verify, gain = _verify_and_gain(costs, alpha, chain, m)
+                        verify, gain = _verify_and_gain(costs, alpha, chain, m, through)
                         options.append((t / gain * (verify + value), (*chain, (m, t))))
             best[(m, t)] = _best_per_model_chain(options, keep)
     finals = [(decode_seconds(costs[target]), ())]
     for entries in best.values():
         for value, chain in entries:
-            verify, gain = _verify_and_gain(costs, alpha, chain, target)
+            verify, gain = _verify_and_gain(costs, alpha, chain, target, through)
             finals.append(((verify + value) / gain, chain))
     return _best_per_model_chain(finals, len(finals))
 
 
-def _verify_and_gain(costs, alpha, chain, m: int) -> tuple[float, float]:
+def _verify_and_gain(costs, alpha, chain, m: int, through: Through | None) -> tuple[float, float]:
     """Expected seconds of m's verification of the block ``chain`` returns, and expected gain: the
     block is T' for a chain of models, random for a lookup level alone."""
     below, t_below = chain[-1]
     above = verifying_costs([costs[below], costs[m]])[1]  # from an exit's hidden states, if it is one
-    if len(chain) > 1:
-        return above(t_below + 1), expected_gain(alpha[below][m], t_below)
+    if len(chain) > 1:  # its rate as chain_rates has it (tokens that came through a level 0)
+        levels, T = [*(c for c, _ in chain[-2:]), m], [t for _, t in chain[-2:]]
+        rate = chain_rates(costs, alpha, levels, T, through if len(chain) == 2 else None)[-1]
+        return above(t_below + 1), expected_gain(rate, t_below)
     verify = first_verify_seconds(above, costs[below], t_below)
     return verify, mean_gain(alpha[below][m], block_sizes(costs[below], t_below))
 
@@ -153,24 +163,25 @@ def _drafts_in_cost_order(costs: Sequence[Cost]) -> list[int]:
     return sorted(cheaper, key=lambda m: (not level_zero_only(costs[m]), costs[m](1)))
 
 
-def _refine_T(costs, alpha, chain, target: int, max_T: int) -> tuple[tuple[int, int], ...]:
-    best, best_lat = chain, _exact(costs, alpha, chain, target)
+def _refine_T(costs, alpha, chain, target: int, max_T: int, through) -> tuple[tuple[int, int], ...]:
+    best, best_lat = chain, _exact(costs, alpha, chain, target, through)
     improved = True
     while improved:
         improved = False
         for level in range(len(best)):
             for t in range(1, max_T + 1):
                 trial = tuple((m, t if i == level else old) for i, (m, old) in enumerate(best))
-                lat = _exact(costs, alpha, trial, target)
+                lat = _exact(costs, alpha, trial, target, through)
                 if lat < best_lat - 1e-12 * abs(best_lat):  # strictly better, whatever the sign
                     best, best_lat, improved = trial, lat, True
     return best
 
 
-def _exact(costs: Sequence[Cost], alpha: Sequence[Sequence[Acceptance]], chain, target: int) -> float:
-    models = [m for m, _ in chain] + [target]
-    alphas = [alpha[a][b] for a, b in itertools.pairwise(models)]
-    return expected_latency([costs[m] for m in models], alphas, [t for _, t in chain])
+def _exact(
+    costs: Sequence[Cost], alpha: Sequence[Sequence[Acceptance]], chain, target: int, through: Through | None
+) -> float:
+    models, T = [m for m, _ in chain] + [target], [t for _, t in chain]
+    return expected_latency([costs[m] for m in models], chain_rates(costs, alpha, models, T, through), T)
 
 
 def prefer_no_draft(selection: Selection, min_gain: float) -> tuple[Selection, str | None]:

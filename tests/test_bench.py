@@ -280,6 +280,7 @@ def test_the_tokenizers_scenario_compares_hierarchies_with_and_without_a_bridged
     from types import SimpleNamespace
 
     from hsd_fast.bench.command import BenchProfile, _adaptive_profile, _grid_kinds
+    from hsd_fast.latency import RatesThrough
     from hsd_fast.other_tokenizer import OtherTokenizerDraft
 
     bridged = object.__new__(OtherTokenizerDraft)  # only its type is read here
@@ -290,10 +291,18 @@ def test_the_tokenizers_scenario_compares_hierarchies_with_and_without_a_bridged
     assert kinds["best without another tokenizer"]((0, 2, 3))
     costs, alpha = [0.1, 0.2, 0.3, 1.0], [[i * 4 + j for j in range(4)] for i in range(4)]
     spread = [[float(i + j) for j in range(4)] for i in range(4)]
-    kept = _adaptive_profile(scenario, BenchProfile(costs, alpha, names, spread))
+    through = {(0, 2, 3): RatesThrough(0.9, 0.3), (0, 1, 3): RatesThrough(0.8)}  # (lookup, xs, target) kept
+    kept = _adaptive_profile(scenario, BenchProfile(costs, alpha, names, spread, through))
     kept_rows = [[0, 2, 3], [8, 10, 11], [12, 14, 15]]
-    assert kept == ([0.1, 0.3, 1.0], kept_rows, ["lookup", "xs", "target"], [[0, 2, 3], [2, 4, 5], [3, 5, 6]])
-    assert _adaptive_profile(scenario, BenchProfile(costs, alpha, names, None)).spread is None  # batch 1
+    kept_spread = [[0, 2, 3], [2, 4, 5], [3, 5, 6]]
+    assert kept == (
+        [0.1, 0.3, 1.0],
+        kept_rows,
+        ["lookup", "xs", "target"],
+        kept_spread,
+        {(0, 1, 2): through[(0, 2, 3)]},
+    )
+    assert _adaptive_profile(scenario, BenchProfile(costs, alpha, names, None, {})).spread is None  # batch 1
 
 
 def test_an_exits_recomputing_twin_runs_by_its_name_and_sits_out_adaptive_runs() -> None:
@@ -317,7 +326,7 @@ def test_an_exits_recomputing_twin_runs_by_its_name_and_sits_out_adaptive_runs()
     with pytest.raises(KeyError):
         _drafts(scenario, ["exit3 (recompute)"])  # not an exit of the scenario's
     costs, alpha = [0.1, 0.2, 0.2, 1.0], [[i * 4 + j for j in range(4)] for i in range(4)]
-    assert _adaptive_profile(scenario, BenchProfile(costs, alpha, names, None)).names == [
+    assert _adaptive_profile(scenario, BenchProfile(costs, alpha, names, None, {})).names == [
         "lookup",
         "exit2",
         "target",

@@ -457,7 +457,7 @@ def test_a_batch_is_selected_with_its_rows_spread(tmp_path, monkeypatch) -> None
     seen = []
 
     def recording(costs, alpha, rows, *args):
-        seen.append(args[-1])
+        seen.append(args[2])  # the spread (max_T, max_new_tokens, spread, through)
         return select_for_batch(costs, alpha, rows, *args)
 
     monkeypatch.setattr(hierarchy, "select_for_batch", recording)

@@ -40,9 +40,9 @@ from hsd_fast.cli_args import output_folder, positive_float, positive_int
 from hsd_fast.controller import LatencyController
 from hsd_fast.early_exit import EarlyExit, exit_of
 from hsd_fast.hf_generate import generate
-from hsd_fast.hierarchy import spread_over, with_proposal_level, with_recomputing_exits
+from hsd_fast.hierarchy import spread_over, through_over, with_proposal_level, with_recomputing_exits
 from hsd_fast.hierarchy_types import DEFAULT_MAX_T, Hierarchy, Profile, Selection
-from hsd_fast.latency import decode_seconds
+from hsd_fast.latency import Through, decode_seconds
 from hsd_fast.lookup import LOOKUP, LookupDraft, as_lookup
 from hsd_fast.other_tokenizer import OtherTokenizerDraft
 from hsd_fast.positions import COMMAND_FORM, check_positions, fewest_positions
@@ -208,12 +208,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.mixed:
         return _mixed(scenario, sampling, args, profiles)
-    costs, alpha, names, _ = profiles[1]
-    pick = select(costs, alpha)
+    costs, alpha, names, _, through = profiles[1]
+    pick = select(costs, alpha, through=through)
     hierarchies = {"selector's pick": (pick, None)}
     extra_sections: list[str] = []
     if not args.quick:
-        measured = _grid(scenario, costs, alpha, names, sampling, args, tuning_prompts)
+        measured = _grid(scenario, profiles[1], sampling, args, tuning_prompts)
         extra_sections = _selector_check(pick, measured, names)
         hierarchies["grid's best"] = (min(measured, key=measured.get), None)
         for label, kind in _grid_kinds(scenario, names).items():
@@ -229,8 +229,10 @@ def run(args: argparse.Namespace) -> int:
         )
     for batch in args.batch:  # after the others: a batch's pick that is one of them runs as that one
         if batch != 1:
-            costs_b, alpha_b, _, spread = profiles[batch]
-            batch_pick = select_for_batch(costs_b, alpha_b, batch, DEFAULT_MAX_T, args.max_new_tokens, spread)
+            costs_b, alpha_b, _, spread, through_b = profiles[batch]
+            batch_pick = select_for_batch(
+                costs_b, alpha_b, batch, DEFAULT_MAX_T, args.max_new_tokens, spread, through_b
+            )
             hierarchies[f"selector's pick for batch {batch}"] = (batch_pick, (batch,))
 
     configs = _configs(scenario, sampling, args, hierarchies, names, profiles, tuning_prompts, notes)
@@ -351,9 +353,9 @@ def _mixed(scenario: Scenario, sampling: dict, args: argparse.Namespace, profile
     device = str(next(scenario.target.parameters()).device)
     different = False
     for batch in args.batch:
-        costs, alpha, _, spread = profiles[batch]
-        selection = select_for_batch(costs, alpha, batch, DEFAULT_MAX_T, args.max_new_tokens, spread)
-        profile = Profile.of(levels, costs, alpha, spread)
+        costs, alpha, _, spread, through = profiles[batch]
+        selection = select_for_batch(costs, alpha, batch, DEFAULT_MAX_T, args.max_new_tokens, spread, through)
+        profile = Profile.of(levels, costs, alpha, spread, through)
         pick = replace(Hierarchy.bind(selection, levels, batch), profile=profile)
         work = mixed_requests(sets, batch)
         print(
@@ -428,6 +430,7 @@ class BenchProfile(NamedTuple):
     alpha: list[list]
     names: list[str]
     spread: list[list[Spread]] | None  # at batch > 1: how far apart rows accept (row_spread)
+    through: Through  # a model's rate on the proposals the model under it passed (latency.chain_rates)
 
 
 def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> BenchProfile:
@@ -456,12 +459,19 @@ def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> BenchP
         alpha, model_spread = cache.acceptance(*measuring, generation_kwargs=sampling, **run), None
     specs = [LookupDraft(), *bridged.values()]  # candidates 0, 1, ...: the proposal levels
     replay = (models, scenario.calibration, transform, greedy, DEFAULT_MAX_T, True, sampling)
+    passed_through = {}  # (id(spec), id(m), id(v)) -> v's rate on the proposals m passed
     for at, spec in enumerate(specs):
+        rates_through = cache.proposal_through(spec, *replay, **run)  # first: one replay serves both
+        passed_through |= {
+            (id(spec), id(models[i]), id(models[j])): rate
+            for (i, j), rate in rates_through.items()
+            if rate is not None
+        }
         level, rates = cache.proposal_level(spec, *replay, batch, compile=not args.eager, **run)
         costs, alpha = with_proposal_level(costs, alpha, at, level, [0.0] * at + list(rates))  # none between
     # at a batch: each proposal level's rows under each model (a batch waits for its slowest row)
     rows = [cache.proposal_rows(spec, *replay, **run) for spec in specs] if batch > 1 else []
-    levels = [*_drafts(scenario, names[:-1]), scenario.target]
+    levels = [*specs, *_drafts(scenario, names[len(specs) : -1]), scenario.target]  # the specs replayed
     costs, alpha, levels = with_recomputing_exits(costs, alpha, levels)  # an exit reusing, or not
     by_k = {k: name for name, k in scenario.exits.items()}
     twins = [by_k[exit_of(level)[1]] + RECOMPUTED for level in levels[len(names) - 1 : -1]]
@@ -469,7 +479,7 @@ def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> BenchP
     cache.save()
     proposal_rows = {id(level): r for level, r in zip(levels[: len(rows)], rows, strict=True)}  # specs first
     spread = None if model_spread is None else spread_over(levels, models, model_spread, proposal_rows)
-    return BenchProfile(costs, alpha, names, spread)
+    return BenchProfile(costs, alpha, names, spread, through_over(levels, passed_through))
 
 
 def _profile_in_child(args: argparse.Namespace) -> None:
@@ -528,7 +538,13 @@ def _adaptive_profile(scenario: Scenario, profile: BenchProfile) -> BenchProfile
         return None if matrix is None else [[matrix[i][j] for j in keep] for i in keep]
 
     costs, names = [profile.costs[i] for i in keep], [profile.names[i] for i in keep]
-    return BenchProfile(costs, kept(profile.alpha), names, kept(profile.spread))
+    ours = {i: k for k, i in enumerate(keep)}
+    through = {
+        (ours[p], ours[m], ours[v]): rate
+        for (p, m, v), rate in profile.through.items()
+        if p in ours and m in ours and v in ours
+    }
+    return BenchProfile(costs, kept(profile.alpha), names, kept(profile.spread), through)
 
 
 def _hf_runs(config: cfg.Config, prompts, draft_name: str, notes: list[str]) -> bool:
@@ -554,11 +570,12 @@ def _fallback_profiles(scenario: Scenario) -> list[Path]:
     return [zoo.zoo_dir() / "profile_cpu.json"]
 
 
-def _grid(scenario, costs, alpha, names, sampling, args, prompts) -> dict[Selection, float]:
+def _grid(scenario, profile: BenchProfile, sampling, args, prompts) -> dict[Selection, float]:
     """Measured decode seconds per token (batch 1, prefill excluded) of the grid's best predicted
     hierarchies: every chain of one or two drafts with T up to DEFAULT_MAX_T (candidate 0, the lookup
     level, only at the bottom), ranked by the latency model: its GRID_MEASURED best and the best
     predicted of each of the kinds (``_grid_kinds``)."""
+    costs, alpha, names, _, through = profile
     target = len(costs) - 1
     candidates = []
     for size in (1, 2):
@@ -566,7 +583,8 @@ def _grid(scenario, costs, alpha, names, sampling, args, prompts) -> dict[Select
             if any(level_zero_only(costs[c]) for c in chain[1:]):
                 continue  # a proposal level only at the bottom
             for T in itertools.product(range(1, DEFAULT_MAX_T + 1), repeat=size):
-                candidates.append((chain_latency(costs, alpha, (*chain, target), T), (*chain, target), T))
+                predicted = chain_latency(costs, alpha, (*chain, target), T, through=through)
+                candidates.append((predicted, (*chain, target), T))
     candidates.sort()
     shortlist = candidates[:GRID_MEASURED]
     kinds = _grid_kinds(scenario, names).values()
@@ -641,8 +659,8 @@ def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, no
         config.name = f"{config.name} ({label})"
         config.batches = batches
         config.predicted = {
-            batch: chain_latency(costs, alpha, selection.chain, selection.T, batch, n, spread)
-            for batch, (costs, alpha, _, spread) in profiles.items()
+            batch: chain_latency(costs, alpha, selection.chain, selection.T, batch, n, spread, through)
+            for batch, (costs, alpha, _, spread, through) in profiles.items()
         }
         seen[(chain, selection.T)] = config
         configs.append(config)
@@ -650,7 +668,7 @@ def _configs(scenario, sampling, args, hierarchies, names, profiles, prompts, no
     # profile (its names: the lookup level, the drafts, the target: the candidates in order)
     kept = {batch: _adaptive_profile(scenario, profile) for batch, profile in profiles.items()}
     controls = {
-        batch: LatencyController(p.costs, p.alpha, max_T=DEFAULT_MAX_T, spread=p.spread)
+        batch: LatencyController(p.costs, p.alpha, max_T=DEFAULT_MAX_T, spread=p.spread, through=p.through)
         for batch, p in kept.items()
     }
     profiled = kept[min(kept)][2]

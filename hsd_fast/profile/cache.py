@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 from hsd_fast.early_exit import exit_of
 from hsd_fast.exit_reuse import refusal
 from hsd_fast.files import write_atomically
-from hsd_fast.latency import Acceptance, BridgedCost, LookupCost
+from hsd_fast.latency import Acceptance, BridgedCost, LookupCost, RatesThrough
 from hsd_fast.lookup import PROPOSAL_RULE, LookupDraft
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile import proposal_replay, rank_acceptance, run_text
@@ -507,6 +507,30 @@ class ProfileCache:
             for rates, row_rates in zip(replayed.rates, replayed.row_rates, strict=True)
         ]
 
+    def proposal_through(
+        self,
+        spec: ProposalLevel,
+        models: Sequence[torch.nn.Module],
+        ids: torch.Tensor,
+        transform: LogitsTransform,
+        greedy: bool,
+        max_T: int,
+        progress: bool = True,
+        generation_kwargs: dict | None = None,
+        new_tokens: int | None = None,
+    ) -> dict[tuple[int, int], RatesThrough | None]:
+        """For every two of ``models`` (indices ``(i, j)``), the rates at which ``models[j]`` accepts
+        the tokens of ``proposal_level``'s proposals that ``models[i]`` accepted, and greedy the
+        corrections i makes of those it rejects, from the same replay
+        (``proposal_replay.accepted_through``, ``corrected_through``; None where i accepted none):
+        what j verifies in a chain proposal level > i > j (docs/design.md, "Tokens that came
+        through"). Asked before ``proposal_level``, one replay serves both."""
+        kind, _, replayed_as = _proposal_key(spec, greedy, max_T)
+        return self._replayed(
+            spec, kind, replayed_as, models, ids, transform, greedy, max_T, progress, generation_kwargs,
+            new_tokens, through=True,
+        ).through  # fmt: skip
+
     def _replayed(
         self,
         spec: ProposalLevel,
@@ -521,22 +545,33 @@ class ProfileCache:
         generation_kwargs: dict | None,
         new_tokens: int | None,
         rows: bool = False,
+        through: bool = False,
     ) -> Replayed:
         """A proposal level's lengths offered and the rates per position at which each of ``models``
         accepts its proposals (``proposal_replay``), under the keys of its ``kind`` and ``level``;
-        with ``rows``, each calibration row's too. A replay stores both; it runs again only for
-        what is asked and missing (a cache written before rows were kept serves one row as it is)."""
+        with ``rows``, each calibration row's too; with ``through``, for every two of ``models`` the
+        rate at which the second accepts the proposed tokens the first accepted
+        (``proposal_replay.accepted_through``). A replay stores what it computed; it runs again
+        only for what is asked and missing (a cache written before rows were kept serves one row as
+        it is), and scores the models whose entries are missing."""
         text = self._text_key(models[-1], ids, transform, greedy, new_tokens)
         names = [model_identity(m) for m in models]
         lengths_key, calls_key = f"{kind} lengths {level} {text}", f"{kind} row calls {level} {text}"
         row_lengths_key = f"{kind} row lengths {level} {text}"
         rate_keys = [f"{kind} rates {level} {name} on {text}" for name in names]
         row_rate_keys = [f"{kind} row rates {level} {name} on {text}" for name in names]
+        pairs = [(i, j) for i in range(len(models)) for j in range(len(models)) if i != j] if through else []
+        through_keys = {(i, j): f"{kind} through {level} {names[i]} > {names[j]} on {text}" for i, j in pairs}
         get = self.entries.get
-        # [model]: whether its forwards are needed (its rates missing, or its rows' where asked for)
+        # [model]: whether its forwards are needed (its rates missing, its rows' where asked for, or a
+        # pair's through rate it is in)
+        unknown = [
+            pair for pair, key in through_keys.items() if key not in self.entries or not _through(get(key))
+        ]
+        in_unknown = {k for pair in unknown for k in pair}
         score = [
-            not _rates(get(key)) or (rows and not _row_rates(get(row_key)))
-            for key, row_key in zip(rate_keys, row_rate_keys, strict=True)
+            not _rates(get(key)) or (rows and not _row_rates(get(row_key))) or k in in_unknown
+            for k, (key, row_key) in enumerate(zip(rate_keys, row_rate_keys, strict=True))
         ]
         rows_missing = rows and not (_numbers(get(calls_key)) and _row_rates(get(row_lengths_key)))
         if any(score) or rows_missing or not _rates(get(lengths_key)):
@@ -548,14 +583,26 @@ class ProfileCache:
             self.entries[lengths_key] = list(proposal_replay.offered_lengths(proposals, max_T))
             calls, lengths = proposal_replay.row_lengths(proposals, max_T)
             self.entries[calls_key], self.entries[row_lengths_key] = calls, [list(row) for row in lengths]
-            scored = [
-                (m, k, r) for m, k, r, s in zip(models, rate_keys, row_rate_keys, score, strict=True) if s
-            ]
-            for model, key, row_key in tqdm(scored, desc=f"{kind} replay", disable=not progress):
-                scores = teacher_forced_scores(model, text_ids, transform, greedy, vocab)
-                rates = proposal_replay.acceptance_by_position(proposals, text_ids, scores, max_T)
+            items = proposal_replay.scorable(proposals, text_ids)
+            probabilities, choices = {}, {}  # model index -> [I] each scorable token's p(x), argmax (greedy)
+            scored = [k for k, s in enumerate(score) if s]
+            for k in tqdm(scored, desc=f"{kind} replay", disable=not progress):
+                scores = teacher_forced_scores(models[k], text_ids, transform, greedy, vocab)
+                probabilities[k] = proposal_replay.probabilities(items, scores)
+                choices[k] = proposal_replay.choices(items, scores)
+                rates = proposal_replay.rates_by_position(
+                    items, proposal_replay.accepted(items, probabilities[k]), max_T
+                )
                 own = proposal_replay.row_rates(proposals, text_ids, scores, max_T)
-                self.entries[key], self.entries[row_key] = list(rates), [list(row) for row in own]
+                self.entries[rate_keys[k]] = list(rates)
+                self.entries[row_rate_keys[k]] = [list(row) for row in own]
+            for i, j in unknown:
+                below, above = probabilities[i], probabilities[j]
+                passed = proposal_replay.accepted_through(items, below, above)
+                corrected = None
+                if choices[i] is not None and choices[j] is not None:
+                    corrected = proposal_replay.corrected_through(items, below, choices[i], choices[j])
+                self.entries[through_keys[(i, j)]] = None if passed is None else [passed, corrected]
             self.changed = True
         return Replayed(
             tuple(get(lengths_key)),
@@ -563,6 +610,7 @@ class ProfileCache:
             tuple(get(calls_key)) if rows else None,
             tuple(map(tuple, get(row_lengths_key))) if rows else None,
             [tuple(map(tuple, get(key))) for key in row_rate_keys] if rows else None,
+            {pair: _rates_through(get(key)) for pair, key in through_keys.items()},
         )
 
     def _call_seconds(
@@ -636,6 +684,27 @@ class Replayed(NamedTuple):
     calls: tuple[int, ...] | None  # [N] each row's calls
     row_lengths: tuple[tuple[float, ...], ...] | None  # [N][max_T + 1]
     row_rates: list[tuple[tuple[float, ...], ...]] | None  # one per model: [N][max_T]
+    # (i, j) -> model j's rates on what model i passed of the proposals and on its corrections (None:
+    # i accepted none)
+    through: dict[tuple[int, int], RatesThrough | None]
+
+
+def _through(value: object) -> bool:
+    """A through entry: None (nothing passed), or ``[passed, corrected]`` (corrected: a rate or
+    None)."""
+    if value is None:
+        return True
+    return (
+        isinstance(value, list)
+        and len(value) == 2
+        and _is_rate(value[0])
+        and (value[1] is None or _is_rate(value[1]))
+    )
+
+
+def _rates_through(entry: object) -> RatesThrough | None:
+    """A through entry as stored (``[passed, corrected]``, or None where nothing passed)."""
+    return None if entry is None else RatesThrough(*entry)  # type: ignore[misc]
 
 
 def _proposal_key(spec: ProposalLevel, greedy: bool, max_T: int) -> tuple[str, str, str]:

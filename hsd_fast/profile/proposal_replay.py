@@ -116,18 +116,22 @@ def offered_lengths(proposals: list[Proposal], max_T: int) -> tuple[float, ...]:
     return tuple(float(c) for c in counts / max(1, len(proposals)))
 
 
-def acceptance_by_position(
-    proposals: list[Proposal],
-    ids: torch.Tensor,  # [N, L] the replayed text
-    scores: torch.Tensor,  # [N, L, V] probabilities or [N, L] argmax (greedy): the token after ids[n, :i+1]
-    max_T: int,
-) -> tuple[float, ...]:
-    """(a_1, ..., a_max_T): a_j the weighted rate at which the model accepts the j-th proposed token
-    among proposals whose tokens 1..j-1 it accepted (weight: the probability it did). A position
-    with nothing to score takes the rate before it (a_1: 0, as for a lookup that never matches)."""
-    greedy = scores.dim() == 2
+class Scorable(NamedTuple):
+    """The proposed tokens a model can be scored on, teacher-forced (``scorable``), ``[I]`` each, in
+    call order and, within a call, by position."""
+
+    call: np.ndarray  # the index of the call in the replay's list
+    position: np.ndarray  # j: the j-th token of its proposal (from 1)
+    row: np.ndarray  # the replayed row
+    index: np.ndarray  # where the scores of the token sit: after the row's first index + 1 tokens
+    token: np.ndarray
+    q: np.ndarray  # its probability under the q it was drawn from (1: a point mass)
+
+
+def scorable(proposals: list[Proposal], ids: torch.Tensor) -> Scorable:
+    """Every proposed token whose context is known (``ids`` [N, L], the replayed text): a proposal's
+    tokens while the ones before them equal the text."""
     length = ids.shape[1]
-    # The scorable tokens: (proposal, j, row, index of the scores, token, its q), while the proposal is text.
     items = []
     for k, (n, t, tokens, q) in enumerate(proposals):
         for j, token in enumerate(tokens, start=1):
@@ -137,25 +141,105 @@ def acceptance_by_position(
             items.append((k, j, n, i, token, 1.0 if q is None else q[j - 1]))
             if t + j - 1 >= length or int(ids[n, t + j - 1]) != token:
                 break  # the next token's context is not the text any more
-    if not items:
-        return (0.0,) * max_T
-    k_, j_, n_, i_, x_, q_ = (torch.tensor(column) for column in zip(*items, strict=True))
-    # greedy accepts iff x is the argmax; sampling accepts x with probability min(1, p(x) / q(x)), which
-    # is p(x) for a point mass
-    accepted = (scores[n_, i_] == x_).double() if greedy else (scores[n_, i_, x_].double() / q_).clamp(max=1)
+    columns = zip(*items, strict=True) if items else ([],) * 6
+    *integers, q_ = (np.asarray(column) for column in columns)
+    return Scorable(*(c.astype(np.int64) for c in integers), q_.astype(np.float64))
+
+
+def probabilities(items: Scorable, scores: torch.Tensor) -> np.ndarray:
+    """[I] each of ``items``' probability under the model of ``scores`` ([N, L, V] probabilities, or
+    [N, L] argmax when greedy: the token after ``ids[n, :i + 1]``): p(x), greedy 1 where x is the
+    argmax and 0 elsewhere."""
+    if items.token.size == 0:
+        return np.zeros(0)
+    n, i, x = (torch.from_numpy(c) for c in (items.row, items.index, items.token))
+    return (scores[n, i] == x).double().numpy() if scores.dim() == 2 else scores[n, i, x].double().numpy()
+
+
+def accepted(items: Scorable, p: np.ndarray) -> np.ndarray:
+    """[I] the probability that a model whose ``probabilities`` are ``p`` accepts each of ``items``:
+    min(1, p(x) / q(x)), which is p(x) for a point mass (greedy: 1 iff x is its argmax)."""
+    return np.minimum(1.0, p / items.q)
+
+
+def rates_by_position(items: Scorable, accepts: np.ndarray, max_T: int) -> tuple[float, ...]:
+    """(a_1, ..., a_max_T): a_j the rate at which a model accepts the j-th proposed token among
+    proposals whose tokens 1..j-1 it accepted, weighted by the probability it did (``accepts``:
+    ``accepted``'s). A position with nothing to score takes the rate before it (a_1: 0, as for a
+    lookup that never matches)."""
     numerator, denominator = np.zeros(max_T + 1), np.zeros(max_T + 1)
-    weight, current = 1.0, -1
-    for k, j, a in zip(k_.tolist(), j_.tolist(), accepted.tolist(), strict=True):
-        if k != current:
-            weight, current = 1.0, k
-        numerator[j] += weight * a
-        denominator[j] += weight
-        weight *= a
+    tried_passed = _weighted(items, np.ones_like(accepts), accepts)  # a trial where it took the ones before
+    for j, tried, passed in zip(items.position, *tried_passed, strict=True):
+        numerator[j] += passed
+        denominator[j] += tried
     rates, previous = [], 0.0
     for j in range(1, max_T + 1):
         previous = numerator[j] / denominator[j] if denominator[j] > 0 else previous
         rates.append(float(previous))
     return tuple(rates)
+
+
+def acceptance_by_position(
+    proposals: list[Proposal],
+    ids: torch.Tensor,  # [N, L] the replayed text
+    scores: torch.Tensor,  # [N, L, V] probabilities or [N, L] argmax (greedy): the token after ids[n, :i+1]
+    max_T: int,
+) -> tuple[float, ...]:
+    """``rates_by_position`` of the model of ``scores`` on the proposals' ``scorable`` tokens."""
+    items = scorable(proposals, ids)
+    return rates_by_position(items, accepted(items, probabilities(items, scores)), max_T)
+
+
+def accepted_through(items: Scorable, below: np.ndarray, above: np.ndarray) -> float | None:
+    """The rate at which a model v accepts the proposed tokens that the model m under it accepted
+    (``below``, ``above``: their ``probabilities``): in a chain proposal level > m > v, v's rate on
+    the tokens m hands up from the proposals (docs/design.md, "Tokens that came through"). A trial
+    is a token m accepted whose proposal's tokens before it both accepted. m keeps x with
+    a_m = min(1, p_m(x) / q(x)) and hands it up as a sample of its own distribution, which v keeps
+    with min(1, p_v(x) / p_m(x)); greedy, both are 1 iff x is the model's argmax. None where m
+    accepted no proposed token."""
+    taken = accepted(items, below)
+    both = taken * np.minimum(1.0, np.divide(above, below, out=np.zeros_like(above), where=below > 0))
+    tried, passed = _weighted(items, taken, both)
+    return float(passed.sum() / tried.sum()) if tried.sum() > 0 else None
+
+
+def choices(items: Scorable, scores: torch.Tensor) -> np.ndarray | None:
+    """[I] a greedy model's argmax where each of ``items`` is scored (``scores`` [N, L] argmax); None
+    for a sampled one."""
+    if scores.dim() != 2:
+        return None
+    return scores[torch.from_numpy(items.row), torch.from_numpy(items.index)].numpy()
+
+
+def corrected_through(
+    items: Scorable, below: np.ndarray, below_choice: np.ndarray, above_choice: np.ndarray
+) -> float | None:
+    """Greedy: the rate at which a model v accepts the corrections of the model m under it, m's own
+    token where it rejected a proposed token (``below``: m's ``probabilities``; ``*_choice``: their
+    ``choices``): a trial is a proposed token m rejected whose proposal's tokens before it both
+    accepted; it passes where v's argmax is m's. Where m rejects a proposal the text repeats, the
+    target usually sides with the proposal: its rate is far below m's own rate (docs/design.md,
+    "Tokens that came through"). None where m rejected none."""
+    both = below * (below_choice == above_choice)  # both took the proposed token
+    rejected = 1.0 - below
+    tried, _ = _weighted(items, rejected, both)
+    passed = tried * (below_choice == above_choice)
+    return float(passed.sum() / tried.sum()) if tried.sum() > 0 else None
+
+
+def _weighted(items: Scorable, accepts: np.ndarray, both: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[I] each item's weight as a trial (the probability ``both`` accepted every token before it in
+    its call, times ``accepts``'s of itself: the level under taking it) and as a pass (``both``'s
+    of every token up to it)."""
+    tried, passed = np.zeros(len(both)), np.zeros(len(both))
+    weight, current = 1.0, -1
+    for k, (call, a, b) in enumerate(zip(items.call.tolist(), accepts.tolist(), both.tolist(), strict=True)):
+        if call != current:
+            weight, current = 1.0, call
+        tried[k], passed[k] = weight * a, weight * b
+        weight *= b
+    return tried, passed
 
 
 def rows_of(proposals: list[Proposal]) -> list[list[Proposal]]:

@@ -1,0 +1,189 @@
+"""Tokens that came through (docs/design.md, "Tokens that came through"): in a chain proposal level >
+m > v, v checks tokens the proposal level offered and m passed, which it accepts at a rate of their
+own. The replay measures that rate on hand-worked text, the latency model mixes it with m's own
+rate by the share of m's tokens that came through, the selector and the controller price chains
+with it, and the controller learns it from the chains that run without touching the pair's rate."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hf_models import noisy_copy, tiny_model
+from test_controller import COSTS, alpha, seen
+from test_profile import FakeClock
+
+import hsd_fast
+from hsd_fast.controller import PRIOR_TOKENS, LatencyController
+from hsd_fast.latency import (
+    AffineCost,
+    LookupCost,
+    RatesThrough,
+    chain_rates,
+    expected_latency,
+    shares_through,
+)
+from hsd_fast.lookup import LookupDraft
+from hsd_fast.processors import LogitsTransform
+from hsd_fast.profile import ProfileCache
+from hsd_fast.profile.proposal_replay import (
+    Proposal,
+    accepted_through,
+    choices,
+    corrected_through,
+    probabilities,
+    replay,
+    scorable,
+)
+from hsd_fast.selector import select
+from hsd_fast.switching_types import Choice
+
+TEXT = torch.tensor([[5, 6, 7, 5, 6, 8]])  # [1, 6]: after [5 6 7 5] the lookup proposes 6 7 5
+SPEC = LookupDraft(max_ngram=2, min_ngram=1)
+
+
+def test_hand_worked_rate_on_what_the_model_under_passed() -> None:
+    """Scored while the proposal is the text: 6 (after 4 tokens), then 7 (after [.. 5 6]), where the
+    text leaves it. argmax[:, i] is the token after i + 1 tokens."""
+    items = scorable(replay(SPEC, TEXT, max_T=3), TEXT)
+    assert items.token.tolist() == [6, 7]
+
+    def argmax(*tokens: int) -> np.ndarray:
+        return probabilities(items, torch.tensor([[0, 0, 0, *tokens]]))
+
+    # m passes both; v takes the 6, not the 7: two trials, one pass
+    assert accepted_through(items, argmax(6, 7, 0), argmax(6, 9, 0)) == pytest.approx(0.5)
+    # v would take the 7, but it rejected the 6: its trials end there
+    assert accepted_through(items, argmax(6, 7, 0), argmax(2, 7, 0)) == pytest.approx(0.0)
+    # m passes only the 6, v takes it: one trial, passed
+    assert accepted_through(items, argmax(6, 2, 0), argmax(6, 7, 0)) == pytest.approx(1.0)
+    assert accepted_through(items, argmax(2, 7, 0), argmax(6, 7, 0)) is None  # m passed nothing
+
+
+def test_hand_worked_rate_on_the_corrections_of_the_model_under() -> None:
+    """Where m rejects a proposed token its own argmax is its correction, which v takes iff its argmax
+    is the same; a trial only while both took the proposal's tokens before it."""
+    items = scorable(replay(SPEC, TEXT, max_T=3), TEXT)
+
+    def rate(m: tuple, v: tuple) -> float | None:
+        m_scores, v_scores = torch.tensor([[0, 0, 0, *m]]), torch.tensor([[0, 0, 0, *v]])
+        below = probabilities(items, m_scores)
+        return corrected_through(items, below, choices(items, m_scores), choices(items, v_scores))
+
+    assert rate((4, 7, 0), (4, 7, 0)) == 1.0  # m corrects the 6 to 4, v agrees
+    assert rate((4, 7, 0), (6, 7, 0)) == 0.0  # v sides with the proposal
+    assert rate((6, 4, 0), (6, 4, 0)) == 1.0  # m keeps the 6 (both do), corrects the 7: agreed
+    assert rate((6, 4, 0), (9, 4, 0)) is None  # v rejected the 6: the 7 is never its trial
+    assert rate((6, 7, 0), (6, 7, 0)) is None  # m rejected nothing
+    assert choices(items, torch.full((1, 6, 10), 0.1)) is None  # sampled: not measured
+
+
+def test_sampled_the_model_above_keeps_what_the_one_under_kept_with_p_over_its_p() -> None:
+    """m keeps a point mass x with p_m(x) and hands it up as its own sample; v keeps it with
+    min(1, p_v(x) / p_m(x))."""
+    proposals = [Proposal(0, 4, [6, 7])]
+    items = scorable(proposals, TEXT)
+    m, v = torch.full((1, 6, 10), 0.01), torch.full((1, 6, 10), 0.01)
+    m[0, 3, 6], m[0, 4, 7] = 0.8, 0.5
+    v[0, 3, 6], v[0, 4, 7] = 0.4, 1.0
+    # token 6: a trial of weight 0.8, passed 0.8 * 0.4 / 0.8; token 7: weight 0.4 (both took the 6)
+    # x 0.5, passed 0.4 * 0.5 * min(1, 1.0 / 0.5)
+    expected = (0.4 + 0.2) / (0.8 + 0.2)
+    rate = accepted_through(items, probabilities(items, m), probabilities(items, v))
+    assert rate == pytest.approx(expected)
+
+
+def test_the_chains_rate_mixes_by_the_shares_of_each_kind_of_token() -> None:
+    lookup = LookupCost(1e-5, (0.0, 0.0, 1.0))  # always offers 2 tokens
+    costs = [lookup, AffineCost(1e-3, 1e-4), AffineCost(1e-2, 1e-3)]
+    alpha_ = [[1.0, (1.0, 1.0), (0.5,)], [(1.0, 1.0), 1.0, 0.6], [(0.5,), 0.6, 1.0]]
+    # m keeps both offered tokens and adds its own (the bonus): 2 of its 3 tokens came through
+    assert shares_through(lookup, alpha_[0][1], 2) == pytest.approx((2 / 3, 0.0, 1 / 3))
+    rates = chain_rates(costs, alpha_, [0, 1, 2], [2, 3], {(0, 1, 2): RatesThrough(0.9, 0.2)})
+    assert rates == [(1.0, 1.0), pytest.approx(0.9 ** (2 / 3) * 0.6 ** (1 / 3))]
+    # m keeps the first token half the time (then the second too): per call 1 kept, then a
+    # correction or the bonus
+    half = (0.5, 1.0)
+    assert shares_through(lookup, half, 2) == pytest.approx((0.5, 0.25, 0.25))
+    alpha_[0][1] = alpha_[1][0] = half
+    rates = chain_rates(costs, alpha_, [0, 1, 2], [2, 3], {(0, 1, 2): RatesThrough(0.9, 0.2)})
+    assert rates[1] == pytest.approx(0.9**0.5 * 0.2**0.25 * 0.6**0.25)
+    unknown = chain_rates(costs, alpha_, [0, 1, 2], [2, 3], {(0, 1, 2): RatesThrough(0.9)})
+    assert unknown[1] == pytest.approx(0.9**0.5 * 0.6**0.5)  # corrections at m's own rate
+    assert chain_rates(costs, alpha_, [0, 1, 2], [2, 3]) == [half, 0.6]  # none measured
+    assert chain_rates(costs, alpha_, [1, 2], [3], {(0, 1, 2): RatesThrough(0.9)}) == [0.6]  # no level 0
+    # a lookup that never offers: m's tokens are all its own
+    never = LookupCost(1e-5, (1.0, 0.0, 0.0))
+    assert shares_through(never, half, 2) == (0.0, 0.0, 1.0)
+
+
+def test_the_selector_stacks_a_model_over_the_lookup_level_where_what_it_passes_holds() -> None:
+    """A small draft the target agrees with at 0.6: over the lookup level it pays only if the tokens
+    it passes of the lookup's are the ones the target takes."""
+    lookup = LookupCost(2e-5, (0.3, 0.0, 0.0, 0.0, 0.7))
+    costs = [lookup, AffineCost(1e-3, 1e-5), AffineCost(2e-2, 1e-4)]
+    rates = (0.7, 0.9, 0.9, 0.9)
+    alpha_ = [[1.0, rates, rates], [rates, 1.0, 0.6], [rates, 0.6, 1.0]]
+    assert select(costs, alpha_, max_T=6, through={(0, 1, 2): RatesThrough(0.98, 0.6)}).chain == (0, 1, 2)
+    assert select(costs, alpha_, max_T=6, through={(0, 1, 2): RatesThrough(0.98, 0.1)}).chain == (0, 2)
+    assert select(costs, alpha_, max_T=6).chain == (0, 2)
+
+
+def test_the_controller_learns_the_rate_through_and_keeps_the_pairs_own() -> None:
+    prior = {(0, 1, 3): RatesThrough(0.9, 0.5)}
+    control = LatencyController(COSTS, alpha(0.8), every=1, through=prior)
+    assert control.through(control.alpha()) == prior  # nothing ran: the profile's
+    chain = Choice((0, 1), (4, 2))
+    for r in range(1, 11):  # the target takes every token the small draft hands up
+        control.learn(
+            seen(r, chain, verified=[[4], [3]], accepted=[[4], [3]], sizes=[[], [], []], seconds=[[], [], []])
+        )
+    assert (1, 3) not in control.trials and control.alpha()[1][3] == 0.8  # the pair's own rate stays
+    learnt = control.through(control.alpha())[(0, 1, 3)]
+    assert 0.9 < learnt.passed <= 1.0 and learnt.corrected == 0.5  # solved for the kept proposals' rate
+    passed, tried, *shared = control.through_trials[(0, 1, 3)]
+    kept, corrections, own = (x / tried for x in shared)
+    rest = 0.5**corrections * 0.8**own
+    mixed = (passed + PRIOR_TOKENS * 0.9**kept * rest) / (tried + PRIOR_TOKENS)
+    assert learnt.passed == pytest.approx(min(1.0, (mixed / rest) ** (1 / kept)))
+    # the chain is priced with it: faster than with the pair's own rate alone
+    costs, now = control.costs(), control.alpha()
+    unmixed = expected_latency([COSTS[0], COSTS[1], COSTS[3]], [now[0][1], now[1][3]], [4, 2])
+    assert control.modelled(chain, costs, now) < unmixed
+    assert any("t on what a passed of l: 0.90 -> " in line for line in control.describe(["l", "a", "b", "t"]))
+
+
+def test_a_chain_without_a_measured_rate_counts_the_pair_as_before() -> None:
+    control = LatencyController(COSTS, alpha(0.8), every=1)
+    chain = Choice((0, 1), (4, 2))
+    nothing = [[], [], []]
+    control.learn(seen(1, chain, verified=[[4], [3]], accepted=[[4], [3]], sizes=nothing, seconds=nothing))
+    assert control.trials[(1, 3)][1].sum() == 3 and not control.through_trials
+
+
+def test_select_hierarchy_measures_the_rates_through_its_lookup_level(tmp_path) -> None:
+    """The replay scores every model on the lookup's proposals once: the rates through it land in
+    the profile (indices of the selection's candidates), and a second selection reads them back."""
+    target = tiny_model("llama")
+    draft = noisy_copy(target, 0.1, seed=1)
+    clock = FakeClock()
+    clock.attach(draft, scale=1)
+    clock.attach(target, scale=6)
+    prompts = torch.randint(3, 12, (4, 16), generator=torch.Generator().manual_seed(2))  # repeats
+    cache = ProfileCache(tmp_path / "profiles.json")
+    kwargs = {"cache": cache, "clock": clock, "progress": False, "max_T": 3, "min_gain": 0}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pick = hsd_fast.select_hierarchy(target, ["lookup", draft], prompts, **kwargs)
+    through = dict(pick.profile.through)
+    assert set(through) <= {(0, 1, 2), (0, 2, 1)} and (0, 1, 2) in through
+    assert 0.0 <= through[(0, 1, 2)].passed <= 1.0
+    assert through[(0, 1, 2)].corrected is None or 0.0 <= through[(0, 1, 2)].corrected <= 1.0
+    stored = [k for k in cache.entries if k.startswith("lookup through ")]
+    assert len(stored) == 2  # draft > target and target > draft
+    again = ProfileCache(tmp_path / "profiles.json").proposal_through(
+        LookupDraft(), [draft, target], prompts, LogitsTransform(), True, 3, progress=False, new_tokens=64
+    )
+    assert again[(0, 1)] == through[(0, 1, 2)]
