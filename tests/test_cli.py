@@ -73,8 +73,11 @@ def zoo_without_profile(tmp_path, monkeypatch):
 def test_select_prints_and_measures_the_best_hierarchies(
     zoo_without_profile, tmp_path, capsys, monkeypatch
 ) -> None:
-    # every entry reused, however noisy this machine timed it (re-timing noisy costs: test_profile_cache)
+    # every entry reused, however noisy this machine timed it and however fast it runs the anchor
+    # workload now (under a parallel test run it drifted 1.5x between the two runs below; re-timing
+    # noisy costs: test_profile_cache; costs from another machine: test_latency_model_inputs)
     monkeypatch.setattr("hsd_fast.profile.cache.MAX_REUSED_NOISE", float("inf"))
+    monkeypatch.setattr("hsd_fast.profile.cache.ANCHOR_TOLERANCE", float("inf"))
     report, cache = tmp_path / "select.json", tmp_path / "cache.json"
     args = ["select", "--cache", str(cache), "--json", str(report), "--max-T", "4"]
     assert main([*args, "--measure", "--max-new-tokens", "8", "--prompt-len", "16"]) == 0
