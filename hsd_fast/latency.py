@@ -303,7 +303,7 @@ def chain_rates(
     proposed by level 0 and kept by level 1, which level 2 takes at ``passed`` (two levels that
     agree on a proposed token are mostly right: 0.96-1.0 on the zoo's text sets); level 1's
     corrections of the proposals it rejected, at ``corrected`` (where a small model rejects a
-    passage the text repeats, the target mostly keeps it: 0.1-0.3); and its other own tokens, at
+    passage the text repeats, the target mostly keeps it: 0.2-0.4); and its other own tokens, at
     its ``alpha``. A block survives as the product of its tokens' rates, so the pair's one rate is
     their geometric mean weighted by the shares."""
     rates = [alpha[a][b] for a, b in itertools.pairwise(levels)]
