@@ -100,6 +100,7 @@ from hsd_fast.latency import (
     draft_seconds,
     expected_latency,
     rate_at,
+    reindexed,
     shares_through,
 )
 from hsd_fast.lookup import level_identity
@@ -258,12 +259,7 @@ class LatencyController:
         if profile.spread is not None and "spread" not in kwargs:
             kwargs["spread"] = [[profile.spread[i][j] for j in index] for i in index]
         if profile.through and "through" not in kwargs:
-            ours = {p: i for i, p in enumerate(index)}
-            kwargs["through"] = {
-                (ours[p], ours[m], ours[v]): rate
-                for (p, m, v), rate in profile.through
-                if p in ours and m in ours and v in ours
-            }
+            kwargs["through"] = reindexed(profile.through, {p: i for i, p in enumerate(index)})
         return cls(costs, alpha, **kwargs)
 
     @classmethod

@@ -23,7 +23,7 @@ from hsd_fast.early_exit import exit_of, recomputing_variant
 from hsd_fast.engine import MAX_BLOCK_SIZE
 from hsd_fast.hf_generate import generate
 from hsd_fast.hierarchy_types import DEFAULT_MAX_T, Hierarchy, NoDraftWarning, Profile, Selection, TreeDraft
-from hsd_fast.latency import Acceptance, Cost, LookupCost, Through
+from hsd_fast.latency import Acceptance, Cost, LookupCost, RatesThrough, Through, reindexed
 from hsd_fast.lookup import LookupDraft, as_lookup
 from hsd_fast.other_tokenizer import OtherTokenizerDraft, same_tokenizer
 from hsd_fast.processors import generation_sampling
@@ -136,11 +136,7 @@ def select_hierarchy(
             candidates[at], models, prompts, transform, greedy, max_T, progress, generation_kwargs,
             new_tokens=max_new_tokens,
         )  # fmt: skip
-        passed_through |= {
-            (id(candidates[at]), id(models[i]), id(models[j])): rate
-            for (i, j), rate in rates_through.items()
-            if rate is not None
-        }
+        passed_through |= keyed_by_ids(candidates[at], models, rates_through)
         level_cost, rates = cache.proposal_level(
             candidates[at],
             models,
@@ -327,16 +323,23 @@ def spread_over(
     return matrix
 
 
-def through_over(everything: Sequence, passed_through: Mapping[tuple[int, int, int], float]) -> Through:
+def keyed_by_ids(
+    level: ProposalLevel,
+    models: Sequence[torch.nn.Module],
+    rates: Mapping[tuple[int, int], RatesThrough | None],
+) -> dict[tuple[int, int, int], RatesThrough]:
+    """``ProfileCache.proposal_through``'s ``rates`` for ``level`` (pairs of indices into ``models``)
+    keyed by the three levels' ids, the pairs with none left out (``through_over`` places them)."""
+    return {(id(level), id(models[i]), id(models[j])): r for (i, j), r in rates.items() if r is not None}
+
+
+def through_over(
+    everything: Sequence, passed_through: Mapping[tuple[int, int, int], RatesThrough]
+) -> Through:
     """``latency.Through`` over the selection's candidates ``everything`` from rates keyed by the
-    levels' ids (``ProfileCache.proposal_through``'s, per proposal level); a candidate made after
-    the replay (a token tree, an exit's recomputing twin) has none: its pairs keep their alpha."""
-    index = {id(c): i for i, c in enumerate(everything)}
-    return {
-        (index[p], index[m], index[v]): rate
-        for (p, m, v), rate in passed_through.items()
-        if p in index and m in index and v in index
-    }
+    levels' ids (``keyed_by_ids``, per proposal level); a candidate made after the replay (a token
+    tree, an exit's recomputing twin) has none: its pairs keep their alpha."""
+    return reindexed(passed_through.items(), {id(c): i for i, c in enumerate(everything)})
 
 
 def with_recomputing_exits(

@@ -37,7 +37,7 @@ import itertools
 import math
 import random
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 Cost = Callable[[int], float]
@@ -274,6 +274,17 @@ class RatesThrough:
 
 Through = Mapping[tuple[int, int, int], RatesThrough]
 """(p, m, v) -> ``RatesThrough`` (measured by ``profile.proposal_replay``; ``chain_rates``)."""
+
+
+def reindexed(through: Iterable[tuple[tuple, RatesThrough]], index: Mapping) -> dict[tuple, RatesThrough]:
+    """The entries of ``through`` (``(p, m, v), rates`` items) whose three levels ``index`` maps,
+    keyed by what it maps them to (another candidate list's indices, or the levels' ids to
+    indices); the others dropped."""
+    return {
+        (index[p], index[m], index[v]): rates
+        for (p, m, v), rates in through
+        if p in index and m in index and v in index
+    }
 
 
 def shares_through(below: Cost, rate: Acceptance, T: int) -> tuple[float, float, float]:

@@ -126,9 +126,11 @@ def _verify_and_gain(costs, alpha, chain, m: int, through: Through | None) -> tu
     block is T' for a chain of models, random for a lookup level alone."""
     below, t_below = chain[-1]
     above = verifying_costs([costs[below], costs[m]])[1]  # from an exit's hidden states, if it is one
-    if len(chain) > 1:  # its rate as chain_rates has it (tokens that came through a level 0)
-        levels, T = [*(c for c, _ in chain[-2:]), m], [t for _, t in chain[-2:]]
-        rate = chain_rates(costs, alpha, levels, T, through if len(chain) == 2 else None)[-1]
+    if len(chain) > 2:
+        return above(t_below + 1), expected_gain(alpha[below][m], t_below)
+    if len(chain) == 2:  # over a level 0: its rate as chain_rates has it (tokens that came through)
+        (first, t_first), _ = chain
+        rate = chain_rates(costs, alpha, [first, below, m], [t_first, t_below], through)[-1]
         return above(t_below + 1), expected_gain(rate, t_below)
     verify = first_verify_seconds(above, costs[below], t_below)
     return verify, mean_gain(alpha[below][m], block_sizes(costs[below], t_below))

@@ -40,9 +40,15 @@ from hsd_fast.cli_args import output_folder, positive_float, positive_int
 from hsd_fast.controller import LatencyController
 from hsd_fast.early_exit import EarlyExit, exit_of
 from hsd_fast.hf_generate import generate
-from hsd_fast.hierarchy import spread_over, through_over, with_proposal_level, with_recomputing_exits
+from hsd_fast.hierarchy import (
+    keyed_by_ids,
+    spread_over,
+    through_over,
+    with_proposal_level,
+    with_recomputing_exits,
+)
 from hsd_fast.hierarchy_types import DEFAULT_MAX_T, Hierarchy, Profile, Selection
-from hsd_fast.latency import Through, decode_seconds
+from hsd_fast.latency import Through, decode_seconds, reindexed
 from hsd_fast.lookup import LOOKUP, LookupDraft, as_lookup
 from hsd_fast.other_tokenizer import OtherTokenizerDraft
 from hsd_fast.positions import COMMAND_FORM, check_positions, fewest_positions
@@ -462,11 +468,7 @@ def _profile(scenario: Scenario, sampling: dict, args, batch: int = 1) -> BenchP
     passed_through = {}  # (id(spec), id(m), id(v)) -> v's rate on the proposals m passed
     for at, spec in enumerate(specs):
         rates_through = cache.proposal_through(spec, *replay, **run)  # first: one replay serves both
-        passed_through |= {
-            (id(spec), id(models[i]), id(models[j])): rate
-            for (i, j), rate in rates_through.items()
-            if rate is not None
-        }
+        passed_through |= keyed_by_ids(spec, models, rates_through)
         level, rates = cache.proposal_level(spec, *replay, batch, compile=not args.eager, **run)
         costs, alpha = with_proposal_level(costs, alpha, at, level, [0.0] * at + list(rates))  # none between
     # at a batch: each proposal level's rows under each model (a batch waits for its slowest row)
@@ -538,12 +540,7 @@ def _adaptive_profile(scenario: Scenario, profile: BenchProfile) -> BenchProfile
         return None if matrix is None else [[matrix[i][j] for j in keep] for i in keep]
 
     costs, names = [profile.costs[i] for i in keep], [profile.names[i] for i in keep]
-    ours = {i: k for k, i in enumerate(keep)}
-    through = {
-        (ours[p], ours[m], ours[v]): rate
-        for (p, m, v), rate in profile.through.items()
-        if p in ours and m in ours and v in ours
-    }
+    through = reindexed(profile.through.items(), {i: k for k, i in enumerate(keep)})
     return BenchProfile(costs, kept(profile.alpha), names, kept(profile.spread), through)
 
 
