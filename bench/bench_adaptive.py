@@ -12,13 +12,15 @@ zoo's calibration (compiled or eager as the run).
 Writes bench/results/<stem>.{json,md}: tokens/s over the whole sequence and per set, and the ratios
 to the static pick and to the best static configuration. The stem names the options that change
 what is measured (``default_stem``), so a run never overwrites another setting's file; ``--stem``
-overrides it.
+overrides it. The costs the pick and the controller start from are timed in the process (the cost
+twin is in no committed profile) unless ``--cache PATH`` keeps them: runs to compare should share one.
 """
 
 from __future__ import annotations
 
 import argparse
 import warnings
+from pathlib import Path
 
 import torch
 from kernel_bench import RESULTS, run_meta
@@ -71,6 +73,12 @@ def main() -> None:
         "--twin", action="store_true", help="s as its cost twin (hidden 768, 12 layers, MLP 2048)"
     )
     parser.add_argument("--stem", help="default: from the options (default_stem)")
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        help="a profile cache to read and keep the costs in (default: none; the twin's costs are timed "
+        "afresh in each process, and vary from one to the next by up to 25 %%)",
+    )
     args = parser.parse_args()
     args.stem = args.stem or default_stem(args)
     warnings.simplefilter("ignore")
@@ -81,7 +89,7 @@ def main() -> None:
     candidates = {"lookup": "lookup", "xxs": zoo.load("xxs"), "xs": zoo.load("xs")}
     sampling = {"do_sample": True, "temperature": 0.8} if args.sampled else {"do_sample": False}
     calibration = torch.cat([w[:, :128] for w in read_calibration(zoo.zoo_dir()).values()])
-    cache = ProfileCache(fallbacks=[zoo.zoo_dir() / "profile_cpu.json"])
+    cache = ProfileCache(args.cache, fallbacks=[zoo.zoo_dir() / "profile_cpu.json"])
     pick = hsd_fast.select_hierarchy(
         target, list(candidates.values()), calibration, cache=cache, compile=args.compile,
         max_new_tokens=args.max_new_tokens, max_T=args.max_T, progress=False, batch=args.batch, **sampling,

@@ -25,6 +25,7 @@ import argparse
 import torch
 from kernel_bench import run_meta, write_results
 
+from hsd_fast import proposal_scores
 from hsd_fast.batch_latency import chain_latency
 from hsd_fast.bench import command, measuring
 from hsd_fast.bench import configs as cfg
@@ -132,7 +133,7 @@ def _spread_on(
     contexts = slice(prompt_len - 1, text.shape[1] - 1)
     _, measured = acceptance_and_spread(models, text, LogitsTransform(), True, False, contexts)
     lookup = LookupDraft()  # names[0]
-    proposals = proposal_replay.replay(lookup, text, DEFAULT_MAX_T, start=prompt_len)
+    proposals = proposal_scores.replay(lookup, text, DEFAULT_MAX_T, start=prompt_len)
     pooled = proposal_replay.offered_lengths(proposals, DEFAULT_MAX_T)
     calls, lengths = proposal_replay.row_lengths(proposals, DEFAULT_MAX_T)
     rows = []
@@ -140,7 +141,7 @@ def _spread_on(
         vocab = scenario.target.get_output_embeddings().weight.shape[0]
         scores = teacher_forced_scores(model, text, LogitsTransform(), True, vocab)
         own = proposal_replay.row_rates(proposals, text, scores, DEFAULT_MAX_T)
-        rates = proposal_replay.acceptance_by_position(proposals, text, scores, DEFAULT_MAX_T)
+        rates = proposal_scores.acceptance_by_position(proposals, text, scores, DEFAULT_MAX_T)
         rows.append(ProposalRows.shrunk(calls, lengths, own, pooled, rates))
     return spread_over([lookup, *models], models, measured, {id(lookup): rows})
 

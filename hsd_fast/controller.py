@@ -33,7 +33,10 @@ matrix, measured on calibration text in another process. The run corrects both a
   wall time it has seen, the idle model candidate probed longest ago (at most once every
   ``probe_every`` looks) is fed the committed tokens it lacks and scored on them
   (``probes.py``); its agreement with the target's tokens counts as trials of the pair
-  (candidate, target), so a draft that sits out is still judged on this request's text.
+  (candidate, target), so a draft that sits out is still judged on this request's text. Where a
+  lookup level is a candidate, the probe also scores the candidate on the lookup's proposals
+  replayed on that text: trials of the pair (lookup, candidate) and of the target's rates on what
+  the candidate would hand up of them (``through``).
 
 - **What the model misses**: a run's seconds per token also hold what the latency model leaves
   out: a batch's rows that finish apart (the batch pays for the rows that still decode), the
@@ -106,7 +109,7 @@ from hsd_fast.latency import (
 from hsd_fast.lookup import level_identity
 from hsd_fast.row_spread import Spread, row_rate, sigma_of, slowest_row_z
 from hsd_fast.selector import level_zero_only, select
-from hsd_fast.switching_types import Choice, Observation
+from hsd_fast.switching_types import Choice, Observation, ProposalsProbed
 
 _KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # hierarchy -> {candidates: controller}
 
@@ -220,6 +223,9 @@ class LatencyController:
         # per (p, m, v) of ``prior_through``: level 2's trials on level 1's tokens in chains p > m > v,
         # [passed, tried, tried x each share of shares_through: kept, corrections, own]
         self.through_trials: dict[tuple[int, int, int], np.ndarray] = {}
+        # per (p, m, v) of ``prior_through`` with v the target: what probes of m found on p's
+        # proposals (``ProposalsProbed``): [kept passed, kept tried, corrections passed, tried]
+        self.through_probed: dict[tuple[int, int, int], np.ndarray] = {}
         # per lookup candidate, per proposal length (the prior's lengths): [2, L], calls whose
         # proposal ended there, and calls cut there by the block size (at least that long)
         self.proposals: dict[int, np.ndarray] = {}
@@ -364,11 +370,20 @@ class LatencyController:
 
     def through(self, alpha) -> dict[tuple[int, int, int], RatesThrough]:
         """How a model v takes what model m passes of lookup level p's proposals
-        (``latency.chain_rates``): the prior's, corrected by the chains p > m > v that ran. Their v
-        took m's tokens at a rate that mixes the rate on the kept proposals, on m's corrections and
-        on m's own (``alpha[m][v]``) by their shares; counted on top of the prior's mix as
-        ``PRIOR_TOKENS`` trials, the mix is solved for the first (the others stay the prior's)."""
+        (``latency.chain_rates``): the prior's, corrected by what probes of m found (the kept
+        proposals' and the corrections' trials, each on top of the prior's rate as
+        ``PRIOR_TOKENS`` trials), then by the chains p > m > v that ran. Their v took m's tokens at
+        a rate that mixes the rate on the kept proposals, on m's corrections and on m's own
+        (``alpha[m][v]``) by their shares; counted on top of the mix so far as ``PRIOR_TOKENS``
+        trials, the mix is solved for the first (the others stay as they were)."""
         out = dict(self.prior_through)
+        for chain, (kept_passed, kept_tried, passed, tried) in self.through_probed.items():
+            prior, direct = out[chain], _mean_rate(alpha[chain[1]][chain[2]])
+            corrected = direct if prior.corrected is None else prior.corrected
+            out[chain] = RatesThrough(
+                (kept_passed + PRIOR_TOKENS * prior.passed) / (kept_tried + PRIOR_TOKENS),
+                (passed + PRIOR_TOKENS * corrected) / (tried + PRIOR_TOKENS),
+            )
         for chain, (passed, tried, *shared) in self.through_trials.items():
             prior, direct = out[chain], _mean_rate(alpha[chain[1]][chain[2]])
             kept, corrections, own = (x / tried for x in shared) if tried > 0 else (0.0, 0.0, 0.0)
@@ -391,6 +406,8 @@ class LatencyController:
             if found.positions:
                 pair = (found.candidate, self.target)
                 self._count(pair, np.array([found.agreed]), np.array([found.positions]))
+            if found.proposals is not None:
+                self._count_probed_proposals(found.candidate, found.proposals)
         if seen.choice is None:
             return
         joined = set(seen.choice.drafts) - set(self.last_chain[0] if self.last_chain else ())
@@ -424,7 +441,12 @@ class LatencyController:
                 if predicted > 0 and s > 0:
                     self.ratios[model].append(s / predicted)
             del self.ratios[model][:-RECENT_STEPS]
-        for counts in (*self.trials.values(), *self.proposals.values(), *self.through_trials.values()):
+        for counts in (
+            *self.trials.values(),
+            *self.proposals.values(),
+            *self.through_trials.values(),
+            *self.through_probed.values(),
+        ):
             counts *= FADE**seen.rounds  # per round, however far apart the looks
         if seen.verified and isinstance(self.prior_costs[levels[0]], LookupCost):
             self._count_proposals(levels[0], seen.verified[0], seen.choice.T[0])
@@ -456,6 +478,17 @@ class LatencyController:
         grown[0, :width] += passed
         grown[1, :width] += tried
         self.trials[pair] = grown
+
+    def _count_probed_proposals(self, m: int, found: ProposalsProbed) -> None:
+        """Add what a probe of model ``m`` found on the lookup level's proposals: trials of the
+        pair (lookup, m) per block position, and of the target on m's kept proposals and on its
+        corrections (``through``)."""
+        if found.tried.sum() > 0:
+            self._count((found.lookup, m), found.passed, found.tried)
+        chain = (found.lookup, m, self.target)
+        if chain in self.prior_through:
+            counts = self.through_probed.setdefault(chain, np.zeros(4))
+            counts += (*found.kept, *found.corrections)
 
     def _count_proposals(self, m: int, blocks: np.ndarray, T: int) -> None:
         """Add the calls of lookup candidate ``m`` whose verifications checked ``blocks`` ``[N]``
@@ -498,7 +531,9 @@ class LatencyController:
         """Whether what a probe of ``m`` could find might change the decision: with its acceptance
         by the target at the upper end of what the estimate allows (two standard errors over the
         trials behind it, the prior's included), a hierarchy next to the current one that holds
-        ``m`` would be chosen."""
+        ``m`` would be chosen. (The rates through the lookup level a probe also measures are not
+        raised here: raised too, they opened the gate on the zoo's stream at every chance, where
+        no chain over the lookup level pays, and its probes cost 3 % of the time for nothing.)"""
         assert self.current is not None
         rate = _mean_rate(alpha[m][self.target])
         counted = self.trials.get((m, self.target))
@@ -528,10 +563,12 @@ class LatencyController:
         through = self.through(alpha)
         for (p, m, v), rates in sorted(through.items()):
             counts, prior = self.through_trials.get((p, m, v), np.zeros(5)), self.prior_through[(p, m, v)]
+            probed = self.through_probed.get((p, m, v), np.zeros(4))
             corrected = "" if rates.corrected is None else f", on its corrections {rates.corrected:.2f}"
             lines.append(
                 f"  {names[v]} on what {names[m]} passed of {names[p]}: {prior.passed:.2f} -> "
-                f"{rates.passed:.2f} ({counts[1]:.0f}){corrected}"
+                f"{rates.passed:.2f} ({counts[1]:.0f} in the chain, {probed[1]:.0f} + {probed[3]:.0f} "
+                f"probed){corrected}"
             )
         if self.spread is not None and self.rows > 1:
             z = slowest_row_z(self.rows)

@@ -234,7 +234,7 @@ def run_hsd(
         has_lookup = proposer is not None
         prober = None
         if greedy and not trees:  # a probe scores argmax agreement (docs/design.md, "Probes")
-            prober = functools.partial(_probe_candidate, runners, state, prompt_lens)
+            prober = functools.partial(_probe_candidate, runners, state, prompt_lens, adapt.max_T)
         switcher = Switcher(len(candidates), adapt, has_lookup, prompt_lens, budget_end, state.tokens, prober)
         start = switcher.first()
     assert start is not None
@@ -372,6 +372,7 @@ def _probe_candidate(
     runners: Sequence[Runner | ProposalLevel],
     state: DecodeState,
     prompt_lens: np.ndarray,
+    max_T: int,
     candidate: int,
     rows: np.ndarray,
     starts: np.ndarray,
@@ -379,7 +380,8 @@ def _probe_candidate(
 ) -> Probe:
     runner = runners[candidate]
     assert not isinstance(runner, ProposalLevel), "only model candidates are probed"
-    return probe(runner, candidate, state, rows, starts, ends, prompt_lens)
+    lookup = (0, runners[0], max_T) if isinstance(runners[0], LookupDraft) else None  # only ever first
+    return probe(runner, candidate, state, rows, starts, ends, prompt_lens, lookup)
 
 
 def _stop_rows(stop: StopChecker, tokens: torch.Tensor, ledger: Ledger, rows: np.ndarray) -> None:

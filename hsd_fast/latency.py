@@ -273,7 +273,7 @@ class RatesThrough:
 
 
 Through = Mapping[tuple[int, int, int], RatesThrough]
-"""(p, m, v) -> ``RatesThrough`` (measured by ``profile.proposal_replay``; ``chain_rates``)."""
+"""(p, m, v) -> ``RatesThrough`` (measured by ``proposal_scores``; ``chain_rates``)."""
 
 
 def reindexed(through: Iterable[tuple[tuple, RatesThrough]], index: Mapping) -> dict[tuple, RatesThrough]:

@@ -9,6 +9,14 @@ token the target generated are scored (a prompt token is the user's text, not th
 choice). In a greedy run each scored position is one draft the candidate would have proposed
 directly under the target: the count is its acceptance rate there, on the request's own text.
 
+Where a lookup level is a candidate too, the probe also scores the candidate m as the level
+between the lookup and the target (``lookup > m > target``): it replays the lookup's calls on the
+probed stretch of committed text as it proposes under the target and counts, with the scoring of a
+profile's replay (``proposal_scores``), how m takes the proposals (per block position) and
+how the target takes what m hands up of them: the proposals m kept, and m's corrections of those it
+rejected, whose rates move with the text more than any (docs/design.md, "Tokens that came
+through"). A chain with m over the lookup level is then judged on this request's text too.
+
 Exactness: a probe reads committed tokens only and writes only an idle candidate's cache, at
 positions of its committed prefix (what it would write there on return). No randomness is drawn,
 the target and the token buffer are untouched; the switching machinery's argument (any policy,
@@ -24,8 +32,18 @@ import torch
 
 from hsd_fast.decode_state import DecodeState
 from hsd_fast.layout import MAX_WIDTH, fed_block, head_chunks
+from hsd_fast.lookup import LookupDraft
+from hsd_fast.proposal_scores import (
+    Scorable,
+    accepted,
+    correction_trials,
+    counts_by_position,
+    kept_trials,
+    replay,
+    scorable,
+)
 from hsd_fast.steps import Runner, processed_logits
-from hsd_fast.switching_types import Probe
+from hsd_fast.switching_types import Probe, ProposalsProbed
 
 
 def probe(
@@ -36,9 +54,11 @@ def probe(
     starts: np.ndarray,  # [R] the candidate's cached length in each row
     ends: np.ndarray,  # [R] committed - 1: the last committed token is fed by the next step
     prompt_lens: np.ndarray,  # [B] positions below these hold the prompt
+    lookup: tuple[int, LookupDraft, int] | None = None,  # the lookup candidate's index, spec and largest T
 ) -> Probe:
     """Feed ``runner`` positions ``[starts, ends)`` of ``rows`` (its cache then holds them) and
-    score its argmax where the next token was generated (module doc)."""
+    score its argmax where the next token was generated, and with ``lookup`` also on the lookup's
+    proposals there (module doc)."""
     started = time.perf_counter()
     num_rows, device = state.num_rows, state.tokens.device
     cursor = np.zeros(num_rows, dtype=np.int64)  # [B] per row: the first position still to feed
@@ -58,8 +78,49 @@ def probe(
     following = state.tokens.gather(1, block.positions + 1)  # [B, W] the committed next tokens
     generated = block.positions + 1 >= _on(prompt_lens, device)[:, None]  # [B, W]
     scored = block.valid & generated  # [B, W]
-    agreed = (logits.argmax(-1) == following) & scored
-    return Probe(candidate, int(scored.sum()), int(agreed.sum()), time.perf_counter() - started)
+    choices = logits.argmax(-1)  # [B, W]
+    agreed = (choices == following) & scored
+    found = None
+    if lookup is not None:
+        found = _on_proposals(*lookup, state.tokens, rows, block.positions, choices, scored)
+    return Probe(candidate, int(scored.sum()), int(agreed.sum()), time.perf_counter() - started, found)
+
+
+def _on_proposals(
+    index: int,
+    lookup: LookupDraft,
+    max_T: int,
+    tokens: torch.Tensor,  # [B, S] the run's token buffer
+    rows: np.ndarray,  # [R]
+    positions: torch.Tensor,  # [B, W] the probed positions
+    choices: torch.Tensor,  # [B, W] the candidate's argmax after each
+    scored: torch.Tensor,  # [B, W] where the next token was generated
+) -> ProposalsProbed:
+    """The candidate as the level between the lookup and the target on each row's scored stretch
+    (module doc): the lookup's calls replayed from the stretch's first position to its end, greedy,
+    the committed text standing for the target's choices."""
+    passed, tried = np.zeros(max_T), np.zeros(max_T)
+    kept, corrections = np.zeros(2), np.zeros(2)
+    positions, choices, scored = (t.cpu().numpy() for t in (positions, choices, scored))
+    for r in rows.tolist():
+        at = positions[r, scored[r]]  # [N] consecutive positions, each the index of a token's scores
+        if at.size == 0:
+            continue
+        first, last = int(at[0]), int(at[-1])
+        text = tokens[r : r + 1, : last + 2].cpu()  # [1, L] ends with the last scored next token
+        choice_at = np.full(text.shape[1], -1, dtype=np.int64)  # [L]
+        choice_at[at] = choices[r, scored[r]]
+        items = scorable(replay(lookup, text, max_T, start=first + 1), text)
+        known = items.index <= last  # [I] past the last scored position neither choice is known
+        items = Scorable(*(column[known] for column in items))
+        below_choice, above_choice = choice_at[items.index], text[0, items.index + 1].numpy()  # [I] each
+        below = (below_choice == items.token).astype(np.float64)  # [I] greedy: 1 where m takes it
+        above = (above_choice == items.token).astype(np.float64)  # [I] the target: the committed token
+        by_position = counts_by_position(items, accepted(items, below), max_T)
+        passed, tried = passed + by_position[0], tried + by_position[1]
+        kept += kept_trials(items, below, above)
+        corrections += correction_trials(items, below, below_choice, above_choice)
+    return ProposalsProbed(index, passed, tried, tuple(kept), tuple(corrections))
 
 
 def _on(values: np.ndarray, device: torch.device) -> torch.Tensor:

@@ -101,6 +101,21 @@ class Probe:
     positions: int  # scored positions, all rows
     agreed: int  # of them, where the candidate's argmax was the committed next token
     seconds: float  # the probe's forwards, host clock
+    proposals: ProposalsProbed | None = None  # where a lookup level is a candidate too
+
+
+@dataclass(frozen=True)
+class ProposalsProbed:
+    """What a probe of model candidate m found on the lookup level's proposals (docs/design.md,
+    "Probes"): the lookup replayed on the probed committed text as it proposes under the target,
+    m scored as the level between them (lookup > m > target), as a profile's replay scores it on
+    calibration text (``proposal_scores``), all rows summed. Trials are weighted counts."""
+
+    lookup: int  # the lookup level's candidate index
+    passed: np.ndarray  # [T] per block position j: m accepted the proposal's j-th token ...
+    tried: np.ndarray  # [T] ... of those whose tokens 1..j-1 it accepted
+    kept: tuple[float, float]  # the target on the proposed tokens m accepted: (passed, tried)
+    corrections: tuple[float, float]  # the target on m's own token where it rejected one: (passed, tried)
 
 
 @dataclass

@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
       "tree_plan", "tree_steps", "target_outputs")),
     ("engine", "the HSD loop over the levels, driven by the ledger, and its steps committed to it; switching "
      "hierarchies between rounds; stopping criteria replayed on committed tokens",
-     ("engine", "round_steps", "round_log", "stopping", "switching", "probes")),
+     ("engine", "round_steps", "round_log", "stopping", "switching", "probes", "proposal_scores")),
     ("hf", "Hugging Face models as runners; generate's arguments as one request; the drop-in API",
      ("architectures", "compat", "attention", "early_exit", "exit_reuse", "hf_runner", "generation_options",
       "bridge", "other_tokenizer", "other_tokenizer_chain", "other_tokenizer_steps", "request", "hf_generate",

@@ -26,7 +26,7 @@ from hsd_fast.hf_runner import HFRunner
 from hsd_fast.latency import BridgedCost
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile import ProfileCache, ProfileNoiseWarning
-from hsd_fast.profile.proposal_replay import replay
+from hsd_fast.proposal_scores import replay
 from hsd_fast.sampling_metadata import SamplingMetadata
 from hsd_fast.testing.exactness import pooled_chi_square
 
@@ -297,7 +297,7 @@ def test_the_draft_draws_at_a_temperature_among_the_processors(four_letters) -> 
 
 
 def test_the_replay_of_a_sampling_draft_keeps_each_tokens_q(four_letters) -> None:
-    """The selector's replay (``proposal_replay.replay``) of a sampled run draws as the run does and
+    """The selector's replay (``proposal_scores.replay``) of a sampled run draws as the run does and
     keeps each proposed token's q, at which the profile prices it (min(1, p / q)); greedy, none."""
     _, draft, _, target_tok, draft_tok = four_letters
     spec = hsd_fast.OtherTokenizerDraft(draft, draft_tok, target_tok)

@@ -1,7 +1,7 @@
 """Probes of idle candidates in an adaptive run (docs/design.md, "Probes"): what a probe counts is
 the candidate's argmax agreement with the generated tokens (checked against a teacher-forced
-forward of the whole output), the output stays the target's, and a probed candidate joins with its
-cache current."""
+forward of the whole output), and with a lookup level its scores on the lookup's proposals, the
+output stays the target's, and a probed candidate joins with its cache current."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ import torch
 from hf_models import derived_drafts, tiny_model
 
 import hsd_fast
+from hsd_fast import proposal_scores as scores
+from hsd_fast.hierarchy_types import DEFAULT_MAX_T
+from hsd_fast.lookup import LookupDraft
 from hsd_fast.switching_types import Choice, Observation
 
 pytestmark = pytest.mark.hf
@@ -103,3 +106,53 @@ def test_sampled_runs_and_the_lookup_level_are_not_probed(family) -> None:
         max_new_tokens=20, compile=False,
     )  # fmt: skip
     assert not any(s.probes for s in policy.seen)  # argmax agreement is not the sampled acceptance
+
+
+def test_with_a_lookup_level_a_probe_scores_the_candidate_on_its_proposals(family) -> None:
+    """A probe in a run with a lookup level also scores the candidate as the level between the
+    lookup and the target: the counts equal the profile's replay scoring (``proposal_scores``)
+    applied to each probed stretch of the output with the candidate's teacher-forced argmax."""
+    target, drafts = family
+    ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [3, 4, 3, 4, 3, 4, 3, 4, 3, 4, 3, 4]])
+    max_T = DEFAULT_MAX_T  # an adaptive run's largest block size: the lookup is replayed at it
+    policy = ProbeEveryLook([Choice((0,), (3,))], probed=[1])  # lookup > target; drafts[0] probed
+    out = target.generate(
+        ids, custom_generate=hsd_fast.generate, drafts=["lookup", *drafts], adapt=policy,
+        do_sample=False, max_new_tokens=40, compile=False,
+    )  # fmt: skip
+    assert out.tolist() == target.generate(ids, do_sample=False, max_new_tokens=40).tolist()
+    assert all(p.proposals is not None for s in policy.seen for p in s.probes if p.positions)
+    with torch.no_grad():
+        argmax = drafts[0](out).logits.argmax(-1)  # [B, L] teacher-forced over the whole output
+    expected = np.zeros(2 * max_T + 4)  # passed per position, tried per position, kept, corrections
+    found = np.zeros_like(expected)
+    ends_before = np.zeros(ids.shape[0], dtype=np.int64)
+    # the policy is asked for probes from the second look on (``probed_to[k]``: at look k + 1), and a
+    # look shows the probes the look before it asked for
+    for look, seen in enumerate(policy.seen[2:]):
+        ends = policy.probed_to[look]  # [B] where they fed each row up to
+        for probe in seen.probes:
+            if probe.proposals is not None:
+                p = probe.proposals
+                found += np.concatenate([p.passed, p.tried, p.kept, p.corrections])
+        for row in range(ids.shape[0]):
+            first, last = max(int(ends_before[row]), ids.shape[1] - 1), int(ends[row]) - 1
+            if first > last:
+                continue
+            text = out[row : row + 1, : last + 2]
+            items = scores.scorable(scores.replay(LookupDraft(), text, max_T, start=first + 1), text)
+            items = scores.Scorable(*(column[items.index <= last] for column in items))
+            mine, committed = argmax[row, items.index].numpy(), text[0, items.index + 1].numpy()
+            below, above = (mine == items.token) * 1.0, (committed == items.token) * 1.0
+            expected += np.concatenate(
+                [
+                    *scores.counts_by_position(items, scores.accepted(items, below), max_T),
+                    scores.kept_trials(items, below, above),
+                    scores.correction_trials(items, below, mine, committed),
+                ]
+            )
+        ends_before = np.where(ends > 0, ends, ends_before)
+    assert found == pytest.approx(expected)
+    passed, tried = expected[:max_T], expected[max_T : 2 * max_T]
+    assert tried[0] > 0 and 0 < passed.sum() < tried.sum()  # counts that can be wrong either way
+    assert expected[2 * max_T + 1] > 0  # the target scored on proposals the candidate kept

@@ -20,16 +20,14 @@ from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile import ProfileCache, ProfileNoiseWarning
 from hsd_fast.profile.cache import model_identity
 from hsd_fast.profile.proposal_replay import (
-    Proposal,
-    acceptance_by_position,
     host_seconds,
     offered_lengths,
-    replay,
     row_lengths,
     row_rates,
     rows_of,
 )
 from hsd_fast.profile.run_text import continued
+from hsd_fast.proposal_scores import Proposal, acceptance_by_position, replay
 from hsd_fast.row_spread import ProposalRows
 
 TEXT = torch.tensor([[5, 6, 7, 5, 6, 8]])  # [1, 6]
@@ -236,7 +234,7 @@ def test_the_cache_keeps_each_rows_profile_and_replays_only_for_what_is_missing(
     _, pooled_rates = cache.proposal_level(*args)
     replays, scored = [], []
     monkeypatch.setattr(
-        cache_module.proposal_replay, "replay", lambda *a, **k: replays.append(a) or replay(*a, **k)
+        cache_module.proposal_scores, "replay", lambda *a, **k: replays.append(a) or replay(*a, **k)
     )
     scoring = cache_module.teacher_forced_scores
     monkeypatch.setattr(

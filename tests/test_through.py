@@ -2,11 +2,13 @@
 m > v, v checks tokens the proposal level offered and m passed, which it accepts at a rate of their
 own. The replay measures that rate on hand-worked text, the latency model mixes it with m's own
 rate by the share of m's tokens that came through, the selector and the controller price chains
-with it, and the controller learns it from the chains that run without touching the pair's rate."""
+with it, and the controller learns it from the chains that run without touching the pair's rate,
+and from probes of m on the request's text."""
 
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -28,7 +30,7 @@ from hsd_fast.latency import (
 from hsd_fast.lookup import LookupDraft
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile import ProfileCache
-from hsd_fast.profile.proposal_replay import (
+from hsd_fast.proposal_scores import (
     Proposal,
     accepted_through,
     choices,
@@ -38,7 +40,7 @@ from hsd_fast.profile.proposal_replay import (
     scorable,
 )
 from hsd_fast.selector import select
-from hsd_fast.switching_types import Choice
+from hsd_fast.switching_types import Choice, Probe, ProposalsProbed
 
 TEXT = torch.tensor([[5, 6, 7, 5, 6, 8]])  # [1, 6]: after [5 6 7 5] the lookup proposes 6 7 5
 SPEC = LookupDraft(max_ngram=2, min_ngram=1)
@@ -153,6 +155,29 @@ def test_the_controller_learns_the_rate_through_and_keeps_the_pairs_own() -> Non
     unmixed = expected_latency([COSTS[0], COSTS[1], COSTS[3]], [now[0][1], now[1][3]], [4, 2])
     assert control.modelled(chain, costs, now) < unmixed
     assert any("t on what a passed of l: 0.90 -> " in line for line in control.describe(["l", "a", "b", "t"]))
+
+
+def test_probes_of_a_model_move_its_rates_over_the_lookup_level() -> None:
+    """What a probe of model 1 found on the lookup's proposals (``ProposalsProbed``) counts as trials
+    of the pair (lookup, 1) per block position and of the target's rates on what 1 kept and on its
+    corrections, each on top of the prior as ``PRIOR_TOKENS`` trials."""
+    prior = {(0, 1, 3): RatesThrough(0.9, 0.3)}
+    control = LatencyController(COSTS, alpha(0.8), every=1, through=prior)
+    chain = Choice((0, 1), (4, 2))
+    before = control.modelled(chain, control.costs(), control.alpha())
+    found = ProposalsProbed(
+        0, np.array([10.0, 6.0]), np.array([12.0, 8.0]), kept=(16.0, 16.0), corrections=(9.0, 10.0)
+    )
+    control.learn(replace(seen(1, None), probes=(Probe(1, 40, 36, 1e-3, found),)))  # no round: no fade
+    learnt = control.through(control.alpha())[(0, 1, 3)]
+    assert learnt.passed == pytest.approx((16 + PRIOR_TOKENS * 0.9) / (16 + PRIOR_TOKENS))
+    assert learnt.corrected == pytest.approx((9 + PRIOR_TOKENS * 0.3) / (10 + PRIOR_TOKENS))
+    lookup_to_small = control.alpha()[0][1]  # the prior's (0.6, 0.8) per position, corrected
+    assert lookup_to_small[0] == pytest.approx((10 + PRIOR_TOKENS * 0.6) / (12 + PRIOR_TOKENS))
+    assert lookup_to_small[1] == pytest.approx((6 + PRIOR_TOKENS * 0.8) / (8 + PRIOR_TOKENS))
+    assert control.alpha()[1][3] == pytest.approx((36 + PRIOR_TOKENS * 0.8) / (40 + PRIOR_TOKENS))
+    assert control.modelled(chain, control.costs(), control.alpha()) < before  # the chain gained
+    assert any("(0 in the chain, 16 + 10 probed)" in line for line in control.describe(["l", "a", "b", "t"]))
 
 
 def test_a_chain_without_a_measured_rate_counts_the_pair_as_before() -> None:

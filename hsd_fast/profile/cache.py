@@ -41,6 +41,7 @@ from typing import NamedTuple
 import torch
 from tqdm.auto import tqdm
 
+from hsd_fast import proposal_scores
 from hsd_fast.early_exit import exit_of
 from hsd_fast.exit_reuse import refusal
 from hsd_fast.files import write_atomically
@@ -522,7 +523,7 @@ class ProfileCache:
         """For every two of ``models`` (indices ``(i, j)``), the rates at which ``models[j]`` accepts
         the tokens of ``proposal_level``'s proposals that ``models[i]`` accepted, and greedy the
         corrections i makes of those it rejects, from the same replay
-        (``proposal_replay.accepted_through``, ``corrected_through``; None where i accepted none):
+        (``proposal_scores.accepted_through``, ``corrected_through``; None where i accepted none):
         what j verifies in a chain proposal level > i > j (docs/design.md, "Tokens that came
         through"). Asked before ``proposal_level``, one replay serves both."""
         kind, _, replayed_as = _proposal_key(spec, greedy, max_T)
@@ -551,7 +552,7 @@ class ProfileCache:
         accepts its proposals (``proposal_replay``), under the keys of its ``kind`` and ``level``;
         with ``rows``, each calibration row's too; with ``through``, for every two of ``models`` the
         rate at which the second accepts the proposed tokens the first accepted
-        (``proposal_replay.accepted_through``). A replay stores what it computed; it runs again
+        (``proposal_scores.accepted_through``). A replay stores what it computed; it runs again
         only for what is asked and missing (a cache written before rows were kept serves one row as
         it is), and scores the models whose entries are missing."""
         text = self._text_key(models[-1], ids, transform, greedy, new_tokens)
@@ -579,29 +580,29 @@ class ProfileCache:
             vocab = models[-1].get_output_embeddings().weight.shape[0]
             start = run_text.continuation_start(ids)
             sampled = None if greedy else transform  # a level that draws replays its draws
-            proposals = proposal_replay.replay(spec, text_ids, max_T, start=start, transform=sampled)
+            proposals = proposal_scores.replay(spec, text_ids, max_T, start=start, transform=sampled)
             self.entries[lengths_key] = list(proposal_replay.offered_lengths(proposals, max_T))
             calls, lengths = proposal_replay.row_lengths(proposals, max_T)
             self.entries[calls_key], self.entries[row_lengths_key] = calls, [list(row) for row in lengths]
-            items = proposal_replay.scorable(proposals, text_ids)
+            items = proposal_scores.scorable(proposals, text_ids)
             probabilities, choices = {}, {}  # model index -> [I] each scorable token's p(x), argmax (greedy)
             scored = [k for k, s in enumerate(score) if s]
             for k in tqdm(scored, desc=f"{kind} replay", disable=not progress):
                 scores = teacher_forced_scores(models[k], text_ids, transform, greedy, vocab)
-                probabilities[k] = proposal_replay.probabilities(items, scores)
-                choices[k] = proposal_replay.choices(items, scores)
-                rates = proposal_replay.rates_by_position(
-                    items, proposal_replay.accepted(items, probabilities[k]), max_T
+                probabilities[k] = proposal_scores.probabilities(items, scores)
+                choices[k] = proposal_scores.choices(items, scores)
+                rates = proposal_scores.rates_by_position(
+                    items, proposal_scores.accepted(items, probabilities[k]), max_T
                 )
                 own = proposal_replay.row_rates(proposals, text_ids, scores, max_T)
                 self.entries[rate_keys[k]] = list(rates)
                 self.entries[row_rate_keys[k]] = [list(row) for row in own]
             for i, j in unknown:
                 below, above = probabilities[i], probabilities[j]
-                passed = proposal_replay.accepted_through(items, below, above)
+                passed = proposal_scores.accepted_through(items, below, above)
                 corrected = None
                 if choices[i] is not None and choices[j] is not None:
-                    corrected = proposal_replay.corrected_through(items, below, choices[i], choices[j])
+                    corrected = proposal_scores.corrected_through(items, below, choices[i], choices[j])
                 self.entries[through_keys[(i, j)]] = None if passed is None else [passed, corrected]
             self.changed = True
         return Replayed(
