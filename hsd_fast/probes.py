@@ -36,9 +36,11 @@ from hsd_fast.lookup import LookupDraft
 from hsd_fast.proposal_scores import (
     Scorable,
     accepted,
+    choices,
     correction_trials,
     counts_by_position,
     kept_trials,
+    probabilities,
     replay,
     scorable,
 )
@@ -78,11 +80,11 @@ def probe(
     following = state.tokens.gather(1, block.positions + 1)  # [B, W] the committed next tokens
     generated = block.positions + 1 >= _on(prompt_lens, device)[:, None]  # [B, W]
     scored = block.valid & generated  # [B, W]
-    choices = logits.argmax(-1)  # [B, W]
-    agreed = (choices == following) & scored
+    argmax = logits.argmax(-1)  # [B, W]
+    agreed = (argmax == following) & scored
     found = None
     if lookup is not None:
-        found = _on_proposals(*lookup, state.tokens, rows, block.positions, choices, scored)
+        found = _on_proposals(*lookup, state.tokens, rows, block.positions, argmax, scored)
     return Probe(candidate, int(scored.sum()), int(agreed.sum()), time.perf_counter() - started, found)
 
 
@@ -93,7 +95,7 @@ def _on_proposals(
     tokens: torch.Tensor,  # [B, S] the run's token buffer
     rows: np.ndarray,  # [R]
     positions: torch.Tensor,  # [B, W] the probed positions
-    choices: torch.Tensor,  # [B, W] the candidate's argmax after each
+    argmax: torch.Tensor,  # [B, W] the candidate's argmax after each
     scored: torch.Tensor,  # [B, W] where the next token was generated
 ) -> ProposalsProbed:
     """The candidate as the level between the lookup and the target on each row's scored stretch
@@ -101,21 +103,21 @@ def _on_proposals(
     the committed text standing for the target's choices."""
     passed, tried = np.zeros(max_T), np.zeros(max_T)
     kept, corrections = np.zeros(2), np.zeros(2)
-    positions, choices, scored = (t.cpu().numpy() for t in (positions, choices, scored))
+    positions, argmax, scored = (t.cpu().numpy() for t in (positions, argmax, scored))
     for r in rows.tolist():
         at = positions[r, scored[r]]  # [N] consecutive positions, each the index of a token's scores
         if at.size == 0:
             continue
         first, last = int(at[0]), int(at[-1])
         text = tokens[r : r + 1, : last + 2].cpu()  # [1, L] ends with the last scored next token
-        choice_at = np.full(text.shape[1], -1, dtype=np.int64)  # [L]
-        choice_at[at] = choices[r, scored[r]]
+        mine = torch.full_like(text, -1)  # [1, L] the candidate's argmax after each position (-1: unknown)
+        mine[0, at] = torch.from_numpy(argmax[r, scored[r]])
+        target = torch.cat([text[:, 1:], torch.full_like(text[:, :1], -1)], 1)  # [1, L]: the committed
         items = scorable(replay(lookup, text, max_T, start=first + 1), text)
         known = items.index <= last  # [I] past the last scored position neither choice is known
         items = Scorable(*(column[known] for column in items))
-        below_choice, above_choice = choice_at[items.index], text[0, items.index + 1].numpy()  # [I] each
-        below = (below_choice == items.token).astype(np.float64)  # [I] greedy: 1 where m takes it
-        above = (above_choice == items.token).astype(np.float64)  # [I] the target: the committed token
+        below, above = probabilities(items, mine), probabilities(items, target)  # [I] each, greedy: 0 or 1
+        below_choice, above_choice = choices(items, mine), choices(items, target)  # [I] each
         by_position = counts_by_position(items, accepted(items, below), max_T)
         passed, tried = passed + by_position[0], tried + by_position[1]
         kept += kept_trials(items, below, above)
