@@ -30,9 +30,11 @@ matrix, measured on calibration text in another process. The run corrects both a
   pace; with the profile's spread (``row_spread``) each pair is priced at the rate of the expected
   slowest of the rows still decoding (``_paced``).
 - **Probes** (greedy runs): at a look, while the probes' seconds stay under ``probe_share`` of the
-  wall time it has seen, the idle model candidate probed longest ago (at most once every
-  ``probe_every`` looks) is fed the committed tokens it lacks and scored on them
-  (``probes.py``); its agreement with the target's tokens counts as trials of the pair
+  wall time it has seen, the idle model candidate considered longest ago (at most once every
+  ``probe_every`` looks, twice as long after each further probe that left it out) is fed the
+  committed tokens it lacks and scored on them (``probes.py``) if the rates a probe measures,
+  raised to the upper end of what their estimates allow, could bring it in (``_worth_probing``);
+  its agreement with the target's tokens counts as trials of the pair
   (candidate, target), so a draft that sits out is still judged on this request's text. Where a
   lookup level is a candidate, the probe also scores the candidate on the lookup's proposals
   replayed on that text: trials of the pair (lookup, candidate) and of the target's rates on what
@@ -171,14 +173,14 @@ class LatencyController:
     up to the interval at which looks take at most ``look_share`` of the measured time, at most
     ``max_every`` (``look_share=0``: up to ``max_every``; ``max_every=every``: a fixed interval);
     ``margin``: the predicted gain a switch needs;
-    ``probe_share``: the share of wall time probes may take (0: never probe); ``probe_every``: looks
-    between two probes of one candidate; ``decide_share``: the share of wall time decisions may take
-    (a decision look is skipped while they have taken more); ``spread``: how far apart rows accept,
-    per pair (``row_spread``; None: all alike; a proposal level's rows, ``ProposalRows``, as their
-    log-odds spread): at more than one row the model prices each pair at the rate of the batch's
-    slowest row, which sets the batch's pace; ``through``: the rates at which a model accepts the
-    proposals the model under it passed (``latency.chain_rates``), corrected by the chains that
-    run (``through``, the method)."""
+    ``probe_share``: the share of wall time probes may take (0: never probe); ``probe_every``: the
+    fewest looks between two probes of one candidate (``_probe_wait``); ``decide_share``: the share
+    of wall time decisions may take (a decision look is skipped while they have taken more);
+    ``spread``: how far apart rows accept, per pair (``row_spread``; None: all alike; a proposal
+    level's rows, ``ProposalRows``, as their log-odds spread): at more than one row the model
+    prices each pair at the rate of the batch's slowest row, which sets the batch's pace;
+    ``through``: the rates at which a model accepts the proposals the model under it passed
+    (``latency.chain_rates``), corrected by the chains that run (``through``, the method)."""
 
     def __init__(
         self,
@@ -217,7 +219,9 @@ class LatencyController:
         self.looks = self.resolved_at = 0  # looks seen, over every request; the look of the last resolve
         self.decide_seconds = 0.0  # of the decisions: scoring, resolving
         self.wall = self.probe_seconds = 0.0  # seconds of the rounds seen, and of their probes
-        self.last_probe: dict[int, int] = {}  # candidate -> (request's) round of its last probe
+        self.last_probe: dict[int, int] = {}  # candidate -> the look it was last considered at
+        self.probed_in_vain: dict[int, int] = {}  # candidate -> its probes since it last ran, this request
+        self.probe_round = 0  # the request's round at the last look that could probe
         self.ratios: list[list[float]] = [[] for _ in costs]  # measured / predicted, per candidate
         self.trials: dict[tuple[int, int], np.ndarray] = {}  # per pair, per block position: [2, P]
         # per (p, m, v) of ``prior_through``: level 2's trials on level 1's tokens in chains p > m > v,
@@ -510,39 +514,60 @@ class LatencyController:
             return []  # round 0: nothing generated yet to score
         if self.probe_seconds > self.probe_share * self.wall:
             return []
-        if seen.round < max(self.last_probe.values(), default=0):  # a new request: rounds restart
-            self.last_probe = {}
+        if seen.round < self.probe_round:  # a new request, whose text may differ: waits start afresh
+            self.probed_in_vain = {}
+        self.probe_round = seen.round
+        for m in self.current.drafts:  # running: its next probe, once idle again, waits the least
+            self.probed_in_vain.pop(m, None)
         idle = [
             m
             for m in self._cost_order()
             if m not in self.current.drafts and not level_zero_only(self.prior_costs[m])
-            and seen.round - self.last_probe.get(m, -self.probe_every) >= self.probe_every
+            and (m not in self.last_probe or self.looks - self.last_probe[m] >= self._probe_wait(m))
         ]  # fmt: skip
         if not idle:
             return []
         started = time.perf_counter()  # the gate's own time counts as probing
-        considered = min(idle, key=lambda m: self.last_probe.get(m, -self.probe_every))
-        self.last_probe[considered] = seen.round  # considered: probed or not, not again for a while
+        considered = min(idle, key=lambda m: self.last_probe.get(m, -1))
+        self.last_probe[considered] = self.looks  # considered: probed or not, not again for a while
         worth = self._worth_probing(considered, self.costs(), self.alpha())
+        if worth:
+            self.probed_in_vain[considered] = self.probed_in_vain.get(considered, 0) + 1
         self.probe_seconds += time.perf_counter() - started
         return [considered] if worth else []
 
+    def _probe_wait(self, m: int) -> int:
+        """Looks between two considerations of probing ``m``: ``probe_every``, doubled for each
+        further probe of m in this request since it last ran (up to 64x). A probe that did not
+        bring m into the hierarchy mostly says the next will not either, on this request's text:
+        a new request starts afresh."""
+        return self.probe_every << min(max(self.probed_in_vain.get(m, 0) - 1, 0), 6)
+
     def _worth_probing(self, m: int, costs: Sequence[Cost], alpha) -> bool:
-        """Whether what a probe of ``m`` could find might change the decision: with its acceptance
-        by the target at the upper end of what the estimate allows (two standard errors over the
-        trials behind it, the prior's included), a hierarchy next to the current one that holds
-        ``m`` would be chosen. (The rates through the lookup level a probe also measures are not
-        raised here: raised too, they opened the gate on the zoo's stream at every chance, where
-        no chain over the lookup level pays, and its probes cost 3 % of the time for nothing.)"""
+        """Whether what a probe of ``m`` could find might change the decision: with the rates a
+        probe measures at the upper end of what their estimates allow (``_raised``: m's acceptance
+        by the target, and the target's on what m would pass of a lookup level's proposals), a
+        hierarchy next to the current one that holds ``m`` would be chosen. Each probe of m that
+        did not bring it in makes the next wait longer (``_probe_wait``)."""
         assert self.current is not None
-        rate = _mean_rate(alpha[m][self.target])
         counted = self.trials.get((m, self.target))
-        trials = PRIOR_TOKENS + (0.0 if counted is None else counted[1].sum())
         optimistic = [list(row) for row in alpha]
-        optimistic[m][self.target] = min(1.0, rate + 2 * (rate * (1 - rate) / trials) ** 0.5)
+        optimistic[m][self.target] = _raised(
+            _mean_rate(alpha[m][self.target]), 0.0 if counted is None else counted[1].sum()
+        )
+        through = self.through(alpha)
+        for chain, rates in through.items():
+            if chain[1:] == (m, self.target):
+                probed = self.through_probed.get(chain, np.zeros(4))
+                ran = self.through_trials.get(chain, np.zeros(5))[1]
+                corrected = rates.corrected
+                through[chain] = RatesThrough(
+                    _raised(rates.passed, probed[1] + ran),
+                    None if corrected is None else _raised(corrected, probed[3]),
+                )
         now = self.predicted(self.current, costs, alpha)
         holding = [c for c in self._neighbours(self.current) if m in c.drafts]
-        return any(self.predicted(c, costs, optimistic) < (1 - self.margin) * now for c in holding)
+        return any(self.predicted(c, costs, optimistic, through) < (1 - self.margin) * now for c in holding)
 
     def describe(self, names: Sequence[str]) -> list[str]:
         """The controller's view in lines of text: each candidate's cost scale (measured /
@@ -602,15 +627,19 @@ class LatencyController:
         return lines
 
     # ------------------------------------------------------------------ decisions
-    def predicted(self, choice: Choice, costs: Sequence[Cost], alpha) -> float:
+    def predicted(
+        self, choice: Choice, costs: Sequence[Cost], alpha, through: Through | None = None
+    ) -> float:
         """Seconds per committed token of ``choice`` under the estimates (the exact recursion),
-        times its chain's correction (``correction``)."""
-        return self.modelled(choice, costs, alpha) * self.correction(choice)
+        times its chain's correction (``correction``). ``through``: the rates through a lookup
+        level (default: ``through(alpha)``)."""
+        return self.modelled(choice, costs, alpha, through) * self.correction(choice)
 
-    def modelled(self, choice: Choice, costs: Sequence[Cost], alpha) -> float:
+    def modelled(self, choice: Choice, costs: Sequence[Cost], alpha, through: Through | None = None) -> float:
         """The latency model's seconds per committed token of ``choice`` under the estimates."""
         levels = [*choice.drafts, self.target]
-        rates = chain_rates(costs, alpha, levels, choice.block_sizes, self.through(alpha))
+        through = self.through(alpha) if through is None else through
+        rates = chain_rates(costs, alpha, levels, choice.block_sizes, through)
         pairs = [self._paced(r, a, b) for r, (a, b) in zip(rates, itertools.pairwise(levels), strict=True)]
         return expected_latency([costs[m] for m in levels], pairs, list(choice.block_sizes))
 
@@ -743,6 +772,12 @@ def _rows(seen: Observation) -> int:
 def _mean_rate(rate: Acceptance) -> float:
     """One number for a pair's acceptance: a lookup level's per-position rates averaged."""
     return float(np.mean(rate)) if isinstance(rate, tuple) else float(rate)
+
+
+def _raised(rate: float, trials: float) -> float:
+    """``rate`` at the upper end of what ``trials`` Bernoulli trials on top of the prior's
+    ``PRIOR_TOKENS`` allow: two standard errors up."""
+    return min(1.0, rate + 2 * (rate * (1 - rate) / (PRIOR_TOKENS + trials)) ** 0.5)
 
 
 def _shrunk(measured: float, modelled: float, tokens: float, towards: float) -> float:

@@ -297,6 +297,34 @@ def test_decisions_keep_within_their_share_of_the_wall_time(monkeypatch) -> None
     assert control.decide_seconds <= 0.02 * control.wall + 0.001
 
 
+def test_probes_of_a_model_that_stays_out_grow_sparse(monkeypatch) -> None:
+    """Each probe of a candidate that did not bring it into the hierarchy doubles the looks before
+    the next (``_probe_wait``); in a new request, or once it has run, they start again at
+    ``probe_every``."""
+    monkeypatch.setattr(LatencyController, "_worth_probing", lambda *_: True)  # the gate always open
+    control = LatencyController(COSTS, alpha(), probe_every=2)
+    control.current, control.wall = Choice((0,), (4,)), 1e9  # probes within their share
+    probed: dict[int, list[int]] = {1: [], 2: []}
+    request_start = 0  # the look before the request's first
+
+    def looks(count: int) -> None:
+        for _ in range(count):
+            control.looks += 1
+            for m in control.wants_probes(seen(control.looks - request_start, control.current)):
+                probed[m].append(control.looks)
+
+    looks(60)
+    assert probed[1] == [1, 3, 7, 15, 31] and probed[2] == [2, 4, 8, 16, 32]  # waits 2, 4, 8, 16
+    request_start = 60  # a new request: its rounds count from 1 again
+    looks(4)
+    assert probed[1][5:] == [61, 63] and probed[2][5:] == [62, 64]
+    control.current = Choice((0, 1), (4, 4))  # 1 joins ...
+    looks(1)
+    control.current = Choice((0, 2), (4, 4))  # ... and leaves (2 runs): its probes start afresh
+    looks(4)
+    assert probed[1][7:] == [66, 68]
+
+
 def test_neighbours_and_the_shortlist_are_valid_hierarchies() -> None:
     control = LatencyController(COSTS, alpha())
     control(seen(0, None))

@@ -212,3 +212,25 @@ def test_select_hierarchy_measures_the_rates_through_its_lookup_level(tmp_path) 
         LookupDraft(), [draft, target], prompts, LogitsTransform(), True, 3, progress=False, new_tokens=64
     )
     assert again[(0, 1)] == through[(0, 1, 2)]
+
+
+def test_a_probe_is_worth_its_time_where_the_rates_through_could_make_a_chain_win() -> None:
+    """The gate (``wants_probes``) raises by two standard errors the rates a probe of model 1 would
+    measure: its acceptance by the target and the target's on what it passes of the lookup's
+    proposals. Here only the second makes ``lookup > 1 > t`` worth trying against ``lookup > t``;
+    once probes have shown those rates low, the gate stays shut."""
+    costs = [LookupCost(1e-4, (0.3, 0.1, 0.1, 0.1, 0.4)), *COSTS[1:]]
+    rates = alpha(0.5)
+    rates[0][3] = rates[0][1] = (0.9, 0.9)
+    control = LatencyController(costs, rates, through={(0, 1, 3): RatesThrough(0.9, 0.3)}, probe_every=1)
+    control.current = lookup_only = Choice((0,), (4,))
+    chain = Choice((0, 1), (4, 4))
+    now = control.predicted(lookup_only, control.costs(), control.alpha())
+    raised_pair = control.alpha()
+    raised_pair[1][3] = 0.5 + 2 * (0.25 / PRIOR_TOKENS) ** 0.5
+    assert control.predicted(chain, control.costs(), raised_pair) > 0.95 * now  # the pair alone: shut
+    assert control.wants_probes(replace(seen(1, lookup_only), round=1)) == [1]
+    low = ProposalsProbed(0, np.array([40.0]), np.array([40.0]), kept=(20.0, 40.0), corrections=(2.0, 40.0))
+    control.learn(replace(seen(1, None), probes=(Probe(1, 40, 20, 1e-3, low),)))
+    control.looks += 64  # past any wait
+    assert 1 not in control.wants_probes(replace(seen(1, lookup_only), round=2))
