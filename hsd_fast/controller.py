@@ -221,7 +221,6 @@ class LatencyController:
         self.wall = self.probe_seconds = 0.0  # seconds of the rounds seen, and of their probes
         self.last_probe: dict[int, int] = {}  # candidate -> the look it was last considered at
         self.probed_in_vain: dict[int, int] = {}  # candidate -> its probes since it last ran, this request
-        self.probe_round = 0  # the request's round at the last look that could probe
         self.ratios: list[list[float]] = [[] for _ in costs]  # measured / predicted, per candidate
         self.trials: dict[tuple[int, int], np.ndarray] = {}  # per pair, per block position: [2, P]
         # per (p, m, v) of ``prior_through``: level 2's trials on level 1's tokens in chains p > m > v,
@@ -514,9 +513,6 @@ class LatencyController:
             return []  # round 0: nothing generated yet to score
         if self.probe_seconds > self.probe_share * self.wall:
             return []
-        if seen.round < self.probe_round:  # a new request, whose text may differ: waits start afresh
-            self.probed_in_vain = {}
-        self.probe_round = seen.round
         for m in self.current.drafts:  # running: its next probe, once idle again, waits the least
             self.probed_in_vain.pop(m, None)
         idle = [
@@ -556,18 +552,19 @@ class LatencyController:
             _mean_rate(alpha[m][self.target]), 0.0 if counted is None else counted[1].sum()
         )
         through = self.through(alpha)
+        raised = dict(through)
         for chain, rates in through.items():
             if chain[1:] == (m, self.target):
                 probed = self.through_probed.get(chain, np.zeros(4))
                 ran = self.through_trials.get(chain, np.zeros(5))[1]
                 corrected = rates.corrected
-                through[chain] = RatesThrough(
+                raised[chain] = RatesThrough(
                     _raised(rates.passed, probed[1] + ran),
                     None if corrected is None else _raised(corrected, probed[3]),
                 )
-        now = self.predicted(self.current, costs, alpha)
+        now = self.predicted(self.current, costs, alpha, through)
         holding = [c for c in self._neighbours(self.current) if m in c.drafts]
-        return any(self.predicted(c, costs, optimistic, through) < (1 - self.margin) * now for c in holding)
+        return any(self.predicted(c, costs, optimistic, raised) < (1 - self.margin) * now for c in holding)
 
     def describe(self, names: Sequence[str]) -> list[str]:
         """The controller's view in lines of text: each candidate's cost scale (measured /
@@ -676,8 +673,10 @@ class LatencyController:
         self.drafting = _shrunk(*np.sum(drafting, axis=0), 1.0) if drafting else 1.0
 
     def __call__(self, seen: Observation) -> Choice:
-        if seen.round == 0 and self.current is not None and len(seen.committed) == self.batch:
-            return self._next_request()
+        if seen.round == 0:  # a new request, whose text may differ: the probes' waits start afresh
+            self.probed_in_vain = {}
+            if self.current is not None and len(seen.committed) == self.batch:
+                return self._next_request()
         self.batch = len(seen.committed)
         before = self.current if seen.round > 0 else None  # round 0: a new request starts
         self.current = self._decide(seen)
@@ -713,7 +712,8 @@ class LatencyController:
         if self.current is None or self.looks - self.resolved_at >= self.resolve_every:
             self._resolve(costs, alpha)
         options = {*self.shortlist, *self._neighbours(self.current or self.shortlist[0])}
-        scores = {c: self.predicted(c, costs, alpha) for c in options}
+        through = self.through(alpha)  # once for every option scored
+        scores = {c: self.predicted(c, costs, alpha, through) for c in options}
         best = min(scores, key=scores.get)
         if self.current is None or scores[best] < (1 - self.margin) * scores[self.current]:
             self.current = best

@@ -305,17 +305,16 @@ def test_probes_of_a_model_that_stays_out_grow_sparse(monkeypatch) -> None:
     control = LatencyController(COSTS, alpha(), probe_every=2)
     control.current, control.wall = Choice((0,), (4,)), 1e9  # probes within their share
     probed: dict[int, list[int]] = {1: [], 2: []}
-    request_start = 0  # the look before the request's first
 
     def looks(count: int) -> None:
         for _ in range(count):
             control.looks += 1
-            for m in control.wants_probes(seen(control.looks - request_start, control.current)):
+            for m in control.wants_probes(seen(control.looks, control.current)):
                 probed[m].append(control.looks)
 
     looks(60)
     assert probed[1] == [1, 3, 7, 15, 31] and probed[2] == [2, 4, 8, 16, 32]  # waits 2, 4, 8, 16
-    request_start = 60  # a new request: its rounds count from 1 again
+    assert control(seen(0, None)) == control.current  # a new request (as many rows: no decision)
     looks(4)
     assert probed[1][5:] == [61, 63] and probed[2][5:] == [62, 64]
     control.current = Choice((0, 1), (4, 4))  # 1 joins ...
