@@ -3,7 +3,9 @@ lookup level, measured on the varied-text sets (license prose, C headers, data t
 beside the latency model's prediction from the zoo's calibration profile three ways: each pair at
 its own rate (before), the middle model's tokens split into the proposals it kept (at the rate the
 replay measured for them) and its own, and split three ways (its corrections of the proposals it
-rejected apart: what ``select_hierarchy`` uses now).
+rejected apart: what ``select_hierarchy`` uses now). The middle model's tokens are taken in their
+place in its blocks (``latency.rates_through``); the committed ``through_twin_cpu`` predates that
+and took the kinds' geometric mean (docs/design.md, "Tokens that came through", *In place*).
 
     python bench/bench_through.py [--passes 2] [--prompts 3]
 

@@ -310,20 +310,53 @@ def chain_rates(
 ) -> list[Acceptance]:
     """The rates of a chain's pairs (``levels``: candidate indices, smallest first), each pair's
     ``alpha``, except where ``through`` holds the chain's first three (docs/design.md, "Tokens that
-    came through"): level 2 then verifies three kinds of level 1's tokens (``shares_through``):
-    proposed by level 0 and kept by level 1, which level 2 takes at ``passed`` (two levels that
-    agree on a proposed token are mostly right: 0.96-1.0 on the zoo's text sets); level 1's
-    corrections of the proposals it rejected, at ``corrected`` (where a small model rejects a
-    passage the text repeats, the target mostly keeps it: 0.2-0.4); and its other own tokens, at
-    its ``alpha``. A block survives as the product of its tokens' rates, so the pair's one rate is
-    their geometric mean weighted by the shares."""
+    came through"): level 2 then verifies three kinds of level 1's tokens: proposed by level 0
+    and kept by level 1, which level 2 takes at ``passed`` (two levels that agree on a proposed
+    token are mostly right: 0.96-1.0 on the zoo's text sets); level 1's corrections of the
+    proposals it rejected, at ``corrected`` (where a small model rejects a passage the text
+    repeats, the target mostly keeps it: 0.2-0.4); and its other own tokens, at its ``alpha``.
+    The kinds come in a fixed order, each of level 1's verifications handing up its kept tokens
+    and then one of its own, so the pair's rate is one per block position (``rates_through``)."""
     rates = [alpha[a][b] for a, b in itertools.pairwise(levels)]
     known = (through or {}).get(tuple(levels[:3])) if len(levels) >= 3 else None
     if known is not None and not isinstance(rates[1], tuple):
-        kept, corrections, own = shares_through(costs[levels[0]], rates[0], T[0])
-        corrected = rates[1] if known.corrected is None else known.corrected
-        rates[1] = known.passed**kept * corrected**corrections * rates[1] ** own
+        rates[1] = rates_through(costs[levels[0]], rates[0], T[0], known, rates[1], T[0] + T[1])
     return rates
+
+
+def rates_through(
+    below: Cost, rate: Acceptance, T: int, known: RatesThrough, own: float, positions: int
+) -> tuple[float, ...]:
+    """Level 2's rate per position of the blocks level 1 hands up over a proposal level
+    (``below``, block size ``T``, whose proposals level 1 accepts at ``rate``): a_j, the chance
+    that token j is accepted given tokens 1..j-1 were, for j = 1..``positions``. Each of level 1's
+    verifications hands up A kept proposals (taken at ``known.passed``) and then one token of its
+    own: a correction where it rejected a proposal (at ``known.corrected``), else the bonus or its
+    draft (at ``own``). Blocks are runs of such verifications, a renewal sequence: ``boundary[n]``
+    is the chance-weighted product of the rates of n tokens that end a verification's run, and
+    ``survive[j]`` that of the first j tokens, whatever their run; a_j = survive[j] / survive[j-1].
+    Where a small model rejects the end of a repeated passage, the low rates sit at the ends of
+    the runs; one rate for every position (the kinds' geometric mean by their shares) would spread
+    them over the block and price a chain 1.2-1.4x too slow (docs/design.md, "Tokens that came
+    through")."""
+    corrected = own if known.corrected is None else known.corrected
+    runs = []  # (kept tokens A, the rate of the token after them, probability)
+    for b, p in block_sizes(below, T).items():
+        for gain, q in enumerate(gain_probs(rate, b), start=1):
+            runs.append((gain - 1, corrected if gain - 1 < b else own, p * q))
+    boundary, survive = [1.0] + [0.0] * positions, [1.0] + [0.0] * positions
+    for n in range(positions):  # a run starting after token n
+        if boundary[n] == 0.0:
+            continue
+        for kept, last, p in runs:
+            weight = boundary[n] * p
+            for i in range(1, min(kept, positions - n) + 1):
+                survive[n + i] += weight * known.passed**i
+            if n + kept + 1 <= positions:
+                ends = weight * known.passed**kept * last
+                survive[n + kept + 1] += ends
+                boundary[n + kept + 1] += ends
+    return tuple(s / before if before > 0 else 0.0 for before, s in itertools.pairwise(survive))
 
 
 @dataclass(frozen=True)

@@ -97,39 +97,64 @@ def test_sampled_the_model_above_keeps_what_the_one_under_kept_with_p_over_its_p
     assert rate == pytest.approx(expected)
 
 
-def test_the_chains_rate_mixes_by_the_shares_of_each_kind_of_token() -> None:
+def test_the_chains_rate_takes_each_kind_of_token_in_its_place() -> None:
     lookup = LookupCost(1e-5, (0.0, 0.0, 1.0))  # always offers 2 tokens
-    costs = [lookup, AffineCost(1e-3, 1e-4), AffineCost(1e-2, 1e-3)]
+    costs = [lookup, AffineCost(1e-3, 1e-4), AffineCost(2e-2, 1e-3)]
     alpha_ = [[1.0, (1.0, 1.0), (0.5,)], [(1.0, 1.0), 1.0, 0.6], [(0.5,), 0.6, 1.0]]
-    # m keeps both offered tokens and adds its own (the bonus): 2 of its 3 tokens came through
+    # m keeps both offered tokens and adds its own (the bonus): 2 of its 3 tokens came through,
+    # and its blocks run kept, kept, own, kept, kept (T = 2 + 3 positions at most)
     assert shares_through(lookup, alpha_[0][1], 2) == pytest.approx((2 / 3, 0.0, 1 / 3))
     rates = chain_rates(costs, alpha_, [0, 1, 2], [2, 3], {(0, 1, 2): RatesThrough(0.9, 0.2)})
-    assert rates == [(1.0, 1.0), pytest.approx(0.9 ** (2 / 3) * 0.6 ** (1 / 3))]
-    # m keeps the first token half the time (then the second too): per call 1 kept, then a
-    # correction or the bonus
+    assert rates == [(1.0, 1.0), pytest.approx((0.9, 0.9, 0.6, 0.9, 0.9))]
+    # m keeps the first token half the time (then the second too): a correction alone, or two
+    # kept and the bonus; token 1 is a correction or a kept one, token 2 ...
     half = (0.5, 1.0)
     assert shares_through(lookup, half, 2) == pytest.approx((0.5, 0.25, 0.25))
     alpha_[0][1] = alpha_[1][0] = half
     rates = chain_rates(costs, alpha_, [0, 1, 2], [2, 3], {(0, 1, 2): RatesThrough(0.9, 0.2)})
-    assert rates[1] == pytest.approx(0.9**0.5 * 0.2**0.25 * 0.6**0.25)
+    first = 0.5 * 0.2 + 0.5 * 0.9
+    second = 0.5 * 0.2 * first + 0.5 * 0.9 * 0.9  # after a correction a new run, else the 2nd kept
+    assert rates[1][:2] == pytest.approx((first, second / first))
+    assert rates[1] == pytest.approx(_simulated_rates(half, 0.9, 0.2, 0.6, 5), abs=0.01)
     unknown = chain_rates(costs, alpha_, [0, 1, 2], [2, 3], {(0, 1, 2): RatesThrough(0.9)})
-    assert unknown[1] == pytest.approx(0.9**0.5 * 0.6**0.5)  # corrections at m's own rate
+    assert unknown[1] == pytest.approx(_simulated_rates(half, 0.9, 0.6, 0.6, 5), abs=0.01)  # m's own rate
     assert chain_rates(costs, alpha_, [0, 1, 2], [2, 3]) == [half, 0.6]  # none measured
     assert chain_rates(costs, alpha_, [1, 2], [3], {(0, 1, 2): RatesThrough(0.9)}) == [0.6]  # no level 0
     # a lookup that never offers: m's tokens are all its own
     never = LookupCost(1e-5, (1.0, 0.0, 0.0))
     assert shares_through(never, half, 2) == (0.0, 0.0, 1.0)
+    assert chain_rates([never, *costs[1:]], alpha_, [0, 1, 2], [2, 3], {(0, 1, 2): RatesThrough(0.9)})[1] == (
+        pytest.approx((0.6,) * 5)
+    )
+
+
+def _simulated_rates(m_rate, passed, corrected, own, positions, blocks=100_000) -> list[float]:
+    """Monte Carlo of v's rate per position of m's blocks over a lookup offering 2 tokens: m keeps
+    token j at ``m_rate[j]`` while it keeps; each piece is the kept tokens, then m's own."""
+    rng = np.random.default_rng(0)
+    survive = np.zeros(positions + 1)  # summed over blocks: the product of the first j tokens' rates
+    for _ in range(blocks):
+        rates: list[float] = []
+        while len(rates) < positions:
+            kept = 0
+            while kept < 2 and rng.random() < m_rate[kept]:
+                kept += 1
+            rates += [passed] * kept + [corrected if kept < 2 else own]
+        survive += np.cumprod([1.0, *rates[:positions]])
+    return list(survive[1:] / survive[:-1])
 
 
 def test_the_selector_stacks_a_model_over_the_lookup_level_where_what_it_passes_holds() -> None:
     """A small draft the target agrees with at 0.6: over the lookup level it pays only if the tokens
-    it passes of the lookup's are the ones the target takes."""
+    it passes of the lookup's are the ones the target takes. Its corrections matter less: each
+    comes after the tokens it kept, which the target has taken by then."""
     lookup = LookupCost(2e-5, (0.3, 0.0, 0.0, 0.0, 0.7))
     costs = [lookup, AffineCost(1e-3, 1e-5), AffineCost(2e-2, 1e-4)]
     rates = (0.7, 0.9, 0.9, 0.9)
     alpha_ = [[1.0, rates, rates], [rates, 1.0, 0.6], [rates, 0.6, 1.0]]
     assert select(costs, alpha_, max_T=6, through={(0, 1, 2): RatesThrough(0.98, 0.6)}).chain == (0, 1, 2)
-    assert select(costs, alpha_, max_T=6, through={(0, 1, 2): RatesThrough(0.98, 0.1)}).chain == (0, 2)
+    assert select(costs, alpha_, max_T=6, through={(0, 1, 2): RatesThrough(0.98, 0.1)}).chain == (0, 1, 2)
+    assert select(costs, alpha_, max_T=6, through={(0, 1, 2): RatesThrough(0.8, 0.1)}).chain == (0, 2)
     assert select(costs, alpha_, max_T=6).chain == (0, 2)
 
 
