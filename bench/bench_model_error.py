@@ -1,0 +1,258 @@
+"""Where the latency model errs, chain by chain, on the text a run decodes (docs/design.md, "Tokens that
+came through", *In place*): fixed hierarchies decode each text set under a controller that never
+switches, their observations are recorded, then replayed offline through fresh controllers, which
+predict each look's seconds per token as an adaptive run would (on the estimates of that look).
+
+    python bench/bench_model_error.py [--cache twin_costs.json] [--priors 32 4]
+
+Target ``s`` as its cost twin (hidden 768, 12 layers, MLP 2048), candidates lookup, ``xxs``, ``xs``;
+batch 1, greedy, fp32, eager, 3 prompts of 96 tokens per set (the varied-text sets and three of the
+zoo's calibration windows), 128 new tokens. Per set and chain: the seconds per token delivered and
+modelled, and, per target round, the tokens committed and the middle model's verifications against
+the model's expectation on the estimates over the whole run (its trials not faded). ``--priors``:
+the replay is repeated with the prior's acceptance and proposal lengths counted as that many trials
+and calls (``PRIOR_TOKENS``, ``PRIOR_CALLS``; the first is the controller's own). The decoding is recorded
+to ``--observations`` (default: the temporary directory's ``model_error.pkl``), which a later run
+with ``--replay-only`` replays without decoding.
+Writes bench/results/model_error_twin_cpu.{json,md} (``--stem`` names them otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import itertools
+import math
+import pickle
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from bench_adaptive import text_sets
+from kernel_bench import run_meta, write_results
+
+import hsd_fast
+import hsd_fast.controller as controller_module
+from hsd_fast import zoo
+from hsd_fast.controller import LatencyController
+from hsd_fast.hf_generate import generate
+from hsd_fast.latency import (
+    chain_rates,
+    expected_gain,
+    level_outcomes,
+    sharing_the_cache,
+    verifying_costs,
+)
+from hsd_fast.lookup import LookupDraft
+from hsd_fast.profile import ProfileCache
+from hsd_fast.switching_types import Choice, Observation
+from hsd_fast.zoo.calibration import read_calibration
+
+NEW_TOKENS = 128
+CHAINS = {  # candidates: lookup 0, xxs 1, xs 2 (the target is 3)
+    "lookup > s T=8": Choice((0,), (8,)),
+    "lookup > xs > s T=8,7": Choice((0, 2), (8, 7)),
+    "lookup > xxs > s T=6,3": Choice((0, 1), (6, 3)),
+    "xs > s T=4": Choice((2,), (4,)),
+    "xxs > s T=4": Choice((1,), (4,)),
+    "no draft": Choice(),
+}
+APART = 0.05  # two chains are ranked when their delivered seconds per token differ by more than this
+
+
+class FixedChain(LatencyController):
+    """A controller that learns and predicts as the adaptive one does but keeps ``fixed``."""
+
+    fixed: Choice
+
+    def _decide(self, seen: Observation) -> Choice:
+        super()._decide(seen)
+        self.current = self.fixed
+        return self.fixed
+
+
+class Recording(FixedChain):
+    """``FixedChain`` keeping what it was shown (``seen``: each observation, and ``("finished",
+    observation)`` at a request's end)."""
+
+    seen: list
+
+    def __call__(self, seen: Observation) -> Choice:
+        self.seen.append(dataclasses.replace(seen, tokens=None))  # the token buffer is not learnt from
+        return super().__call__(seen)
+
+    def finished(self, seen: Observation) -> None:
+        self.seen.append(("finished", dataclasses.replace(seen, tokens=None)))
+        super().finished(seen)
+
+
+def record(cache: str | None, prompts: int) -> dict:
+    """Decode every set with every chain (a fresh controller each): the controller before any run,
+    and each run's chain and observations."""
+    target = zoo.cost_twin(zoo.load("s"), hidden_size=768, num_layers=12, intermediate_size=2048)
+    candidates = [LookupDraft(), zoo.load("xxs"), zoo.load("xs")]
+    windows = read_calibration(zoo.zoo_dir())
+    calibration = torch.cat([w[:, :128] for w in windows.values()])
+    profiles = ProfileCache(cache, fallbacks=[zoo.zoo_dir() / "profile_cpu.json"])
+    pick = hsd_fast.select_hierarchy(
+        target, ["lookup", *candidates[1:]], calibration, cache=profiles, max_new_tokens=NEW_TOKENS,
+        progress=False, do_sample=False, compile=False,
+    )  # fmt: skip
+    sets = {name: p[:prompts] for name, p in text_sets(zoo.load_tokenizer(), 96, 1).items()}
+    own = torch.cat([w[:, -96:] for w in windows.values()])  # the text the prior was measured on
+    sets["zoo"] = own[torch.linspace(0, len(own) - 1, prompts).long()]
+    runs = {}
+    for (name, ids), (label, choice) in itertools.product(sets.items(), CHAINS.items()):
+        control = Recording.from_hierarchy(pick, candidates, probe_share=0.0)
+        control.fixed, control.seen = choice, []
+        for prompt in ids:
+            target.generate(
+                prompt[None], custom_generate=generate, max_new_tokens=NEW_TOKENS, do_sample=False,
+                drafts=candidates, adapt=control, hierarchy=pick, compile=False,
+            )  # fmt: skip
+        runs[name, label] = control.seen
+        print(f"{name}, {label}: {len(control.seen)} looks", flush=True)
+    return {"fresh": FixedChain.from_hierarchy(pick, candidates, probe_share=0.0), "runs": runs}
+
+
+@contextlib.contextmanager
+def estimator(prior: float, fade: float | None = None):
+    """The controller's module constants for a replay: the prior counted as ``prior`` trials and
+    calls, trials faded by ``fade`` per round (None: the controller's), and chains' measurements
+    kept whole (summed over the run, not faded)."""
+    names = ("PRIOR_TOKENS", "PRIOR_CALLS", "CORRECTION_FADE", "FADE")
+    before = [getattr(controller_module, n) for n in names]
+    values = (prior, prior, 1.0, controller_module.FADE if fade is None else fade)
+    for name, value in zip(names, values, strict=True):
+        setattr(controller_module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in zip(names, before, strict=True):
+            setattr(controller_module, name, value)
+
+
+def replay(fresh: FixedChain, choice: Choice, seen: list, prior: float) -> dict:
+    """One run's observations through copies of ``fresh`` that keep ``choice``: the model's seconds
+    per token at each look, on the estimates the controller has then; and its tokens and middle
+    verifications per target round on the estimates of the whole run (trials not faded), against
+    the run's own."""
+    with estimator(prior):
+        control = _replayed(fresh, choice, seen)
+        control._measure(control.costs(), control.alpha())  # the rounds after the last look
+    delivered, modelled, per_row = control.measured[(choice.drafts, choice.tree)]
+    out = {"delivered": delivered / per_row, "modelled": modelled / per_row}
+    if choice.drafts:
+        with estimator(prior, fade=1.0):
+            whole = _replayed(fresh, choice, seen)
+        steps, tokens = np.zeros(len(choice.drafts) + 1), 0
+        for item in seen:
+            if (
+                not isinstance(item, tuple)
+                and item.choice is not None
+                and item.round > 1
+                and not item.warming
+            ):
+                steps += [len(sizes) for sizes in item.step_sizes]
+                tokens += item.round_tokens
+        gain, middle = _expected_round(whole, choice)
+        out["tokens per target round"] = (tokens / steps[-1], gain)
+        if len(choice.drafts) == 2:
+            out["middle verifications per target round"] = (steps[1] / steps[-1], middle)
+    return out
+
+
+def _replayed(fresh: FixedChain, choice: Choice, seen: list) -> FixedChain:
+    control = copy.deepcopy(fresh)
+    control.fixed, control.decide_share = choice, 1.0  # every look decides (and measures), as timed
+    for item in seen:
+        if isinstance(item, tuple):
+            control.finished(item[1])
+        else:
+            control(item)
+    return control
+
+
+def _expected_round(control: LatencyController, choice: Choice) -> tuple[float, float]:
+    """The model's tokens per target round and the middle level's verifications per target round."""
+    costs, alpha = control.costs(), control.alpha()
+    levels = [*choice.drafts, control.target]
+    rates = chain_rates(costs, alpha, levels, choice.block_sizes, control.through(alpha))
+    paid = sharing_the_cache(verifying_costs([costs[m] for m in levels]))
+    outcomes = level_outcomes(paid, rates, list(choice.block_sizes))
+    gain = outcomes[-1].mean(lambda b: expected_gain(rates[-1], b))
+    return gain, outcomes[1].calls if len(outcomes) > 1 else 1.0
+
+
+def summary(errors: dict) -> tuple[float, int, int]:
+    """The rms of log(delivered / modelled) over the runs, and of the pairs of chains on one set
+    whose delivered speeds differ by more than ``APART``, how many the model orders right."""
+    logs = [math.log(e["delivered"] / e["modelled"]) for e in errors.values()]
+    right = ranked = 0
+    for name in {n for n, _ in errors}:
+        for a, b in itertools.combinations(CHAINS, 2):
+            ea, eb = errors[name, a], errors[name, b]
+            if abs(math.log(ea["delivered"] / eb["delivered"])) > APART:
+                ranked += 1
+                right += (ea["delivered"] < eb["delivered"]) == (ea["modelled"] < eb["modelled"])
+    return float(np.sqrt(np.mean(np.square(logs)))), right, ranked
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cache", help="a profile cache for the twin's costs (as bench_adaptive's)")
+    parser.add_argument("--prompts", type=int, default=3, help="prompts per text set")
+    parser.add_argument("--priors", type=float, nargs="+", default=[controller_module.PRIOR_TOKENS])
+    parser.add_argument("--observations", type=Path, default=Path(tempfile.gettempdir()) / "model_error.pkl")
+    parser.add_argument("--replay-only", action="store_true", help="replay --observations, decode nothing")
+    parser.add_argument("--stem", default="model_error_twin_cpu", help="the result files' name")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    torch.set_grad_enabled(False)
+    if args.replay_only:
+        recorded = pickle.loads(args.observations.read_bytes())
+    else:
+        recorded = record(args.cache, args.prompts)
+        args.observations.write_bytes(pickle.dumps(recorded))
+    rows, notes = [], []
+    for prior in args.priors:
+        errors = {
+            key: replay(recorded["fresh"], CHAINS[key[1]], seen, prior)
+            for key, seen in recorded["runs"].items()
+        }
+        rms, right, ranked = summary(errors)
+        notes.append(
+            f"Prior counted as {prior:g} trials: rms of log(delivered / modelled) {rms:.3f}; of the {ranked} "
+            f"pairs of chains on one set whose delivered speeds differ by more than {APART:.0%}, {right} "
+            "ordered right."
+        )
+        for (name, label), e in errors.items():
+            row = {"prior": prior, "set": name, "hierarchy": label}
+            row |= {
+                "delivered ms/token": round(1e3 * e["delivered"], 2),
+                "modelled ms/token": round(1e3 * e["modelled"], 2),
+                "delivered / modelled": round(e["delivered"] / e["modelled"], 3),
+            }
+            for key in ("tokens per target round", "middle verifications per target round"):
+                measured, expected = e.get(key, (None, None))
+                row[f"{key}, measured"] = None if measured is None else round(measured, 2)
+                row[f"{key}, model"] = None if expected is None else round(expected, 2)
+            rows.append(row)
+    notes.insert(
+        0,
+        "Target s as its cost twin (hidden 768, 12 layers, MLP 2048; the same logits), candidates lookup, "
+        f"xxs, xs (zoo), batch 1, greedy, eager, {args.prompts} prompts of 96 tokens per set, {NEW_TOKENS} "
+        "new tokens, one controller per set and chain. Seconds per token as the controller measures them "
+        "(a request's first look and the looks' own time left out), the model's on each look's estimates; "
+        "per target round, the model on the estimates over the whole run (its trials not faded).",
+    )
+    meta = run_meta("cpu", batch=1, sampling={"do_sample": False}, compiled=False)
+    write_results(args.stem, "The latency model's error per chain", notes, ["prior", "set"], rows, meta)
+
+
+if __name__ == "__main__":
+    main()
