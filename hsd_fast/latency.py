@@ -340,22 +340,24 @@ def rates_through(
     them over the block: on the cost twin's runs the model expected 0.63-0.99 of the tokens a
     target round committed, in place 0.68-1.08 (docs/design.md, "Tokens that came through")."""
     corrected = own if known.corrected is None else known.corrected
-    runs = []  # (kept tokens A, the rate of the token after them, probability)
+    # over one verification of level 1: P(it keeps at least i proposals), i = 0..T, and, per count
+    # k kept, P(k) x the rate of the token of its own after them
+    at_least, after = [0.0] * (T + 2), [0.0] * (T + 1)
     for b, p in block_sizes(below, T).items():
         for gain, q in enumerate(gain_probs(rate, b), start=1):
-            runs.append((gain - 1, corrected if gain - 1 < b else own, p * q))
+            kept = gain - 1
+            at_least[: kept + 1] = [x + p * q for x in at_least[: kept + 1]]
+            after[kept] += p * q * (corrected if kept < b else own)
     boundary, survive = [1.0] + [0.0] * positions, [1.0] + [0.0] * positions
     for n in range(positions):  # a run starting after token n
         if boundary[n] == 0.0:
             continue
-        for kept, last, p in runs:
-            weight = boundary[n] * p
-            for i in range(1, min(kept, positions - n) + 1):
-                survive[n + i] += weight * known.passed**i
-            if n + kept + 1 <= positions:
-                ends = weight * known.passed**kept * last
-                survive[n + kept + 1] += ends
-                boundary[n + kept + 1] += ends
+        for i in range(1, min(T, positions - n) + 1):  # its i-th token, a kept proposal
+            survive[n + i] += boundary[n] * at_least[i] * known.passed**i
+        for kept in range(min(T, positions - n - 1) + 1):  # its own token after ``kept`` proposals
+            ends = boundary[n] * known.passed**kept * after[kept]
+            survive[n + kept + 1] += ends
+            boundary[n + kept + 1] += ends
     return tuple(s / before if before > 0 else 0.0 for before, s in itertools.pairwise(survive))
 
 
