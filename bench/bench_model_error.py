@@ -9,7 +9,10 @@ Target ``s`` as its cost twin (hidden 768, 12 layers, MLP 2048), candidates look
 batch 1, greedy, fp32, eager, 3 prompts of 96 tokens per set (the varied-text sets and three of the
 zoo's calibration windows), 128 new tokens. Per set and chain: the seconds per token delivered and
 modelled, and, per target round, the tokens committed and the middle model's verifications against
-the model's expectation on the estimates over the whole run (its trials not faded). ``--priors``:
+the model's expectation on the estimates over the whole run (its trials not faded), both over every
+round of the chain (a request's first and last included, as the estimates); for chains over the
+lookup level, the share of its calls the level above took whole, overall and right after a call
+it took whole (the model takes calls as independent). ``--priors``:
 the replay is repeated with the prior's acceptance and proposal lengths counted as that many trials
 and calls (``PRIOR_TOKENS``, ``PRIOR_CALLS``; the first is the controller's own). The decoding is recorded
 to ``--observations`` (default: the temporary directory's ``model_error.pkl``), which a later run
@@ -61,6 +64,7 @@ CHAINS = {  # candidates: lookup 0, xxs 1, xs 2 (the target is 3)
     "xxs > s T=4": Choice((1,), (4,)),
     "no draft": Choice(),
 }
+LOOKUP = 0  # the lookup level's candidate index
 APART = 0.05  # two chains are ranked when their delivered seconds per token differ by more than this
 
 
@@ -147,20 +151,20 @@ def replay(fresh: FixedChain, choice: Choice, seen: list, prior: float) -> dict:
     delivered, modelled, per_row = control.measured[(choice.drafts, choice.tree)]
     out = {"delivered": delivered / per_row, "modelled": modelled / per_row}
     if choice.drafts:
-        with estimator(prior, fade=1.0):
+        with estimator(prior, fade=1.0):  # the model reads the constants too: inside
             whole = _replayed(fresh, choice, seen)
-        steps, tokens = np.zeros(len(choice.drafts) + 1), 0
-        for item in seen:
-            if (
-                not isinstance(item, tuple)
-                and item.choice is not None
-                and item.round > 1
-                and not item.warming
-            ):
-                steps += [len(sizes) for sizes in item.step_sizes]
-                tokens += item.round_tokens
-        gain, middle = _expected_round(whole, choice)
+            gain, middle = _expected_round(whole, choice)
+        steps, tokens, offered, taken = np.zeros(len(choice.drafts) + 1), 0, [], []
+        for item in seen:  # every round of the chain, a request's first and last too, as the estimates
+            rounds = item[1] if isinstance(item, tuple) else item
+            if rounds.choice == choice:
+                steps += [len(sizes) for sizes in rounds.step_sizes]
+                tokens += rounds.round_tokens
+                offered.append(rounds.verified[0])
+                taken.append(rounds.accepted[0])
         out["tokens per target round"] = (tokens / steps[-1], gain)
+        if choice.drafts[0] == LOOKUP:
+            out["whole matches"] = _streaks(np.concatenate(offered), np.concatenate(taken))
         if len(choice.drafts) == 2:
             out["middle verifications per target round"] = (steps[1] / steps[-1], middle)
     return out
@@ -175,6 +179,15 @@ def _replayed(fresh: FixedChain, choice: Choice, seen: list) -> FixedChain:
         else:
             control(item)
     return control
+
+
+def _streaks(offered: np.ndarray, taken: np.ndarray) -> tuple[float, float]:
+    """Of a batch-1 run's lookup calls in order (``[N]`` tokens each offered, and taken by the level
+    above), the share that offered tokens and had all of them taken, overall and right after such
+    a call: the model takes calls as independent, so the two would match."""
+    whole = (offered > 0) & (taken >= offered)  # [N]
+    after = whole[1:][whole[:-1]]
+    return float(whole.mean()), float(after.mean()) if after.size else float("nan")
 
 
 def _expected_round(control: LatencyController, choice: Choice) -> tuple[float, float]:
@@ -241,6 +254,9 @@ def main() -> None:
                 measured, expected = e.get(key, (None, None))
                 row[f"{key}, measured"] = None if measured is None else round(measured, 2)
                 row[f"{key}, model"] = None if expected is None else round(expected, 2)
+            overall, after = e.get("whole matches", (None, None))
+            row["lookup calls taken whole"] = None if overall is None else round(overall, 2)
+            row["right after one taken whole"] = None if after is None else round(after, 2)
             rows.append(row)
     notes.insert(
         0,
@@ -248,7 +264,9 @@ def main() -> None:
         f"xxs, xs (zoo), batch 1, greedy, eager, {args.prompts} prompts of 96 tokens per set, {NEW_TOKENS} "
         "new tokens, one controller per set and chain. Seconds per token as the controller measures them "
         "(a request's first look and the looks' own time left out), the model's on each look's estimates; "
-        "per target round, the model on the estimates over the whole run (its trials not faded).",
+        "per target round, the model on the estimates over the whole run (its trials not faded), over "
+        "every round of the chain. Lookup calls taken whole: the share of the lookup level's calls that "
+        "offered tokens and had all of them taken by the level above, overall and right after such a call.",
     )
     meta = run_meta("cpu", batch=1, sampling={"do_sample": False}, compiled=False)
     write_results(args.stem, "The latency model's error per chain", notes, ["prior", "set"], rows, meta)

@@ -20,8 +20,10 @@ matrix, measured on calibration text in another process. The run corrects both a
   text where few rows match makes the lookup level cost more than it gains.
 - **Acceptance**: every verification of the active pairs (``Observation.verified / accepted``),
   counted as Bernoulli trials up to the first rejection, per block position, on top of the prior
-  as ``PRIOR_TOKENS`` pseudo-trials; older rounds fade (``FADE`` per round), so the estimate follows
-  the text. Pairs that do not run keep what they had, except what probes tell.
+  as ``PRIOR_TOKENS`` pseudo-trials (a lookup level's: as many pseudo-calls, each reaching a block
+  position as often as the prior's lengths and rates carry it, ``_reached``); older rounds fade
+  (``FADE`` per round), so the estimate follows the text. Pairs that do not run keep what they had,
+  except what probes tell.
 - **Tokens that came through** (``through``): in a chain lookup > m > v, v's trials on m's tokens
   mix its rate on the proposals m kept, on m's corrections and on m's own drafts (the profile's
   ``latency.RatesThrough``): they are counted apart from the pair (m, v), and the mix is solved for
@@ -363,9 +365,10 @@ class LatencyController:
             prior = self.prior_alpha[i][j]
             rates = [rate_at(prior, p + 1) for p in range(len(passed))]
             if isinstance(prior, tuple):  # per block position (a lookup level's)
+                weights = PRIOR_TOKENS * _reached(rates, getattr(self.prior_costs[i], "lengths", None))
                 out[i][j] = tuple(
-                    float((s + PRIOR_TOKENS * a) / (t + PRIOR_TOKENS))
-                    for s, t, a in zip(passed, tried, rates, strict=True)
+                    float((s + w * a) / (t + w)) if t + w > 0 else a
+                    for s, t, w, a in zip(passed, tried, weights, rates, strict=True)
                 )
             else:
                 out[i][j] = _pooled(passed, tried, prior)
@@ -798,6 +801,22 @@ def _chain(choice: Choice) -> tuple:
 
 def _mean_length(lengths: Sequence[float]) -> float:
     return float(np.dot(np.arange(len(lengths)), lengths))
+
+
+def _reached(rates: Sequence[float], lengths: Sequence[float] | None) -> np.ndarray:
+    """[P] the share of a proposal level's calls whose proposal reaches block position p (tried:
+    the level offered p + 1 tokens or more and the first p were accepted) under the prior's
+    ``lengths`` and per-position ``rates``: its pseudo-trials there, per pseudo-call. Counting the
+    prior as ``PRIOR_TOKENS`` trials at every position made it outweigh the run's trials at the
+    late positions, which few proposals reach (a zoo prior's rates at positions 5-8 held the
+    replayed tokens per round of ``lookup > s`` 10-20 % above the run's: bench_model_error.py).
+    Without ``lengths`` (a level that always offers the block), every call reaches position 0."""
+    offered = np.ones(len(rates))
+    if lengths is not None:
+        at_least = np.cumsum(np.asarray(lengths, dtype=float)[::-1])[::-1]  # [len] P(offers >= b)
+        offered = at_least[np.minimum(np.arange(1, len(rates) + 1), len(at_least) - 1)]
+    accepted_before = np.cumprod([1.0, *rates[:-1]])  # P(the first p accepted)
+    return offered * accepted_before
 
 
 def _pooled(passed: np.ndarray, tried: np.ndarray, prior: float) -> float:

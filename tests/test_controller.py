@@ -119,6 +119,23 @@ def test_the_lookup_levels_proposal_lengths_follow_its_verifications() -> None:
     assert any("nothing matched 0.50 -> " in line for line in control.describe(["l", "a", "b", "t"]))
 
 
+def test_a_lookup_levels_prior_counts_at_a_position_as_often_as_its_proposals_reach_it() -> None:
+    control = LatencyController(COSTS, alpha(), every=1)
+    lookup = Choice((0,), (4,))
+    # ten calls offer 4 tokens each and the target takes them all: ten trials at every position
+    control.learn(seen(1, lookup, verified=[[4] * 10], accepted=[[4] * 10], sizes=[[], []], seconds=[[], []]))
+    # the prior's calls (lengths 0.5, 0.2, 0.1, 0.1, 0.1; rates 0.6, 0.8, 0.8, ...) reach
+    # position 1 in half of them, 2 in 0.3 x 0.6, 3 in 0.2 x 0.6 x 0.8, 4 in 0.1 x 0.6 x 0.8 x 0.8
+    reached = [0.5, 0.3 * 0.6, 0.2 * 0.6 * 0.8, 0.1 * 0.6 * 0.8 * 0.8]
+    prior = [0.6, 0.8, 0.8, 0.8]
+    expected = [
+        (10 + PRIOR_TOKENS * w * a) / (10 + PRIOR_TOKENS * w) for w, a in zip(reached, prior, strict=True)
+    ]
+    assert control.alpha()[0][3] == pytest.approx(tuple(expected))
+    # so the run's ten trials outweigh the prior more at the late positions, few proposals reach
+    assert 1 - control.alpha()[0][3][3] < (1 - control.alpha()[0][3][1]) / 2
+
+
 def test_a_chain_that_delivers_slower_than_modelled_is_priced_as_measured() -> None:
     control = LatencyController(COSTS, alpha(0.95), every=1, decide_share=math.inf)
     first = control(seen(0, None))

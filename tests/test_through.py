@@ -185,7 +185,8 @@ def test_the_controller_learns_the_rate_through_and_keeps_the_pairs_own() -> Non
 def test_probes_of_a_model_move_its_rates_over_the_lookup_level() -> None:
     """What a probe of model 1 found on the lookup's proposals (``ProposalsProbed``) counts as trials
     of the pair (lookup, 1) per block position and of the target's rates on what 1 kept and on its
-    corrections, each on top of the prior as ``PRIOR_TOKENS`` trials."""
+    corrections, each on top of the prior as ``PRIOR_TOKENS`` trials (per position of a lookup
+    level's, the pseudo-calls that reach it)."""
     prior = {(0, 1, 3): RatesThrough(0.9, 0.3)}
     control = LatencyController(COSTS, alpha(0.8), every=1, through=prior)
     chain = Choice((0, 1), (4, 2))
@@ -197,9 +198,11 @@ def test_probes_of_a_model_move_its_rates_over_the_lookup_level() -> None:
     learnt = control.through(control.alpha())[(0, 1, 3)]
     assert learnt.passed == pytest.approx((16 + PRIOR_TOKENS * 0.9) / (16 + PRIOR_TOKENS))
     assert learnt.corrected == pytest.approx((9 + PRIOR_TOKENS * 0.3) / (10 + PRIOR_TOKENS))
-    lookup_to_small = control.alpha()[0][1]  # the prior's (0.6, 0.8) per position, corrected
-    assert lookup_to_small[0] == pytest.approx((10 + PRIOR_TOKENS * 0.6) / (12 + PRIOR_TOKENS))
-    assert lookup_to_small[1] == pytest.approx((6 + PRIOR_TOKENS * 0.8) / (8 + PRIOR_TOKENS))
+    # the prior's (0.6, 0.8) per position, corrected; its calls reach position 1 in half of them
+    # (lengths 0.5, 0.2, ...), position 2 in 0.3 x 0.6
+    lookup_to_small, first, second = control.alpha()[0][1], PRIOR_TOKENS * 0.5, PRIOR_TOKENS * 0.3 * 0.6
+    assert lookup_to_small[0] == pytest.approx((10 + first * 0.6) / (12 + first))
+    assert lookup_to_small[1] == pytest.approx((6 + second * 0.8) / (8 + second))
     assert control.alpha()[1][3] == pytest.approx((36 + PRIOR_TOKENS * 0.8) / (40 + PRIOR_TOKENS))
     assert control.modelled(chain, control.costs(), control.alpha()) < before  # the chain gained
     assert any("(0 in the chain, 16 + 10 probed)" in line for line in control.describe(["l", "a", "b", "t"]))
