@@ -12,7 +12,8 @@ modelled, and, per target round, the tokens committed and the middle model's ver
 the model's expectation on the estimates over the whole run (its trials not faded), both over every
 round of the chain (a request's first and last included, as the estimates); for chains over the
 lookup level, the share of its calls the level above took whole, overall and right after a call
-it took whole (the model takes calls as independent). ``--priors``:
+it took whole (the model takes calls as independent), and, under a middle model, the first call of
+each of its runs (right after the target's verification) against the later ones. ``--priors``:
 the replay is repeated with the prior's acceptance and proposal lengths counted as that many trials
 and calls (``PRIOR_TOKENS``, ``PRIOR_CALLS``; the first is the controller's own). The decoding is recorded
 to ``--observations`` (default: the temporary directory's ``model_error.pkl``), which a later run
@@ -154,17 +155,21 @@ def replay(fresh: FixedChain, choice: Choice, seen: list, prior: float) -> dict:
         with estimator(prior, fade=1.0):  # the model reads the constants too: inside
             whole = _replayed(fresh, choice, seen)
             gain, middle = _expected_round(whole, choice)
-        steps, tokens, offered, taken = np.zeros(len(choice.drafts) + 1), 0, [], []
+        steps, tokens, calls = np.zeros(len(choice.drafts) + 1), 0, [[]]  # calls: per request
         for item in seen:  # every round of the chain, a request's first and last too, as the estimates
             rounds = item[1] if isinstance(item, tuple) else item
             if rounds.choice == choice:
                 steps += [len(sizes) for sizes in rounds.step_sizes]
                 tokens += rounds.round_tokens
-                offered.append(rounds.verified[0])
-                taken.append(rounds.accepted[0])
+                calls[-1].append(np.stack([rounds.verified[0], rounds.accepted[0]]))
+            if isinstance(item, tuple):
+                calls.append([])
         out["tokens per target round"] = (tokens / steps[-1], gain)
+        requests = [np.concatenate(c, axis=1) for c in calls if c]  # each [2, N]: offered, taken
         if choice.drafts[0] == LOOKUP:
-            out["whole matches"] = _streaks(np.concatenate(offered), np.concatenate(taken))
+            out["whole matches"] = _streaks(np.concatenate(requests, axis=1))
+        if choice.drafts[0] == LOOKUP and len(choice.drafts) == 2:
+            out["first calls"] = _first_calls(requests, choice.T[1])
         if len(choice.drafts) == 2:
             out["middle verifications per target round"] = (steps[1] / steps[-1], middle)
     return out
@@ -181,13 +186,47 @@ def _replayed(fresh: FixedChain, choice: Choice, seen: list) -> FixedChain:
     return control
 
 
-def _streaks(offered: np.ndarray, taken: np.ndarray) -> tuple[float, float]:
-    """Of a batch-1 run's lookup calls in order (``[N]`` tokens each offered, and taken by the level
-    above), the share that offered tokens and had all of them taken, overall and right after such
-    a call: the model takes calls as independent, so the two would match."""
+def _streaks(calls: np.ndarray) -> tuple[float, float]:
+    """Of a batch-1 run's lookup calls in order (``[2, N]``: tokens each offered, and taken by the
+    level above), the share that offered tokens and had all of them taken, overall and right after
+    such a call: the model takes calls as independent, so the two would match."""
+    offered, taken = calls
     whole = (offered > 0) & (taken >= offered)  # [N]
     after = whole[1:][whole[:-1]]
     return float(whole.mean()), float(after.mean()) if after.size else float("nan")
+
+
+def _first_calls(requests: list[np.ndarray], T: int) -> dict[str, float]:
+    """The lookup calls under a middle model with block size ``T`` (each request's ``[2, N]``, as
+    ``_streaks``), split into the first of each of the middle model's runs (right after the
+    target's verification) and the rest (after the middle model's own token), the runs cut where
+    their gains reach T, as the engine cuts them: how often each offers nothing, and the middle
+    verifications per target round that the run's own gains make if calls are independent and
+    if the first calls are drawn apart."""
+    first, rest = [], []  # (offered, gain) per call
+    for offered, taken in requests:
+        run = 0
+        for b, gain in zip(offered, np.minimum(taken, offered) + 1, strict=True):
+            (first if run == 0 else rest).append((b, gain))
+            run = 0 if run + gain >= T else run + gain
+    first, rest = np.array(first).reshape(-1, 2), np.array(rest).reshape(-1, 2)
+    both = np.concatenate([first, rest])
+    return {
+        "offers nothing, first": float(np.mean(first[:, 0] == 0)),
+        "offers nothing, later": float(np.mean(rest[:, 0] == 0)) if len(rest) else float("nan"),
+        "independent": _calls_to_reach(both[:, 1], both[:, 1], T),
+        "first apart": _calls_to_reach(first[:, 1], rest[:, 1] if len(rest) else both[:, 1], T),
+    }
+
+
+def _calls_to_reach(first: np.ndarray, later: np.ndarray, T: int) -> float:
+    """Expected calls until their gains (each >= 1) sum to ``T`` or more, the first drawn from the
+    gains ``first``, the others from ``later`` (empirical distributions)."""
+    p = np.bincount(later.astype(int)) / len(later)  # [G] P(a later call gains g)
+    more = np.zeros(T + 1)  # more[r]: expected calls still to come with r left to reach
+    for r in range(1, T + 1):
+        more[r] = 1.0 + sum(q * more[max(r - g, 0)] for g, q in enumerate(p) if q > 0)
+    return 1.0 + float(np.mean(more[np.clip(T - first.astype(int), 0, T)]))
 
 
 def _expected_round(control: LatencyController, choice: Choice) -> tuple[float, float]:
@@ -257,6 +296,10 @@ def main() -> None:
             overall, after = e.get("whole matches", (None, None))
             row["lookup calls taken whole"] = None if overall is None else round(overall, 2)
             row["right after one taken whole"] = None if after is None else round(after, 2)
+            first = e.get("first calls", {})
+            for key in ("offers nothing, first", "offers nothing, later", "independent", "first apart"):
+                label = f"lookup {key}" if key.startswith("offers") else f"middle verifications, calls {key}"
+                row[label] = round(first[key], 2) if key in first else None
             rows.append(row)
     notes.insert(
         0,
@@ -266,7 +309,11 @@ def main() -> None:
         "(a request's first look and the looks' own time left out), the model's on each look's estimates; "
         "per target round, the model on the estimates over the whole run (its trials not faded), over "
         "every round of the chain. Lookup calls taken whole: the share of the lookup level's calls that "
-        "offered tokens and had all of them taken by the level above, overall and right after such a call.",
+        "offered tokens and had all of them taken by the level above, overall and right after such a call. "
+        "Under a middle model: how often the lookup offers nothing on the first call of the middle's run "
+        "(after the target's verification) and on the later ones (after the middle's own token), and the "
+        "middle verifications per target round the run's own gains make with calls independent or with "
+        "the first calls apart (each run cut where its gains reach the middle's block size).",
     )
     meta = run_meta("cpu", batch=1, sampling={"do_sample": False}, compiled=False)
     write_results(args.stem, "The latency model's error per chain", notes, ["prior", "set"], rows, meta)

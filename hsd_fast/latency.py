@@ -337,8 +337,8 @@ def rates_through(
     ``survive[j]`` that of the first j tokens, whatever their run; a_j = survive[j] / survive[j-1].
     Where a small model rejects the end of a repeated passage, the low rates sit at the ends of
     the runs; one rate for every position (the kinds' geometric mean by their shares) would spread
-    them over the block: on the cost twin's runs the model expected 0.63-0.99 of the tokens a
-    target round committed, in place 0.68-1.08 (docs/design.md, "Tokens that came through")."""
+    them over the block: on the cost twin's runs the model expected 0.68-1.00 of the tokens a
+    target round committed, in place 0.74-1.09 (docs/design.md, "Tokens that came through")."""
     corrected = own if known.corrected is None else known.corrected
     # over one verification of level 1: P(it keeps at least i proposals), i = 0..T, and, per count
     # k kept, P(k) x the rate of the token of its own after them
