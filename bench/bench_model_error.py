@@ -196,13 +196,24 @@ def _streaks(calls: np.ndarray) -> tuple[float, float]:
     return float(whole.mean()), float(after.mean()) if after.size else float("nan")
 
 
+FIRST_CALLS = (
+    "lookup offers nothing, first",
+    "lookup offers nothing, later",
+    "lookup first token taken, first",
+    "lookup first token taken, later",
+    "middle verifications, calls independent",
+    "middle verifications, calls first apart",
+)
+
+
 def _first_calls(requests: list[np.ndarray], T: int) -> dict[str, float]:
     """The lookup calls under a middle model with block size ``T`` (each request's ``[2, N]``, as
     ``_streaks``), split into the first of each of the middle model's runs (right after the
     target's verification) and the rest (after the middle model's own token), the runs cut where
-    their gains reach T, as the engine cuts them: how often each offers nothing, and the middle
-    verifications per target round that the run's own gains make if calls are independent and
-    if the first calls are drawn apart."""
+    their gains reach T, as the engine cuts them: how often each offers nothing, how often the
+    middle model takes the first token of what it offers, and the middle verifications per target
+    round that the run's own gains make if calls are independent and if the first calls are drawn
+    apart."""
     first, rest = [], []  # (offered, gain) per call
     for offered, taken in requests:
         run = 0
@@ -212,11 +223,22 @@ def _first_calls(requests: list[np.ndarray], T: int) -> dict[str, float]:
     first, rest = np.array(first).reshape(-1, 2), np.array(rest).reshape(-1, 2)
     both = np.concatenate([first, rest])
     return {
-        "offers nothing, first": float(np.mean(first[:, 0] == 0)),
-        "offers nothing, later": float(np.mean(rest[:, 0] == 0)) if len(rest) else float("nan"),
-        "independent": _calls_to_reach(both[:, 1], both[:, 1], T),
-        "first apart": _calls_to_reach(first[:, 1], rest[:, 1] if len(rest) else both[:, 1], T),
+        "lookup offers nothing, first": float(np.mean(first[:, 0] == 0)),
+        "lookup offers nothing, later": float(np.mean(rest[:, 0] == 0)) if len(rest) else float("nan"),
+        "lookup first token taken, first": _first_taken(first),
+        "lookup first token taken, later": _first_taken(rest),
+        "middle verifications, calls independent": _calls_to_reach(both[:, 1], both[:, 1], T),
+        "middle verifications, calls first apart": _calls_to_reach(
+            first[:, 1], rest[:, 1] if len(rest) else both[:, 1], T
+        ),
     }
+
+
+def _first_taken(calls: np.ndarray) -> float:
+    """Of ``[N, 2]`` (offered, gain) calls, the share of those that offered tokens whose first
+    token the level above took."""
+    offered = calls[calls[:, 0] > 0]
+    return float(np.mean(offered[:, 1] > 1)) if len(offered) else float("nan")
 
 
 def _calls_to_reach(first: np.ndarray, later: np.ndarray, T: int) -> float:
@@ -297,9 +319,8 @@ def main() -> None:
             row["lookup calls taken whole"] = None if overall is None else round(overall, 2)
             row["right after one taken whole"] = None if after is None else round(after, 2)
             first = e.get("first calls", {})
-            for key in ("offers nothing, first", "offers nothing, later", "independent", "first apart"):
-                label = f"lookup {key}" if key.startswith("offers") else f"middle verifications, calls {key}"
-                row[label] = round(first[key], 2) if key in first else None
+            for key in FIRST_CALLS:
+                row[key] = round(first[key], 2) if key in first else None
             rows.append(row)
     notes.insert(
         0,
@@ -311,7 +332,8 @@ def main() -> None:
         "every round of the chain. Lookup calls taken whole: the share of the lookup level's calls that "
         "offered tokens and had all of them taken by the level above, overall and right after such a call. "
         "Under a middle model: how often the lookup offers nothing on the first call of the middle's run "
-        "(after the target's verification) and on the later ones (after the middle's own token), and the "
+        "(after the target's verification) and on the later ones (after the middle's own token), how often "
+        "the middle takes the first token of what they offer, and the "
         "middle verifications per target round the run's own gains make with calls independent or with "
         "the first calls apart (each run cut where its gains reach the middle's block size).",
     )
