@@ -808,8 +808,9 @@ def _reached(rates: Sequence[float], lengths: Sequence[float] | None) -> np.ndar
     the level offered p + 1 tokens or more and the first p were accepted) under the prior's
     ``lengths`` and per-position ``rates``: its pseudo-trials there, per pseudo-call. Counting the
     prior as ``PRIOR_TOKENS`` trials at every position made it outweigh the run's trials at the
-    late positions, which few proposals reach (a zoo prior's rates at positions 5-8 held the
-    replayed tokens per round of ``lookup > s`` 10-20 % above the run's: bench_model_error.py).
+    late positions, which few proposals reach (the zoo's prior, 0.97-0.99 at positions 5-7, held
+    the replayed tokens per round of ``lookup > s`` up to 20 % above the run's on prose:
+    bench_model_error.py, docs/design.md, "Tokens that came through", *Counted alike*).
     Without ``lengths`` (a level that always offers the block), every call reaches position 0."""
     offered = np.ones(len(rates))
     if lengths is not None:
