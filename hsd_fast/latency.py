@@ -340,14 +340,14 @@ def rates_through(
     them over the block: on the cost twin's runs the model expected 0.68-1.00 of the tokens a
     target round committed, in place 0.74-1.09 (docs/design.md, "Tokens that came through")."""
     corrected = own if known.corrected is None else known.corrected
-    # over one verification of level 1: P(it keeps at least i proposals), i = 0..T, and, per count
-    # k kept, P(k) x the rate of the token of its own after them
-    at_least, after = [0.0] * (T + 2), [0.0] * (T + 1)
+    # over one verification of level 1: P(it keeps k proposals), k = 0..T, and P(k) x the rate of
+    # the token of its own after them; then P(it keeps at least i), i = 0..T + 1
+    keeps, after = [0.0] * (T + 1), [0.0] * (T + 1)
     for b, p in block_sizes(below, T).items():
         for gain, q in enumerate(gain_probs(rate, b), start=1):
-            kept = gain - 1
-            at_least[: kept + 1] = [x + p * q for x in at_least[: kept + 1]]
-            after[kept] += p * q * (corrected if kept < b else own)
+            keeps[gain - 1] += p * q
+            after[gain - 1] += p * q * (corrected if gain - 1 < b else own)
+    at_least = [*reversed([*itertools.accumulate(reversed(keeps))]), 0.0]
     boundary, survive = [1.0] + [0.0] * positions, [1.0] + [0.0] * positions
     for n in range(positions):  # a run starting after token n
         if boundary[n] == 0.0:
