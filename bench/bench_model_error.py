@@ -17,7 +17,10 @@ each of its runs (right after the target's verification) against the later ones.
 the replay is repeated with the prior's acceptance and proposal lengths counted as that many trials
 and calls (``PRIOR_TOKENS``, ``PRIOR_CALLS``; the first is the controller's own). The decoding is recorded
 to ``--observations`` (default: the temporary directory's ``model_error.pkl``), which a later run
-with ``--replay-only`` replays without decoding.
+with ``--replay-only`` replays without decoding (a recording made before the engine marked the
+first verification of a middle model's run, ``Observation.opens``, gets the marks from the gains:
+``marked``). ``--calls-alike``: the controllers count a lookup's calls under a middle model alike,
+as before they were counted apart (``LatencyController.later_calls``).
 Writes bench/results/model_error_twin_cpu.{json,md} (``--stem`` names them otherwise).
 """
 
@@ -141,6 +144,28 @@ def estimator(prior: float, fade: float | None = None):
             setattr(controller_module, name, value)
 
 
+def marked(seen: list, choice: Choice, alike: bool = False) -> list:
+    """``seen`` with ``Observation.opens`` for a recording made before the engine marked it: at
+    batch 1 a look's middle-level verifications are cut into runs where their gains reach the
+    middle's block size, as the engine cuts them (each look starts at a round's start).
+    ``alike``: no marks at all (every call counted as a first one, as before the marks)."""
+    out = []
+    for item in seen:
+        rounds = item[1] if isinstance(item, tuple) else item
+        if alike:
+            rounds = dataclasses.replace(rounds, opens=())
+        elif not rounds.opens and rounds.choice is not None and len(rounds.choice.drafts) >= 2:
+            assert len(rounds.committed) == 1, "a recording without marks replays at batch 1 only"
+            opens, run = [], 0
+            for b, a in zip(rounds.verified[0].tolist(), rounds.accepted[0].tolist(), strict=True):
+                opens.append(run == 0)
+                run = 0 if run + min(a, b) + 1 >= rounds.choice.T[1] else run + min(a, b) + 1
+            others = (np.ones(len(v), dtype=bool) for v in rounds.verified[1:])  # the target's: all open
+            rounds = dataclasses.replace(rounds, opens=(np.array(opens, dtype=bool), *others))
+        out.append(("finished", rounds) if isinstance(item, tuple) else rounds)
+    return out
+
+
 def replay(fresh: FixedChain, choice: Choice, seen: list, prior: float) -> dict:
     """One run's observations through copies of ``fresh`` that keep ``choice``: the model's seconds
     per token at each look, on the estimates the controller has then; and its tokens and middle
@@ -253,8 +278,8 @@ def _calls_to_reach(first: np.ndarray, later: np.ndarray, T: int) -> float:
 
 def _expected_round(control: LatencyController, choice: Choice) -> tuple[float, float]:
     """The model's tokens per target round and the middle level's verifications per target round."""
-    costs, alpha = control.costs(), control.alpha()
-    levels = [*choice.drafts, control.target]
+    alpha, levels = control.alpha(), [*choice.drafts, control.target]
+    costs = control._chain_costs(control.costs(), alpha, levels)  # a lookup's later calls, as modelled
     rates = chain_rates(costs, alpha, levels, choice.block_sizes, control.through(alpha))
     paid = sharing_the_cache(verifying_costs([costs[m] for m in levels]))
     outcomes = level_outcomes(paid, rates, list(choice.block_sizes))
@@ -283,19 +308,26 @@ def main() -> None:
     parser.add_argument("--priors", type=float, nargs="+", default=[controller_module.PRIOR_TOKENS])
     parser.add_argument("--observations", type=Path, default=Path(tempfile.gettempdir()) / "model_error.pkl")
     parser.add_argument("--replay-only", action="store_true", help="replay --observations, decode nothing")
+    parser.add_argument(
+        "--calls-alike", action="store_true", help="the controller counts a lookup's calls alike (as before)"
+    )
     parser.add_argument("--stem", default="model_error_twin_cpu", help="the result files' name")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     torch.set_grad_enabled(False)
     if args.replay_only:
         recorded = pickle.loads(args.observations.read_bytes())
+        for name in ("later_proposals", "later_trials"):  # a controller recorded before they were kept
+            recorded["fresh"].__dict__.setdefault(name, {})
     else:
         recorded = record(args.cache, args.prompts)
         args.observations.write_bytes(pickle.dumps(recorded))
     rows, notes = [], []
     for prior in args.priors:
         errors = {
-            key: replay(recorded["fresh"], CHAINS[key[1]], seen, prior)
+            key: replay(
+                recorded["fresh"], CHAINS[key[1]], marked(seen, CHAINS[key[1]], args.calls_alike), prior
+            )
             for key, seen in recorded["runs"].items()
         }
         rms, right, ranked = summary(errors)

@@ -17,7 +17,11 @@ matrix, measured on calibration text in another process. The run corrects both a
   proposal of T tokens says only "at least T"), counted on top of the prior's lengths as
   ``PRIOR_CALLS`` pseudo-calls and faded like the trials; the lengths are the product-limit
   estimate over them. At batch B the verification is padded to the widest of B proposals, so a
-  text where few rows match makes the lookup level cost more than it gains.
+  text where few rows match makes the lookup level cost more than it gains. Under a middle model m
+  (lookup > m > ...) only the first call of each of m's runs (``Observation.opens``) counts there;
+  the later ones, after m's own token, offer less and are taken less: their lengths and m's rates
+  on them are counted apart, on top of the first calls' estimates (``later_calls``,
+  ``latency.LaterCalls``).
 - **Acceptance**: every verification of the active pairs (``Observation.verified / accepted``),
   counted as Bernoulli trials up to the first rejection, per block position, on top of the prior
   as ``PRIOR_TOKENS`` pseudo-trials (a lookup level's: as many pseudo-calls, each reaching a block
@@ -99,6 +103,7 @@ from hsd_fast.hierarchy_types import DEFAULT_MAX_T, Hierarchy
 from hsd_fast.latency import (
     Acceptance,
     Cost,
+    LaterCalls,
     LookupCost,
     RatesThrough,
     Through,
@@ -234,6 +239,10 @@ class LatencyController:
         # per lookup candidate, per proposal length (the prior's lengths): [2, L], calls whose
         # proposal ended there, and calls cut there by the block size (at least that long)
         self.proposals: dict[int, np.ndarray] = {}
+        # per (lookup candidate p, middle model m): the calls after the first of m's run, as
+        # ``proposals``, and m's trials on them per block position, [2, P] (``later_calls``)
+        self.later_proposals: dict[tuple[int, int], np.ndarray] = {}
+        self.later_trials: dict[tuple[int, int], np.ndarray] = {}
         self.rows = 1  # rows of the run last seen: a lookup level's verification pads to their widest
         self.batch = 1  # rows of the last request (a new one with as many keeps the choice)
         # per chain (drafts, tree): measured seconds per token x tokens per row, the model's
@@ -340,39 +349,36 @@ class LatencyController:
         ]
 
     def lengths(self, m: int) -> tuple[float, ...]:
-        """Lookup candidate ``m``'s proposal lengths (``LookupCost.lengths``): the product-limit
-        estimate over the calls its verifications showed and the prior's as ``PRIOR_CALLS``
-        pseudo-calls. A length's hazard (the share of proposals at least that long that end there)
-        counts the calls that ended there over those that reached it uncut; a call cut by the
-        block size says nothing past it, so lengths beyond every block size run keep the prior's
-        hazards."""
-        prior = np.asarray(self.prior_costs[m].lengths)  # type: ignore[attr-defined]
-        ended, cut = PRIOR_CALLS * prior, np.zeros_like(prior)
-        if m in self.proposals:
-            ended, cut = ended + self.proposals[m][0], self.proposals[m][1]
-        reached = ended[::-1].cumsum()[::-1] + np.append(cut[::-1].cumsum()[::-1][1:], 0.0)
-        out, survive = [], 1.0
-        for b in range(len(prior) - 1):
-            hazard = ended[b] / reached[b] if reached[b] > 0 else 0.0
-            out.append(survive * hazard)
-            survive *= 1.0 - hazard
-        return (*(float(p) for p in out), float(survive))
+        """Lookup candidate ``m``'s proposal lengths (``LookupCost.lengths``): the calls its
+        verifications showed (the first of a middle model's runs: ``later_calls``) on top of the
+        prior's lengths (``_product_limit``)."""
+        return _product_limit(self.prior_costs[m].lengths, self.proposals.get(m))  # type: ignore[attr-defined]
 
     def alpha(self) -> list[list[Acceptance]]:
         """The prior acceptance matrix, every pair that ran corrected by what it accepted."""
         out = [list(row) for row in self.prior_alpha]
         for (i, j), (passed, tried) in self.trials.items():
             prior = self.prior_alpha[i][j]
-            rates = [rate_at(prior, p + 1) for p in range(len(passed))]
             if isinstance(prior, tuple):  # per block position (a lookup level's)
-                weights = PRIOR_TOKENS * _reached(rates, getattr(self.prior_costs[i], "lengths", None))
-                out[i][j] = tuple(
-                    float((s + w * a) / (t + w)) if t + w > 0 else a
-                    for s, t, w, a in zip(passed, tried, weights, rates, strict=True)
-                )
+                lengths = getattr(self.prior_costs[i], "lengths", None)
+                out[i][j] = _per_position(prior, lengths, passed, tried)
             else:
                 out[i][j] = _pooled(passed, tried, prior)
         return out
+
+    def later_calls(self, p: int, m: int, alpha) -> LaterCalls:
+        """Lookup candidate ``p``'s calls under model ``m`` after the first of m's run
+        (``latency.LaterCalls``): the lengths and m's rates its chains showed, counted on top of
+        the first calls' estimates (``lengths(p)``, ``alpha[p][m]``) as the prior: until such a
+        chain runs, the later calls are taken as the first."""
+        lengths = self.lengths(p)
+        first = alpha[p][m] if isinstance(alpha[p][m], tuple) else (alpha[p][m],)
+        counts = self.later_trials.get((p, m), np.zeros((2, 0)))
+        passed, tried = np.pad(counts, ((0, 0), (0, max(len(first) - counts.shape[1], 0))))  # [P] each
+        return LaterCalls(
+            _product_limit(lengths, self.later_proposals.get((p, m))),
+            _per_position(first, lengths, passed, tried),
+        )
 
     def through(self, alpha) -> dict[tuple[int, int, int], RatesThrough]:
         """How a model v takes what model m passes of lookup level p's proposals
@@ -450,40 +456,48 @@ class LatencyController:
         for counts in (
             *self.trials.values(),
             *self.proposals.values(),
+            *self.later_proposals.values(),
+            *self.later_trials.values(),
             *self.through_trials.values(),
             *self.through_probed.values(),
         ):
             counts *= FADE**seen.rounds  # per round, however far apart the looks
+        # a lookup under a middle model: the first call of each of the middle's runs apart from the
+        # later ones (``later_calls``); without the marks, every call as a first one
+        later = np.zeros(0, dtype=bool)
+        if len(levels) >= 3 and isinstance(self.prior_costs[levels[0]], LookupCost) and seen.opens:
+            later = ~seen.opens[0]  # [N] per verification of the lookup's calls
         if seen.verified and isinstance(self.prior_costs[levels[0]], LookupCost):
-            self._count_proposals(levels[0], seen.verified[0], seen.choice.T[0])
+            first = ~later if later.size else slice(None)
+            self._count_proposals(levels[0], seen.verified[0][first], seen.choice.T[0])
+            if later.size:
+                counts = self.later_proposals.setdefault(tuple(levels[:2]), self._no_calls(levels[0]))
+                self._count_calls(counts, levels[0], seen.verified[0][later], seen.choice.T[0])
         for level, (drafts, accepted) in enumerate(zip(seen.verified, seen.accepted, strict=True), start=1):
             pair = (levels[level - 1], levels[level])
-            width = int(drafts.max(initial=0))
-            if width == 0:
+            if int(drafts.max(initial=0)) == 0:
                 continue
-            positions = np.arange(width)  # block position p: the (p + 1)-th draft
-            tried = (positions[None, :] < np.minimum(drafts, accepted + 1)[:, None]).sum(0)
-            passed = (positions[None, :] < accepted[:, None]).sum(0)
+            passed, tried = _trials(drafts, accepted)
             if level == 2 and (chain := tuple(levels[:3])) in self.prior_through:  # a mix: ``through``
+                alpha = self.alpha()
                 shares = shares_through(
-                    replace(self.prior_costs[levels[0]], lengths=self.lengths(levels[0])),
-                    self.alpha()[levels[0]][levels[1]],
+                    self._chain_costs(self.costs(), alpha, levels)[levels[0]],
+                    alpha[levels[0]][levels[1]],
                     seen.choice.T[0],
+                    seen.choice.T[1],
                 )
                 counts = self.through_trials.setdefault(chain, np.zeros(5))
                 counts += (passed.sum(), tried.sum(), *(share * tried.sum() for share in shares))
+            elif level == 1 and later.size:
+                self._count(pair, *_trials(drafts[~later], accepted[~later]))
+                later_passed, later_tried = _trials(drafts[later], accepted[later])
+                self.later_trials[pair] = _grown(self.later_trials.get(pair), later_passed, later_tried)
             else:
                 self._count(pair, passed, tried)
 
     def _count(self, pair: tuple[int, int], passed: np.ndarray, tried: np.ndarray) -> None:
         """Add trials of ``pair``, per block position (``[P]`` each; a probe's are position 0's)."""
-        width = len(passed)
-        old = self.trials.get(pair, np.zeros((2, 0)))
-        grown = np.zeros((2, max(width, old.shape[1])))
-        grown[:, : old.shape[1]] += old
-        grown[0, :width] += passed
-        grown[1, :width] += tried
-        self.trials[pair] = grown
+        self.trials[pair] = _grown(self.trials.get(pair), passed, tried)
 
     def _count_probed_proposals(self, m: int, found: ProposalsProbed) -> None:
         """Add what a probe of model ``m`` found on the lookup level's proposals: trials of the
@@ -498,13 +512,22 @@ class LatencyController:
 
     def _count_proposals(self, m: int, blocks: np.ndarray, T: int) -> None:
         """Add the calls of lookup candidate ``m`` whose verifications checked ``blocks`` ``[N]``
-        tokens, proposed at block size ``T``: a block of T (or of the prior's longest length) was
-        cut there, a shorter one ended there. (A row near its length budget wants fewer than T: its
-        last call counts as ended, a small bias towards shorter proposals.)"""
-        longest = len(self.prior_costs[m].lengths) - 1  # type: ignore[attr-defined]
+        tokens, proposed at block size ``T`` (``_count_calls``)."""
+        self._count_calls(self.proposals.setdefault(m, self._no_calls(m)), m, blocks, T)
+
+    def _no_calls(self, m: int) -> np.ndarray:
+        """[2, L] no calls of lookup candidate ``m`` yet, per proposal length: ended there, cut there."""
+        return np.zeros((2, len(self.prior_costs[m].lengths)))  # type: ignore[attr-defined]
+
+    def _count_calls(self, counts: np.ndarray, m: int, blocks: np.ndarray, T: int) -> None:
+        """Add to ``counts`` (``_no_calls``') the calls of lookup candidate ``m`` whose
+        verifications checked ``blocks`` ``[N]`` tokens, proposed at block size ``T``: a block of T
+        (or of the prior's longest length) was cut there, a shorter one ended there. (A row near
+        its length budget wants fewer than T: its last call counts as ended, a small bias towards
+        shorter proposals.)"""
+        longest = counts.shape[1] - 1
         blocks = np.minimum(blocks, longest)
         was_cut = blocks >= min(T, longest)
-        counts = self.proposals.setdefault(m, np.zeros((2, longest + 1)))
         np.add.at(counts[0], blocks[~was_cut], 1.0)
         np.add.at(counts[1], blocks[was_cut], 1.0)
 
@@ -609,6 +632,13 @@ class LatencyController:
                 f"  {names[m]}'s proposals: nothing matched {prior[0]:.2f} -> {now[0]:.2f}, mean length "
                 f"{_mean_length(prior):.1f} -> {_mean_length(now):.1f} ({counts.sum():.0f} calls, faded)"
             )
+        for (p, m), counts in sorted(self.later_proposals.items()):
+            later = self.later_calls(p, m, alpha)
+            lines.append(
+                f"  {names[p]}'s later calls under {names[m]}: nothing matched {later.lengths[0]:.2f}, mean "
+                f"length {_mean_length(later.lengths):.1f}, {names[m]} takes their first token "
+                f"{later.rates[0]:.2f} ({counts.sum():.0f} calls, faded)"
+            )
         lines.append("measured / modelled seconds per token, per chain that ran (tokens per row, faded):")
         for chain, (measured, modelled, tokens) in sorted(self.measured.items(), key=str):
             drafts, tree = chain
@@ -639,9 +669,18 @@ class LatencyController:
         """The latency model's seconds per committed token of ``choice`` under the estimates."""
         levels = [*choice.drafts, self.target]
         through = self.through(alpha) if through is None else through
+        costs = self._chain_costs(costs, alpha, levels)
         rates = chain_rates(costs, alpha, levels, choice.block_sizes, through)
         pairs = [self._paced(r, a, b) for r, (a, b) in zip(rates, itertools.pairwise(levels), strict=True)]
         return expected_latency([costs[m] for m in levels], pairs, list(choice.block_sizes))
+
+    def _chain_costs(self, costs: Sequence[Cost], alpha, levels: Sequence[int]) -> list[Cost]:
+        """``costs``, with a lookup level under a middle model given its later calls there
+        (``later_calls``)."""
+        out = list(costs)
+        if len(levels) >= 3 and isinstance(self.prior_costs[levels[0]], LookupCost):
+            out[levels[0]] = _with_later(costs[levels[0]], self.later_calls(levels[0], levels[1], alpha))
+        return out
 
     def _paced(self, rate: Acceptance, a: int, b: int) -> Acceptance:
         """Pair (a, b)'s ``rate`` as the batch's slowest row accepts (``row_spread``): with one draft
@@ -818,6 +857,72 @@ def _reached(rates: Sequence[float], lengths: Sequence[float] | None) -> np.ndar
         offered = at_least[np.minimum(np.arange(1, len(rates) + 1), len(at_least) - 1)]
     accepted_before = np.cumprod([1.0, *rates[:-1]])  # P(the first p accepted)
     return offered * accepted_before
+
+
+def _product_limit(prior: Sequence[float], counts: np.ndarray | None) -> tuple[float, ...]:
+    """Proposal lengths (``LookupCost.lengths``): the product-limit estimate over ``counts`` (``[2,
+    L]``: calls whose proposal ended at each length, and calls cut there by the block size) and
+    the ``prior`` lengths as ``PRIOR_CALLS`` pseudo-calls. A length's hazard (the share of
+    proposals at least that long that end there) counts the calls that ended there over those
+    that reached it uncut; a call cut by the block size says nothing past it, so lengths beyond
+    every block size run keep the prior's hazards."""
+    prior = np.asarray(prior, dtype=float)
+    ended, cut = PRIOR_CALLS * prior, np.zeros_like(prior)
+    if counts is not None:
+        ended, cut = ended + counts[0], counts[1]
+    reached = ended[::-1].cumsum()[::-1] + np.append(cut[::-1].cumsum()[::-1][1:], 0.0)
+    out, survive = [], 1.0
+    for b in range(len(prior) - 1):
+        hazard = ended[b] / reached[b] if reached[b] > 0 else 0.0
+        out.append(survive * hazard)
+        survive *= 1.0 - hazard
+    return (*(float(p) for p in out), float(survive))
+
+
+def _per_position(
+    prior: Acceptance,
+    lengths: Sequence[float] | None,
+    passed: np.ndarray,
+    tried: np.ndarray,
+) -> tuple[float, ...]:
+    """A proposal level's pair rates per block position: ``passed`` / ``tried`` ``[P]`` on top of
+    the ``prior`` rates as ``PRIOR_TOKENS`` pseudo-calls, each reaching a
+    position as often as the prior's ``lengths`` and rates carry it (``_reached``)."""
+    rates = [rate_at(prior, p + 1) for p in range(max(len(passed), 1))]
+    passed, tried = (np.pad(x, (0, len(rates) - len(x))) for x in (passed, tried))
+    weights = PRIOR_TOKENS * _reached(rates, lengths)
+    return tuple(
+        float((s + w * a) / (t + w)) if t + w > 0 else a
+        for s, t, w, a in zip(passed, tried, weights, rates, strict=True)
+    )
+
+
+def _trials(drafts: np.ndarray, accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Verifications of ``drafts`` ``[N]`` tokens that accepted ``accepted`` ``[N]`` of them as
+    Bernoulli trials up to the first rejection, per block position p (the (p + 1)-th draft):
+    passed and tried, ``[P]`` each."""
+    positions = np.arange(int(drafts.max(initial=0)))
+    tried = (positions[None, :] < np.minimum(drafts, accepted + 1)[:, None]).sum(0)
+    passed = (positions[None, :] < accepted[:, None]).sum(0)
+    return passed, tried
+
+
+def _grown(counts: np.ndarray | None, passed: np.ndarray, tried: np.ndarray) -> np.ndarray:
+    """``counts`` ``[2, P]`` (None: none yet) plus ``passed`` and ``tried``, widened to fit."""
+    old = np.zeros((2, 0)) if counts is None else counts
+    width = len(passed)
+    out = np.zeros((2, max(width, old.shape[1])))
+    out[:, : old.shape[1]] += old
+    out[0, :width] += passed
+    out[1, :width] += tried
+    return out
+
+
+def _with_later(cost: Cost, later: LaterCalls) -> Cost:
+    """A lookup level's ``cost`` (or its ``Scaled``) with ``later`` calls under a middle model."""
+    if isinstance(cost, Scaled):
+        return Scaled(_with_later(cost.base, later), cost.factor)
+    return replace(cost, later=later)
 
 
 def _pooled(passed: np.ndarray, tried: np.ndarray, prior: float) -> float:

@@ -38,7 +38,7 @@ import math
 import random
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 Cost = Callable[[int], float]
 Acceptance = float | tuple[float, ...]
@@ -82,18 +82,42 @@ class AffineCost:
 
 
 @dataclass(frozen=True)
+class LaterCalls:
+    """A proposal level's calls under a middle model m (proposal level > m > ...) after the first of
+    m's run: the first comes right after the verification above m, a context the profile's replay
+    under the target measures; the later ones come after m's own token (its correction of a
+    rejected proposal, its bonus, or its draft where nothing was offered), a context the text
+    repeats less (docs/design.md, "Tokens that came through", *First and later calls*).
+    ``lengths`` as ``LookupCost``'s, ``rates`` m's acceptance per block position on them."""
+
+    lengths: tuple[float, ...]
+    rates: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.lengths or any(not 0.0 <= p <= 1.0 for p in self.lengths):
+            raise ValueError(f"lengths must be probabilities, got {self.lengths}")
+        if abs(sum(self.lengths) - 1.0) > 1e-6:
+            raise ValueError(f"lengths must sum to 1, got {sum(self.lengths)}")
+        if not self.rates or any(not 0.0 <= r <= 1.0 for r in self.rates):
+            raise ValueError(f"rates must lie in [0, 1], got {self.rates}")
+
+
+@dataclass(frozen=True)
 class LookupCost:
     """A lookup level's cost and output: ``seconds`` of host work per call (no forward) for a batch
     of ``rows`` rows, and ``lengths[b]``, the fraction of a row's calls whose match offers b tokens
     (b = 0..len - 1, the last entry: at least that many); a call with block size T proposes
     min(b, T) of them. ``noise``: the relative standard error of ``seconds``, as for a
     ``CostProfile``. In a batch the rows' blocks differ, but one verification step feeds them all,
-    padded to the widest (``padded_block``); each row gains from its own block."""
+    padded to the widest (``padded_block``); each row gains from its own block. ``later``: where a
+    chain's middle model verifies the level, its calls after the first of the middle's run (None:
+    alike; ``with_later_calls``)."""
 
     seconds: float
     lengths: tuple[float, ...]
     noise: float = 0.0
     rows: int = 1
+    later: LaterCalls | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.seconds) and self.seconds >= 0):
@@ -121,6 +145,10 @@ class LookupCost:
             if p > 0:
                 out[min(b, T)] = out.get(min(b, T), 0.0) + p
         return out
+
+    def later_calls(self) -> LookupCost:
+        """The level as its later calls under a middle model propose (``later``), or itself."""
+        return self if self.later is None else replace(self, lengths=self.later.lengths, later=None)
 
     def padded_block(self, T: int) -> dict[int, float]:
         """The distribution of the widest of ``rows`` independent blocks: what the verification of
@@ -287,18 +315,36 @@ def reindexed(through: Iterable[tuple[tuple, RatesThrough]], index: Mapping) -> 
     }
 
 
-def shares_through(below: Cost, rate: Acceptance, T: int) -> tuple[float, float, float]:
+def shares_through(
+    below: Cost, rate: Acceptance, T: int, T_above: int | None = None
+) -> tuple[float, float, float]:
     """Of the tokens a level 1 hands up over its level-0 call (``below``, block size ``T``,
     accepted at ``rate``), the shares that came through (proposed and kept), that are its
     corrections (its own token where it rejected a proposed one) and its other own tokens (the
     bonus after a proposal kept whole, or its draft where nothing was offered): a verification of
-    a block of b keeps E[G | b] - 1 tokens and adds one of the other two kinds."""
+    a block of b keeps E[G | b] - 1 tokens and adds one of the other two kinds. Over a proposal
+    level with ``later`` calls, the first call of each run of level 1 (block size ``T_above``)
+    and the later ones weigh by how many of each a run makes (``T_above`` None: all alike)."""
+    first = _Call(block_sizes(below, T), rate, 0.0)
+    kept, corrections = _kept_and_corrected(first)
+    calls = 1.0
+    if (later := getattr(below, "later", None)) is not None and T_above is not None:
+        after = _Call(below.later_calls().block(T), later.rates, 0.0)  # type: ignore[attr-defined]
+        more = sum(_run(first, after, T_above)[0]) - 1.0  # later calls per run
+        more_kept, more_corrections = (more * x for x in _kept_and_corrected(after))
+        kept, corrections, calls = kept + more_kept, corrections + more_corrections, 1.0 + more
+    gain = kept + calls
+    return kept / gain, corrections / gain, (calls - corrections) / gain
+
+
+def _kept_and_corrected(call: _Call) -> tuple[float, float]:
+    """Over one verification of a level-0 ``call``: the proposed tokens it keeps, and the chance it
+    rejects one (its token is then a correction)."""
     kept = corrections = 0.0
-    for b, p in block_sizes(below, T).items():
-        kept += p * (expected_gain(rate, b) - 1.0)
-        corrections += p * (1.0 - math.prod(rate_at(rate, j) for j in range(1, b + 1)))
-    gain = kept + 1.0
-    return kept / gain, corrections / gain, (1.0 - corrections) / gain
+    for b, p in call.block.items():
+        kept += p * (expected_gain(call.rate, b) - 1.0)
+        corrections += p * (1.0 - math.prod(rate_at(call.rate, j) for j in range(1, b + 1)))
+    return kept, corrections
 
 
 def chain_rates(
@@ -338,20 +384,18 @@ def rates_through(
     Where a small model rejects the end of a repeated passage, the low rates sit at the ends of
     the runs; one rate for every position (the kinds' geometric mean by their shares) would spread
     them over the block: on the cost twin's runs the model expected 0.68-1.00 of the tokens a
-    target round committed, in place 0.74-1.09 (docs/design.md, "Tokens that came through")."""
+    target round committed, in place 0.74-1.09 (docs/design.md, "Tokens that came through").
+    Over a proposal level with ``later`` calls, a run's first piece is its first call's, the
+    others its later calls' (``LaterCalls``)."""
     corrected = own if known.corrected is None else known.corrected
-    # over one verification of level 1: P(it keeps k proposals), k = 0..T, and P(k) x the rate of
-    # the token of its own after them; then P(it keeps at least i), i = 0..T + 1
-    keeps, after = [0.0] * (T + 1), [0.0] * (T + 1)
-    for b, p in block_sizes(below, T).items():
-        for gain, q in enumerate(gain_probs(rate, b), start=1):
-            keeps[gain - 1] += p * q
-            after[gain - 1] += p * q * (corrected if gain - 1 < b else own)
-    at_least = [*reversed([*itertools.accumulate(reversed(keeps))]), 0.0]
+    first = later = _pieces(block_sizes(below, T), rate, T, corrected, own)
+    if (calls := getattr(below, "later", None)) is not None:  # the pieces after a run's first
+        later = _pieces(below.later_calls().block(T), calls.rates, T, corrected, own)  # type: ignore[attr-defined]
     boundary, survive = [1.0] + [0.0] * positions, [1.0] + [0.0] * positions
     for n in range(positions):  # a run starting after token n
         if boundary[n] == 0.0:
             continue
+        at_least, after = first if n == 0 else later
         for i in range(1, min(T, positions - n) + 1):  # its i-th token, a kept proposal
             survive[n + i] += boundary[n] * at_least[i] * known.passed**i
         for kept in range(min(T, positions - n - 1) + 1):  # its own token after ``kept`` proposals
@@ -359,6 +403,20 @@ def rates_through(
             survive[n + kept + 1] += ends
             boundary[n + kept + 1] += ends
     return tuple(s / before if before > 0 else 0.0 for before, s in itertools.pairwise(survive))
+
+
+def _pieces(
+    block: dict[int, float], rate: Acceptance, T: int, corrected: float, own: float
+) -> tuple[list[float], list[float]]:
+    """Over one verification by level 1 of a call whose block is distributed as ``block``:
+    P(it keeps at least i proposals), i = 0..T + 1, and P(it keeps k) x the rate of the token of
+    its own after them, k = 0..T (``rates_through``)."""
+    keeps, after = [0.0] * (T + 1), [0.0] * (T + 1)
+    for b, p in block.items():
+        for gain, q in enumerate(gain_probs(rate, b), start=1):
+            keeps[gain - 1] += p * q
+            after[gain - 1] += p * q * (corrected if gain - 1 < b else own)
+    return [*reversed([*itertools.accumulate(reversed(keeps))]), 0.0], after
 
 
 @dataclass(frozen=True)
@@ -374,28 +432,61 @@ class LevelOutcome:
 def level_outcomes(
     costs: Sequence[Cost], alphas: Sequence[Acceptance], T: Sequence[int]
 ) -> list[LevelOutcome]:
-    """Outcomes of the draft levels 0..K-1 under the 'verify until at least T_i' rule."""
+    """Outcomes of the draft levels 0..K-1 under the 'verify until at least T_i' rule. Over a
+    proposal level with ``later`` calls, level 1's first call of a run is the level's own and the
+    others its later ones (``LaterCalls``)."""
     _check(costs, alphas, T)
     outcomes = [LevelOutcome(block_sizes(costs[0], T[0]), draft_seconds(costs[0], T[0]), 1.0)]
     for i in range(1, len(costs) - 1):
-        below, a, target = outcomes[-1], alphas[i - 1], T[i]
-        step_cost = below.cost + _verify_seconds(costs, T, i, below)
-        reach = [0.0] * target  # reach[s]: probability the running gain ever equals s (< T_i)
-        reach[0] = 1.0
-        returned: dict[int, float] = {}
-        for s in range(target):
-            if reach[s] == 0.0:
-                continue
-            for b, pb in below.block.items():
-                for g, pg in enumerate(gain_probs(a, b), start=1):
-                    p = reach[s] * pb * pg
-                    if s + g >= target:
-                        returned[s + g] = returned.get(s + g, 0.0) + p
-                    else:
-                        reach[s + g] += p
+        below, a = outcomes[-1], alphas[i - 1]
+        first = _Call(below.block, a, below.cost + _verify_seconds(costs, T, i, below))
+        later = _later_call(costs, T) if i == 1 else None
+        reach, returned = _run(first, later or first, T[i])
         calls = sum(reach)  # every state below T_i is visited at most once: one call per visit
-        outcomes.append(LevelOutcome(returned, calls * step_cost, calls))
+        cost = first.seconds + (calls - 1.0) * (later or first).seconds
+        outcomes.append(LevelOutcome(returned, cost, calls))
     return outcomes
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One call of level i - 1 as level i's run makes it, and its verification: the block's
+    distribution, the rate level i accepts it at, and the seconds of both."""
+
+    block: dict[int, float]
+    rate: Acceptance
+    seconds: float
+
+
+def _later_call(costs: Sequence[Cost], T: Sequence[int]) -> _Call | None:
+    """Level 1's later calls of a run over a proposal level with ``later`` ones (None: alike)."""
+    later = getattr(costs[0], "later", None)
+    if later is None:
+        return None
+    proposing = costs[0].later_calls()  # type: ignore[attr-defined]  # their blocks; a call costs the same
+    verify = sum(p * costs[1](verify_tokens(costs[0], b)) for b, p in proposing.padded_block(T[0]).items())
+    return _Call(proposing.block(T[0]), later.rates, draft_seconds(costs[0], T[0]) + verify)
+
+
+def _run(first: _Call, later: _Call, target: int) -> tuple[list[float], dict[int, float]]:
+    """A level's run until its gain reaches ``target``, its first call ``first`` and the others
+    ``later``: ``reach[s]``, the probability its running gain ever equals s (< target; a call is
+    made at each), and the distribution of the gain it returns."""
+    reach = [0.0] * target
+    reach[0] = 1.0
+    returned: dict[int, float] = {}
+    for s in range(target):
+        if reach[s] == 0.0:
+            continue
+        call = first if s == 0 else later
+        for b, pb in call.block.items():
+            for g, pg in enumerate(gain_probs(call.rate, b), start=1):
+                p = reach[s] * pb * pg
+                if s + g >= target:
+                    returned[s + g] = returned.get(s + g, 0.0) + p
+                else:
+                    reach[s + g] += p
+    return reach, returned
 
 
 def verifying_costs(levels: Sequence[Cost]) -> list[Cost]:
@@ -471,22 +562,27 @@ def simulate(
     _check(costs, alphas, T)
     rng = random.Random(seed)
     top = len(costs) - 1
-    blocks = list(block_sizes(costs[0], T[0]).items())  # level 0's block sizes and their probabilities
+    later = getattr(costs[0], "later", None)  # level 1's calls after the first of its run, if apart
+    # level 0's block sizes and their probabilities, for a run's first call and for the later ones
+    blocks = [list(block_sizes(c, T[0]).items()) for c in (costs[0], later and costs[0].later_calls())]
 
-    def draw_block() -> int:
-        return rng.choices([b for b, _ in blocks], [p for _, p in blocks])[0]
+    def draw_block(kind: int) -> int:
+        sizes = blocks[kind] if later is not None else blocks[0]
+        return rng.choices([b for b, _ in sizes], [p for _, p in sizes])[0]
 
-    def produce(i: int) -> tuple[int, int, float]:
-        """(block returned to the followed row, tokens its verification feeds, seconds)."""
+    def produce(i: int, kind: int = 0) -> tuple[int, int, float]:
+        """(block returned to the followed row, tokens its verification feeds, seconds); ``kind``:
+        a level-0 call that is the first of level 1's run (0) or a later one (1)."""
         if i == 0:
-            b = draw_block()
+            b = draw_block(kind)
             # the other rows of a batch draw their own blocks: the verification is padded to the widest
-            widest = max([b, *(draw_block() for _ in range(getattr(costs[0], "rows", 1) - 1))])
+            widest = max([b, *(draw_block(kind) for _ in range(getattr(costs[0], "rows", 1) - 1))])
             return b, verify_tokens(costs[0], widest), draft_seconds(costs[0], b)
         total, spent = 0, 0.0
         while total < T[i]:
-            b, fed, c = produce(i - 1)
-            gain = draw_gain(rng, alphas[i - 1], b)
+            kind = int(i == 1 and total > 0 and later is not None)
+            b, fed, c = produce(i - 1, kind)
+            gain = draw_gain(rng, later.rates if kind else alphas[i - 1], b)
             spent += c + costs[i](fed)
             total += gain
         return total, total + 1, spent

@@ -16,6 +16,7 @@ class RoundLog:
         self.num_levels = num_levels
         self.spans: list[list[np.ndarray]] = [[] for _ in range(num_levels)]  # fed tokens per row
         self.verifies: list[list[tuple]] = [[] for _ in range(num_levels)]
+        self.opens: list[list[np.ndarray]] = [[] for _ in range(num_levels)]  # per verification, [R] bool
         self.times: list[list[tuple[float, float, int]]] = [
             [] for _ in range(num_levels)
         ]  # wall, inside, size
@@ -42,9 +43,12 @@ class RoundLog:
         self.spans[0].append(np.zeros(len(counts), dtype=np.int64))
         self.lookups.append(int(counts.sum()))
 
-    def verified(self, level: int, starts, ends, outs, accepted, kept, cascaded) -> None:
+    def verified(self, level: int, starts, ends, outs, accepted, kept, cascaded, opens) -> None:
+        """A verification by ``level``; ``opens``: [R] whether it opened the level's run in each row
+        (none of the level's own tokens waited for the level above)."""
         self.spans[level].append(ends - starts)
         self.verifies[level].append((ends - outs - 1, accepted, kept, cascaded))
+        self.opens[level].append(opens)
 
     def timed(self, level: int, wall: float, inside_step: float, size: int = 0) -> None:
         """A step of ``level`` took ``wall`` seconds of the round, ``inside_step`` of them in its step
@@ -57,14 +61,15 @@ class RoundLog:
 
     def since(self, marks: tuple[list[int], list[int]] | None) -> dict[str, tuple[np.ndarray, ...]]:
         """What was logged after ``marks`` (None: from the start): per level >= 1 the drafts and the
-        accepted drafts of every verification (``verified``, ``accepted``: all rows concatenated,
-        ``[N]`` each), and per level the size and the seconds inside the step function of every
-        step (``step_sizes``, ``step_seconds``)."""
+        accepted drafts of every verification and whether it opened the level's run (``verified``,
+        ``accepted``, ``opens``: all rows concatenated, ``[N]`` each), and per level the size and
+        the seconds inside the step function of every step (``step_sizes``, ``step_seconds``)."""
         verifies, times = marks if marks is not None else ([0] * self.num_levels, [0] * self.num_levels)
         empty = np.zeros(0, dtype=np.int64)
         out: dict[str, list[np.ndarray]] = {
             "verified": [],
             "accepted": [],
+            "opens": [],
             "step_sizes": [],
             "step_seconds": [],
         }
@@ -76,6 +81,8 @@ class RoundLog:
                 done = self.verifies[level][verifies[level] :]
                 out["verified"].append(np.concatenate([v[0] for v in done]) if done else empty)
                 out["accepted"].append(np.concatenate([v[1] for v in done]) if done else empty)
+                opens = self.opens[level][verifies[level] :]
+                out["opens"].append(np.concatenate(opens) if opens else np.zeros(0, dtype=bool))
         return {k: tuple(v) for k, v in out.items()}
 
     def stats(self) -> HSDStats:

@@ -80,6 +80,9 @@ class Observation:
     look_seconds: float = 0.0  # of that, the host time of the look before it (policy, probes, switch)
     verified: tuple[np.ndarray, ...] = ()  # per level >= 1 of ``choice``: drafts of each verification
     accepted: tuple[np.ndarray, ...] = ()  # per level >= 1: accepted drafts of each verification
+    # per level >= 1: whether each verification opened the level's run (the first of its run, right
+    # after the level above verified: none of the level's own tokens waited; the target's all do)
+    opens: tuple[np.ndarray, ...] = ()
     step_sizes: tuple[np.ndarray, ...] = ()  # per level: each step's tokens drawn (level 0) or widest fed
     step_seconds: tuple[np.ndarray, ...] = ()  # per level: each step's seconds inside its step function
     probes: tuple[Probe, ...] = ()  # what the probes the policy asked for at the last look found

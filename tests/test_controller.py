@@ -45,14 +45,14 @@ def alpha(small_to_target: float = 0.8) -> list[list]:
 
 def seen(
     round_: int, choice: Choice | None, verified=(), accepted=(), sizes=(), seconds=(), wall=0.01, tokens=4,
-    look=0.0, rounds=1,
+    look=0.0, rounds=1, opens=(),
 ) -> Observation:  # fmt: skip
     return Observation(
         round=round_, epoch=round_, choice=choice, num_candidates=3, lookup_first=True, trees=(),
         committed=np.array([100]), finished=np.array([False]), tokens=torch.zeros(1, 1, dtype=torch.int64),
         round_tokens=tokens, round_seconds=wall, look_seconds=look, verified=tuple(map(np.array, verified)),
         accepted=tuple(map(np.array, accepted)), step_sizes=tuple(map(np.array, sizes)),
-        step_seconds=tuple(map(np.array, seconds)), rounds=rounds,
+        step_seconds=tuple(map(np.array, seconds)), rounds=rounds, opens=tuple(map(np.array, opens)),
     )  # fmt: skip
 
 
@@ -117,6 +117,40 @@ def test_the_lookup_levels_proposal_lengths_follow_its_verifications() -> None:
     assert now[3] / now[4] == pytest.approx(prior[3] / prior[4]) and sum(now) == pytest.approx(1.0)
     assert control.costs()[0].lengths == now  # what the decisions price
     assert any("nothing matched 0.50 -> " in line for line in control.describe(["l", "a", "b", "t"]))
+
+
+def test_a_lookups_later_calls_under_a_middle_model_are_counted_apart() -> None:
+    """In lookup > m > target the first call of each of m's runs (marked ``opens``) teaches the
+    lookup's lengths and the pair's rates; the later ones, after m's own token, teach
+    ``later_calls``, which start as the first calls' estimates and price the chain's runs."""
+    chain = Choice((0, 2), (4, 4))
+    marked, unmarked = (LatencyController(COSTS, alpha(), every=1) for _ in range(2))
+    before = marked.later_calls(0, 2, marked.alpha())
+    assert before.lengths == pytest.approx(marked.lengths(0)) and before.rates == pytest.approx((0.6, 0.8))
+    # each round: a first call offers 4 tokens, m keeps 2 (a correction: gain 3); a later call
+    # offers nothing (m's draft: gain 1), the run reaches 4; the target takes m's 4 tokens
+    rounds = {"verified": [[4, 0] * 5, [4] * 5], "accepted": [[2, 0] * 5, [4] * 5], "sizes": [[], [], []]}
+    marked.learn(seen(1, chain, **rounds, seconds=[[], [], []], opens=[[True, False] * 5, [True] * 5]))
+    unmarked.learn(seen(1, chain, **rounds, seconds=[[], [], []]))
+    assert marked.proposals[0][1].tolist() == [0, 0, 0, 0, 5]  # five first calls cut at T = 4
+    assert marked.later_proposals[(0, 2)][0].tolist() == [5, 0, 0, 0, 0]  # five later ended at 0
+    assert unmarked.proposals[0].sum() == 10 and not unmarked.later_proposals
+    later = marked.later_calls(0, 2, marked.alpha())
+    assert later.lengths[0] == pytest.approx((PRIOR_CALLS * marked.lengths(0)[0] + 5) / (PRIOR_CALLS + 5))
+    assert later.rates == pytest.approx(marked.alpha()[0][2])  # no later call offered a token: no trials
+    assert marked.trials[(0, 2)].tolist() == [[5, 5, 0, 0], [5, 5, 5, 0]]  # the first calls' only
+    # the first calls now look better than the pooled calls did, the later ones worse
+    assert marked.lengths(0)[0] < unmarked.lengths(0)[0] < later.lengths[0]
+    costs = marked.costs()
+    assert marked.modelled(chain, costs, marked.alpha()) != pytest.approx(
+        unmarked.modelled(chain, unmarked.costs(), unmarked.alpha()), rel=1e-3
+    )
+    costs_later = marked._chain_costs(costs, marked.alpha(), [0, 2, 3])
+    assert costs_later[0].later == later and costs[0].later is None  # for this chain only
+    assert marked._chain_costs(costs, marked.alpha(), [0, 3]) == costs  # no middle model
+    assert any(
+        "l's later calls under b: nothing matched" in line for line in marked.describe(["l", "a", "b", "t"])
+    )
 
 
 def test_a_lookup_levels_prior_counts_at_a_position_as_often_as_its_proposals_reach_it() -> None:

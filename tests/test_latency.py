@@ -2,11 +2,13 @@
 et al.'s closed form at K = 1, and the a -> 1 limits."""
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from hsd_fast.latency import (
     AffineCost,
+    LaterCalls,
     LookupCost,
     expected_gain,
     expected_latency,
@@ -111,6 +113,43 @@ def test_exact_latency_with_a_lookup_level_matches_monte_carlo(k: int) -> None:
         exact = expected_latency(costs, alphas, T)
         mc, stderr = simulate(costs, alphas, T, rounds=20_000, seed=trial)
         assert abs(exact - mc) < 4 * stderr, (costs, alphas, T, exact, mc, stderr)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_a_lookups_later_calls_under_a_middle_model_match_monte_carlo(k: int) -> None:
+    """Level 1's first call of a run draws the lookup's own lengths and rate, the later ones
+    ``LaterCalls``' (docs/design.md, "Tokens that came through", *First and later calls*)."""
+    rng = random.Random(200 + k)
+    for trial in range(3):
+        costs, alphas, T = _random_instance(rng, k)
+        lookup = _lookup(rng)
+        later = LaterCalls(_lookup(rng).lengths, _rates(rng))
+        costs = [replace(lookup, later=later, rows=1 + trial), *costs[1:]]
+        alphas = [_rates(rng), *alphas[1:]]
+        T[1] = rng.randint(3, 6)  # runs of several calls
+        exact = expected_latency(costs, alphas, T)
+        mc, stderr = simulate(costs, alphas, T, rounds=20_000, seed=trial)
+        assert abs(exact - mc) < 4 * stderr, (costs, alphas, T, exact, mc, stderr)
+        alike = expected_latency([replace(lookup, rows=1 + trial), *costs[1:]], alphas, T)
+        assert exact != pytest.approx(alike, rel=1e-3)  # the later calls count
+        same = LaterCalls(lookup.lengths, alphas[0])  # later calls like the first: the model as before
+        assert expected_latency([replace(costs[0], later=same), *costs[1:]], alphas, T) == pytest.approx(
+            alike
+        )
+
+
+def test_later_calls_that_offer_nothing_leave_the_middle_model_drafting() -> None:
+    """A run's first call offers 2 tokens, both kept; the later ones offer nothing: the middle model
+    verifies one token of its own on each (its draft), until its run gains T_1 = 5: the first gains
+    3, then two later calls gain 1 each."""
+    costs = [
+        LookupCost(1e-4, (0.0, 0.0, 1.0), later=LaterCalls((1.0, 0.0, 0.0), (0.5,))),
+        AffineCost(0.01, 0.001),
+        AffineCost(1.0, 0.01),
+    ]
+    latency = expected_latency(costs, [(1.0,), 1.0], [2, 5])
+    middle = 3 * 1e-4 + costs[1](3) + 2 * costs[1](1)  # three calls: one verification of 2, two of 0
+    assert latency == pytest.approx((middle + costs[2](6)) / 6)
 
 
 def test_a_lookup_that_never_matches_is_decoding_by_the_level_above() -> None:

@@ -380,6 +380,28 @@ def test_a_policy_is_shown_every_round_the_last_ones_at_the_runs_end() -> None:
     assert without.looks and not without.ends
 
 
+def test_each_run_of_the_middle_level_is_opened_by_one_verification() -> None:
+    """``Observation.opens``: a level's first verification of each of its runs (none of its own
+    tokens waiting) is marked, once per verification of the level above, in every row; the
+    target's all open. At one row, the marks fall where the middle level's gains since the last
+    mark reached its block size."""
+    for prompts in ([PROMPT] * 4, [PROMPT]):
+        policy = Recorder()
+        run_hsd([TableRunner(m) for m in FAMILY], prompts, max_new_tokens=30, seeds=3, adapt=Adaptive(policy))
+        shown = [*policy.looks[1:], *policy.ends]
+        for s in shown:
+            assert [len(o) for o in s.opens] == [len(v) for v in s.verified]
+            assert s.opens[1].all() and int(s.opens[0].sum()) == len(s.verified[1])
+        if len(prompts) == 1:
+            gains = np.concatenate([np.minimum(s.accepted[0], s.verified[0]) + 1 for s in shown])
+            opens, run = [], 0
+            for gain in gains.tolist():
+                opens.append(run == 0)
+                run = 0 if run + gain >= 2 else run + gain
+            assert np.concatenate([s.opens[0] for s in shown]).tolist() == opens
+            assert not all(opens)  # some runs took more than one verification
+
+
 def test_the_built_in_policy_explores_then_keeps_the_fastest() -> None:
     policy = ExploreThenCommit(explore_rounds=2, period=20)
 

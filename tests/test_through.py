@@ -21,6 +21,7 @@ import hsd_fast
 from hsd_fast.controller import PRIOR_TOKENS, LatencyController
 from hsd_fast.latency import (
     AffineCost,
+    LaterCalls,
     LookupCost,
     RatesThrough,
     chain_rates,
@@ -128,18 +129,57 @@ def test_the_chains_rate_takes_each_kind_of_token_in_its_place() -> None:
     )
 
 
-def _simulated_rates(m_rate, passed, corrected, own, positions, blocks=100_000) -> list[float]:
+def test_a_runs_later_calls_take_their_own_place_in_the_chains_rate() -> None:
+    """Under the middle model the lookup's first call of a run offers 2 tokens at m's rate, the
+    later ones (after m's own token) offer fewer and m takes fewer of them (``LaterCalls``): the
+    rates past the first piece are theirs, and the shares weigh each call by how often a run
+    makes it."""
+    half, worse = (0.5, 1.0), (0.2, 0.5)
+    later = LaterCalls((0.0, 0.5, 0.5), worse)  # offers 1 or 2 tokens, half the time each
+    lookup = LookupCost(1e-5, (0.0, 0.0, 1.0), later=later)
+    costs = [lookup, AffineCost(1e-3, 1e-4), AffineCost(2e-2, 1e-3)]
+    alpha_ = [[1.0, half, (0.5,)], [half, 1.0, 0.6], [(0.5,), 0.6, 1.0]]
+    known = {(0, 1, 2): RatesThrough(0.9, 0.2)}
+
+    def rates_over(level_0: LookupCost) -> tuple[float, ...]:
+        return chain_rates([level_0, *costs[1:]], alpha_, [0, 1, 2], [2, 3], known)[1]
+
+    rates = rates_over(lookup)
+    assert rates[0] == pytest.approx(0.5 * 0.2 + 0.5 * 0.9)  # the first piece as without later calls
+    assert rates == pytest.approx(_simulated_rates(half, 0.9, 0.2, 0.6, 5, 50_000, later), abs=0.01)
+    alike = replace(lookup, later=LaterCalls(lookup.lengths, half))  # later calls as the first
+    assert rates_over(alike) == pytest.approx(rates_over(replace(lookup, later=None)))
+    # shares over a run of T_1 = 3: the first call keeps 2 (gain 3, the run ends) or m corrects its
+    # first token (gain 1), half the time each. A later call keeps 0.5 x 0.2 + 0.5 x (0.1 + 2 x 0.1)
+    # = 0.25 tokens, corrects with 0.5 x 0.8 + 0.5 x 0.9 = 0.85, and gains 1 with 0.8; after a
+    # first call that gained 1, a run makes 1 + 0.8 later calls: 0.9 per run
+    assert shares_through(lookup, half, 2) == pytest.approx((0.5, 0.25, 0.25))  # T_1 not given: alike
+    kept, corrections, calls = 1.0 + 0.9 * 0.25, 0.5 + 0.9 * 0.85, 1.9
+    gain = kept + calls
+    assert shares_through(lookup, half, 2, T_above=3) == pytest.approx(
+        (kept / gain, corrections / gain, (calls - corrections) / gain)
+    )
+    assert shares_through(alike, half, 2, T_above=3) == pytest.approx((0.5, 0.25, 0.25))
+
+
+def _simulated_rates(m_rate, passed, corrected, own, positions, blocks=100_000, later=None) -> list[float]:
     """Monte Carlo of v's rate per position of m's blocks over a lookup offering 2 tokens: m keeps
-    token j at ``m_rate[j]`` while it keeps; each piece is the kept tokens, then m's own."""
+    token j at ``m_rate[j]`` while it keeps; each piece is the kept tokens, then m's own.
+    ``later``: the calls after a block's first, ``LaterCalls`` (the tokens they offer drawn from its
+    lengths, m keeping them at its rates)."""
     rng = np.random.default_rng(0)
     survive = np.zeros(positions + 1)  # summed over blocks: the product of the first j tokens' rates
     for _ in range(blocks):
         rates: list[float] = []
         while len(rates) < positions:
+            if not rates or later is None:
+                offered, taking = 2, m_rate
+            else:
+                offered, taking = rng.choice(len(later.lengths), p=later.lengths), later.rates
             kept = 0
-            while kept < 2 and rng.random() < m_rate[kept]:
+            while kept < offered and rng.random() < taking[kept]:
                 kept += 1
-            rates += [passed] * kept + [corrected if kept < 2 else own]
+            rates += [passed] * kept + [corrected if kept < offered else own]
         survive += np.cumprod([1.0, *rates[:positions]])
     return list(survive[1:] / survive[:-1])
 
