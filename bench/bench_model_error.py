@@ -19,8 +19,9 @@ and calls (``PRIOR_TOKENS``, ``PRIOR_CALLS``; the first is the controller's own)
 to ``--observations`` (default: the temporary directory's ``model_error.pkl``), which a later run
 with ``--replay-only`` replays without decoding (a recording made before the engine marked the
 first verification of a middle model's run, ``Observation.opens``, gets the marks from the gains:
-``marked``). ``--calls-alike``: the controllers count a lookup's calls under a middle model alike,
-as before they were counted apart (``LatencyController.later_calls``).
+``marked``). The replay's controllers count a lookup's later calls under a middle model apart
+(``LatencyController(later_calls_apart=True)``); ``--calls-alike`` counts them alike (the default
+controller's way).
 Writes bench/results/model_error_twin_cpu.{json,md} (``--stem`` names them otherwise).
 """
 
@@ -202,6 +203,7 @@ def replay(fresh: FixedChain, choice: Choice, seen: list, prior: float) -> dict:
 
 def _replayed(fresh: FixedChain, choice: Choice, seen: list) -> FixedChain:
     control = copy.deepcopy(fresh)
+    control.later_calls_apart = True  # where the looks carry the marks (``--calls-alike`` strips them)
     control.fixed, control.decide_share = choice, 1.0  # every look decides (and measures), as timed
     for item in seen:
         if isinstance(item, tuple):

@@ -18,10 +18,10 @@ matrix, measured on calibration text in another process. The run corrects both a
   ``PRIOR_CALLS`` pseudo-calls and faded like the trials; the lengths are the product-limit
   estimate over them. At batch B the verification is padded to the widest of B proposals, so a
   text where few rows match makes the lookup level cost more than it gains. Under a middle model m
-  (lookup > m > ...) only the first call of each of m's runs (``Observation.opens``) counts there;
-  the later ones, after m's own token, offer less and are taken less: their lengths and m's rates
-  on them are counted apart, on top of the first calls' estimates (``later_calls``,
-  ``latency.LaterCalls``).
+  (lookup > m > ...) the later calls of m's runs, after m's own token, offer less and are taken
+  less than the first (``Observation.opens``): with ``later_calls_apart`` only the first calls count
+  there, the later ones apart, on top of the first calls' estimates (``later_calls``,
+  ``latency.LaterCalls``; off by default, see its doc).
 - **Acceptance**: every verification of the active pairs (``Observation.verified / accepted``),
   counted as Bernoulli trials up to the first rejection, per block position, on top of the prior
   as ``PRIOR_TOKENS`` pseudo-trials (a lookup level's: as many pseudo-calls, each reaching a block
@@ -187,7 +187,12 @@ class LatencyController:
     level's rows, ``ProposalRows``, as their log-odds spread): at more than one row the model
     prices each pair at the rate of the batch's slowest row, which sets the batch's pace;
     ``through``: the rates at which a model accepts the proposals the model under it passed
-    (``latency.chain_rates``), corrected by the chains that run (``through``, the method)."""
+    (``latency.chain_rates``), corrected by the chains that run (``through``, the method);
+    ``later_calls_apart``: under a middle model, count a lookup level's calls after the first of
+    the middle model's run apart and price chains with them (``later_calls``). Off by default: it
+    makes the model's middle verifications per round right (docs/design.md, "Tokens that came
+    through", *First and later calls*), but on the cost twin's stream the controller then ran
+    ``lookup > xs > s`` where ``lookup > s`` was faster (0.92-0.95x the pick, from 0.95-1.01x)."""
 
     def __init__(
         self,
@@ -204,6 +209,7 @@ class LatencyController:
         decide_share: float = 0.02,
         spread: Sequence[Sequence[Spread]] | None = None,
         through: Through | None = None,
+        later_calls_apart: bool = False,
     ) -> None:
         n = len(costs)
         if n < 1 or len(alpha) != n or any(len(row) != n for row in alpha):
@@ -216,6 +222,7 @@ class LatencyController:
         self.prior_costs = [_without_reuse(c) for c in costs]
         self.prior_alpha = [list(row) for row in alpha]
         self.prior_through = dict(through or {})
+        self.later_calls_apart = later_calls_apart
         self.max_T, self.every, self.margin, self.resolve_every = max_T, every, margin, resolve_every
         self.max_every, self.look_share = max(max_every, every), look_share
         self.steady = 0  # looks in a row, in this request, that kept the hierarchy
@@ -463,11 +470,11 @@ class LatencyController:
         ):
             counts *= FADE**seen.rounds  # per round, however far apart the looks
         # a lookup under a middle model: the first call of each of the middle's runs apart from the
-        # later ones (``later_calls``); without the marks, every call as a first one
-        later = np.zeros(0, dtype=bool)
-        if len(levels) >= 3 and isinstance(self.prior_costs[levels[0]], LookupCost) and seen.opens:
+        # later ones (``later_calls``); without the marks or ``later_calls_apart``, all as first ones
+        lookup_first, later = isinstance(self.prior_costs[levels[0]], LookupCost), np.zeros(0, dtype=bool)
+        if self.later_calls_apart and lookup_first and len(levels) >= 3 and seen.opens:
             later = ~seen.opens[0]  # [N] per verification of the lookup's calls
-        if seen.verified and isinstance(self.prior_costs[levels[0]], LookupCost):
+        if seen.verified and lookup_first:
             first = ~later if later.size else slice(None)
             self._count_proposals(levels[0], seen.verified[0][first], seen.choice.T[0])
             if later.size:
@@ -678,7 +685,11 @@ class LatencyController:
         """``costs``, with a lookup level under a middle model given its later calls there
         (``later_calls``)."""
         out = list(costs)
-        if len(levels) >= 3 and isinstance(self.prior_costs[levels[0]], LookupCost):
+        if (
+            self.later_calls_apart
+            and len(levels) >= 3
+            and isinstance(self.prior_costs[levels[0]], LookupCost)
+        ):
             out[levels[0]] = _with_later(costs[levels[0]], self.later_calls(levels[0], levels[1], alpha))
         return out
 

@@ -120,11 +120,13 @@ def test_the_lookup_levels_proposal_lengths_follow_its_verifications() -> None:
 
 
 def test_a_lookups_later_calls_under_a_middle_model_are_counted_apart() -> None:
-    """In lookup > m > target the first call of each of m's runs (marked ``opens``) teaches the
-    lookup's lengths and the pair's rates; the later ones, after m's own token, teach
-    ``later_calls``, which start as the first calls' estimates and price the chain's runs."""
+    """With ``later_calls_apart``, in lookup > m > target the first call of each of m's runs (marked
+    ``opens``) teaches the lookup's lengths and the pair's rates; the later ones, after m's own
+    token, teach ``later_calls``, which start as the first calls' estimates and price the chain's
+    runs."""
     chain = Choice((0, 2), (4, 4))
-    marked, unmarked = (LatencyController(COSTS, alpha(), every=1) for _ in range(2))
+    marked, unmarked = (LatencyController(COSTS, alpha(), every=1, later_calls_apart=True) for _ in range(2))
+    default = LatencyController(COSTS, alpha(), every=1)  # off by default: every call as a first one
     before = marked.later_calls(0, 2, marked.alpha())
     assert before.lengths == pytest.approx(marked.lengths(0)) and before.rates == pytest.approx((0.6, 0.8))
     # each round: a first call offers 4 tokens, m keeps 2 (a correction: gain 3); a later call
@@ -132,6 +134,11 @@ def test_a_lookups_later_calls_under_a_middle_model_are_counted_apart() -> None:
     rounds = {"verified": [[4, 0] * 5, [4] * 5], "accepted": [[2, 0] * 5, [4] * 5], "sizes": [[], [], []]}
     marked.learn(seen(1, chain, **rounds, seconds=[[], [], []], opens=[[True, False] * 5, [True] * 5]))
     unmarked.learn(seen(1, chain, **rounds, seconds=[[], [], []]))
+    default.learn(seen(1, chain, **rounds, seconds=[[], [], []], opens=[[True, False] * 5, [True] * 5]))
+    assert default.proposals[0].tolist() == unmarked.proposals[0].tolist() and not default.later_proposals
+    assert default.modelled(chain, default.costs(), default.alpha()) == pytest.approx(
+        unmarked.modelled(chain, unmarked.costs(), unmarked.alpha())
+    )
     assert marked.proposals[0][1].tolist() == [0, 0, 0, 0, 5]  # five first calls cut at T = 4
     assert marked.later_proposals[(0, 2)][0].tolist() == [5, 0, 0, 0, 0]  # five later ended at 0
     assert unmarked.proposals[0].sum() == 10 and not unmarked.later_proposals
