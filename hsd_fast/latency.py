@@ -40,7 +40,7 @@ import math
 import random
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 Cost = Callable[[int], float]
 Acceptance = float | tuple[float, ...]
@@ -119,7 +119,7 @@ class LookupCost:
     lengths: tuple[float, ...]
     noise: float = 0.0
     rows: int = 1
-    later: LaterCalls | None = None
+    later: LaterCalls | None = field(default=None, kw_only=True)  # (subclasses add positional fields)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.seconds) and self.seconds >= 0):
@@ -445,7 +445,7 @@ def level_outcomes(
         later = _later_call(costs, T) if i == 1 else None
         reach, returned = _run(first, later or first, T[i])
         calls = sum(reach)  # every state below T_i is visited at most once: one call per visit
-        cost = first.seconds + (calls - 1.0) * (later or first).seconds
+        cost = calls * first.seconds if later is None else first.seconds + (calls - 1.0) * later.seconds
         outcomes.append(LevelOutcome(returned, cost, calls))
     return outcomes
 
