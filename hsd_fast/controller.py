@@ -479,7 +479,7 @@ class LatencyController:
             self._count_proposals(levels[0], seen.verified[0][first], seen.choice.T[0])
             if later.size:
                 counts = self.later_proposals.setdefault(tuple(levels[:2]), self._no_calls(levels[0]))
-                self._count_calls(counts, levels[0], seen.verified[0][later], seen.choice.T[0])
+                self._count_calls(counts, seen.verified[0][later], seen.choice.T[0])
         for level, (drafts, accepted) in enumerate(zip(seen.verified, seen.accepted, strict=True), start=1):
             pair = (levels[level - 1], levels[level])
             if int(drafts.max(initial=0)) == 0:
@@ -487,8 +487,11 @@ class LatencyController:
             passed, tried = _trials(drafts, accepted)
             if level == 2 and (chain := tuple(levels[:3])) in self.prior_through:  # a mix: ``through``
                 alpha = self.alpha()
+                lookup = replace(self.prior_costs[levels[0]], lengths=self.lengths(levels[0]))
+                if self.later_calls_apart:  # the shares need its blocks only, not its seconds
+                    lookup = _with_later(lookup, self.later_calls(levels[0], levels[1], alpha))
                 shares = shares_through(
-                    self._chain_costs(self.costs(), alpha, levels)[levels[0]],
+                    lookup,
                     alpha[levels[0]][levels[1]],
                     seen.choice.T[0],
                     seen.choice.T[1],
@@ -520,15 +523,16 @@ class LatencyController:
     def _count_proposals(self, m: int, blocks: np.ndarray, T: int) -> None:
         """Add the calls of lookup candidate ``m`` whose verifications checked ``blocks`` ``[N]``
         tokens, proposed at block size ``T`` (``_count_calls``)."""
-        self._count_calls(self.proposals.setdefault(m, self._no_calls(m)), m, blocks, T)
+        self._count_calls(self.proposals.setdefault(m, self._no_calls(m)), blocks, T)
 
     def _no_calls(self, m: int) -> np.ndarray:
         """[2, L] no calls of lookup candidate ``m`` yet, per proposal length: ended there, cut there."""
         return np.zeros((2, len(self.prior_costs[m].lengths)))  # type: ignore[attr-defined]
 
-    def _count_calls(self, counts: np.ndarray, m: int, blocks: np.ndarray, T: int) -> None:
-        """Add to ``counts`` (``_no_calls``') the calls of lookup candidate ``m`` whose
-        verifications checked ``blocks`` ``[N]`` tokens, proposed at block size ``T``: a block of T
+    @staticmethod
+    def _count_calls(counts: np.ndarray, blocks: np.ndarray, T: int) -> None:
+        """Add to ``counts`` (``_no_calls``') the calls of a lookup candidate whose verifications
+        checked ``blocks`` ``[N]`` tokens, proposed at block size ``T``: a block of T
         (or of the prior's longest length) was cut there, a shorter one ended there. (A row near
         its length budget wants fewer than T: its last call counts as ended, a small bias towards
         shorter proposals.)"""

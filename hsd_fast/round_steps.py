@@ -287,8 +287,10 @@ def _commit_verify(
     check_logits(chain.runners, level, rows, broken, broken_levels)
     if chain.choice.tree is not None and level == 1:
         log.ranked(result[3:])  # [depth, R] the rank of each accepted node
-    frontiers = ledger.frontiers()[rows]  # [R, levels]: before the commit moves them
-    opens = frontiers[:, level] == frontiers[:, min(level + 1, ledger.num_levels - 1)]  # [R]
+    opens = np.ones(len(rows), dtype=bool)  # [R] the target's verifications all open its run
+    if level < ledger.num_levels - 1:
+        frontiers = ledger.frontiers()[rows]  # [R, levels]: before the commit moves them
+        opens = frontiers[:, level] == frontiers[:, level + 1]
     kept, cascaded = ledger.commit_verify(level, rows, accepted, is_eos)
     log.verified(level, starts, ends, outs, accepted, kept, cascaded, opens)
     if proposer is not None:  # the emitted token replaced whatever stood at its position
