@@ -8,6 +8,7 @@ zoo's calibration (compiled or eager as the run).
     python bench/bench_adaptive.py --sampled                # adaptive_cpu_sampled
     python bench/bench_adaptive.py --twin --max-new-tokens 128              # adaptive_twin_cpu
     python bench/bench_adaptive.py --batch 16 --max-new-tokens 64           # adaptive_b16_cpu
+    python bench/bench_adaptive.py --twin --variant later_calls_apart=True  # one more controller row
 
 Writes bench/results/<stem>.{json,md}: tokens/s over the whole sequence and per set, and the ratios
 to the static pick and to the best static configuration. The stem names the options that change
@@ -19,6 +20,7 @@ twin is in no committed profile) unless ``--cache PATH`` keeps them: runs to com
 from __future__ import annotations
 
 import argparse
+import ast
 import warnings
 from pathlib import Path
 
@@ -48,6 +50,20 @@ def text_sets(tokenizer, prompt_len: int, batch: int) -> dict[str, torch.Tensor]
     return found
 
 
+def controller_options(text: str) -> tuple[str, dict]:
+    """``"later_calls_apart=True,margin=0.1"`` -> (that text, its options)."""
+    options = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(f"{item!r} is not key=value")
+        try:
+            options[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError) as error:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a Python literal") from error
+    return text, options
+
+
 def default_stem(args: argparse.Namespace) -> str:
     """``adaptive[_twin][_bB]_cpu[_compiled][_sampled][_max_tT]``: the committed files' names."""
     twin = "_twin" if args.twin else ""
@@ -71,6 +87,14 @@ def main() -> None:
     )
     parser.add_argument(
         "--twin", action="store_true", help="s as its cost twin (hidden 768, 12 layers, MLP 2048)"
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        type=controller_options,
+        help="a further latency controller row with these LatencyController options, "
+        "as key=value[,key=value] (values as Python literals); may be repeated",
     )
     parser.add_argument("--stem", help="default: from the options (default_stem)")
     parser.add_argument(
@@ -106,6 +130,7 @@ def main() -> None:
         args.passes,
         args.compile,
         target_name="s",
+        variants=dict(args.variant),
     )
     meta = run_meta(
         "cpu", batch=args.batch, dtype="float32", sampling=sampling, compiled=args.compile,

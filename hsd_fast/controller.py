@@ -192,7 +192,7 @@ class LatencyController:
     the middle model's run apart and price chains with them (``later_calls``). Off by default: it
     makes the model's middle verifications per round right (docs/design.md, "Tokens that came
     through", *First and later calls*), but on the cost twin's stream the controller then ran
-    ``lookup > xs > s`` where ``lookup > s`` was faster (0.92-0.95x the pick, from 0.95-1.01x)."""
+    ``lookup > xs > s`` where ``lookup > s`` was faster (0.90-0.95x the pick, from 0.95-1.01x)."""
 
     def __init__(
         self,

@@ -4,9 +4,10 @@ first half of one set's prompt, the second half of another's). Static configurat
 hierarchy for the whole stream: no draft, the selector's pick and a small grid; adaptive ones
 choose per round: the built-in policy (``adapt=True``) and the latency controller started from the
 pick's profile (``adapt=True, hierarchy=pick``), which keeps what it learns across the requests (in
-greedy runs also without its probes of idle candidates). Side by side after warm-up, interleaved
-per request (``timing.interleaved``: every configuration serves a request, in a rotated order,
-before any serves the next); greedy outputs are checked equal to no draft's.
+greedy runs also without its probes of idle candidates; ``variants`` add rows with other
+controller options). Side by side after warm-up, interleaved per request (``timing.interleaved``:
+every configuration serves a request, in a rotated order, before any serves the next); greedy
+outputs are checked equal to no draft's.
 
 ``hsd-fast bench --mixed`` runs it on a scenario's prompt sets, ``bench/bench_adaptive.py`` on the
 varied-text sets of ``text_sets``.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,9 +91,11 @@ def measure_mixed(
     compile: bool = False,
     meter: CpuMeter | None = None,
     target_name: str = "target",
+    variants: Mapping[str, dict] | None = None,
 ) -> MixedResult:
     """Time every configuration over the stream ``work`` (module doc). ``candidates``: name ->
-    draft model, or ``"lookup"``; ``grid``: label -> (candidate names, T)."""
+    draft model, or ``"lookup"``; ``grid``: label -> (candidate names, T); ``variants``: label ->
+    ``LatencyController`` options, each a further latency controller row (started from the pick)."""
     greedy = not sampling.get("do_sample", False)
     common = {**sampling, "max_new_tokens": max_new_tokens, "eos_token_id": None, "compile": compile}
     names = {id(m): n for n, m in candidates.items()}
@@ -129,12 +132,12 @@ def measure_mixed(
     runs["adaptive, latency controller"] = run_of(
         "adaptive, latency controller", drafts=levels, adapt=True, hierarchy=pick
     )
-    if greedy:  # probes serve greedy runs only: the same controller without them
-        resolved = [LookupDraft() if c == "lookup" else c for c in levels]
-        unprobed = LatencyController.from_hierarchy(pick, resolved, probe_share=0.0)
-        runs["adaptive, latency controller, no probes"] = run_of(
-            "adaptive, latency controller, no probes", drafts=levels, adapt=unprobed, hierarchy=pick
-        )
+    resolved = [LookupDraft() if c == "lookup" else c for c in levels]
+    controllers = {"no probes": {"probe_share": 0.0}} if greedy else {}  # probes serve greedy runs only
+    for label, options in {**controllers, **(variants or {})}.items():
+        name = f"adaptive, latency controller, {label}"
+        controller = LatencyController.from_hierarchy(pick, resolved, **options)
+        runs[name] = run_of(name, drafts=levels, adapt=controller, hierarchy=pick)
     # Interleaved per request, not per stream: a pass of the stream is len(work) rounds of
     # ``interleaved``, each serving one request with every configuration in a rotated order. On this
     # VM one configuration's whole stream varied by +-12 % from run to run (no other load), and two
