@@ -133,8 +133,8 @@ def measure_mixed(
         "adaptive, latency controller", drafts=levels, adapt=True, hierarchy=pick
     )
     resolved = [LookupDraft() if c == "lookup" else c for c in levels]
-    controllers = {"no probes": {"probe_share": 0.0}} if greedy else {}  # probes serve greedy runs only
-    for label, options in {**controllers, **(variants or {})}.items():
+    options_by_label = {"no probes": {"probe_share": 0.0}} if greedy else {}  # probes: greedy runs only
+    for label, options in {**options_by_label, **(variants or {})}.items():
         name = f"adaptive, latency controller, {label}"
         controller = LatencyController.from_hierarchy(pick, resolved, **options)
         runs[name] = run_of(name, drafts=levels, adapt=controller, hierarchy=pick)
