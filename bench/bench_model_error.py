@@ -13,7 +13,10 @@ the model's expectation on the estimates over the whole run (its trials not fade
 round of the chain (a request's first and last included, as the estimates); for chains over the
 lookup level, the share of its calls the level above took whole, overall and right after a call
 it took whole (the model takes calls as independent), and, under a middle model, the first call of
-each of its runs (right after the target's verification) against the later ones. ``--priors``:
+each of its runs (right after the target's verification) against the later ones. Where each chain's
+time went (the target's steps against the prior profile for their widths, the lookup's calls' and
+the host work's shares) and the lookup's share of calls that match nothing, measured and as the
+looks estimated it. ``--priors``:
 the replay is repeated with the prior's acceptance and proposal lengths counted as that many trials
 and calls (``PRIOR_TOKENS``, ``PRIOR_CALLS``; the first is the controller's own). The decoding is recorded
 to ``--observations`` (default: the temporary directory's ``model_error.pkl``), which a later run
@@ -177,6 +180,13 @@ def replay(fresh: FixedChain, choice: Choice, seen: list, prior: float) -> dict:
         control._measure(control.costs(), control.alpha())  # the rounds after the last look
     delivered, modelled, per_row = control.measured[(choice.drafts, choice.tree)]
     out = {"delivered": delivered / per_row, "modelled": modelled / per_row}
+    out |= _where_the_time_went(fresh, choice, seen)
+    if choice.drafts and choice.drafts[0] == LOOKUP:
+        with estimator(prior):
+            at_looks = []  # the lookup's share of calls that match nothing, as each look estimates it
+            _replayed(fresh, choice, seen, each=lambda c: at_looks.append(c.lengths(LOOKUP)[0]))
+        offered = np.concatenate([r.verified[0] for r in _rounds_of(seen, choice)])
+        out["lookup matches nothing"] = (float(np.mean(offered == 0)), float(np.mean(at_looks)))
     if choice.drafts:
         with estimator(prior, fade=1.0):  # the model reads the constants too: inside
             whole = _replayed(fresh, choice, seen)
@@ -201,7 +211,9 @@ def replay(fresh: FixedChain, choice: Choice, seen: list, prior: float) -> dict:
     return out
 
 
-def _replayed(fresh: FixedChain, choice: Choice, seen: list) -> FixedChain:
+def _replayed(fresh: FixedChain, choice: Choice, seen: list, each=None) -> FixedChain:
+    """``seen`` shown to a copy of ``fresh`` that keeps ``choice``; ``each(controller)`` after every
+    look of a request (not its end)."""
     control = copy.deepcopy(fresh)
     control.later_calls_apart = True  # where the looks carry the marks (``--calls-alike`` strips them)
     control.fixed, control.decide_share = choice, 1.0  # every look decides (and measures), as timed
@@ -210,7 +222,40 @@ def _replayed(fresh: FixedChain, choice: Choice, seen: list) -> FixedChain:
             control.finished(item[1])
         else:
             control(item)
+            if each is not None:
+                each(control)
     return control
+
+
+def _rounds_of(seen: list, choice: Choice) -> list[Observation]:
+    """The looks of ``seen`` (a request's end included) over rounds of ``choice``."""
+    looks = (item[1] if isinstance(item, tuple) else item for item in seen)
+    return [rounds for rounds in looks if rounds.choice == choice]
+
+
+def _where_the_time_went(fresh: FixedChain, choice: Choice, seen: list) -> dict:
+    """Over the looks the controller measures (not a request's first), the target's steps' seconds
+    against what the prior profile gives for their widths (a verification's fed tokens; without a
+    draft, the tokens a step decodes), as the controller scales its costs, and the share of the rounds'
+    time (the looks' own left out) spent in the lookup level's calls and outside every step (the
+    engine's host work)."""
+    cost = fresh.prior_costs[fresh.target]
+    verified = profiled = lookup = stepped = wall = 0.0
+    for rounds in _rounds_of(seen, choice):
+        if rounds.round <= 1 or rounds.warming:
+            continue
+        level, sizes, seconds = len(rounds.step_sizes) - 1, rounds.step_sizes[-1], rounds.step_seconds[-1]
+        verified += float(seconds.sum())
+        profiled += sum(controller_module._predicted(cost, level, int(n)) for n in sizes)  # as it scales
+        stepped += sum(float(s.sum()) for s in rounds.step_seconds)
+        if choice.drafts and choice.drafts[0] == LOOKUP:
+            lookup += float(rounds.step_seconds[0].sum())
+        wall += rounds.round_seconds - rounds.look_seconds
+    return {
+        "target steps / profile": verified / profiled if profiled else float("nan"),
+        "lookup calls' share": lookup / wall if choice.drafts and choice.drafts[0] == LOOKUP else None,
+        "host share": 1.0 - stepped / wall,
+    }
 
 
 def _streaks(calls: np.ndarray) -> tuple[float, float]:
@@ -345,6 +390,12 @@ def main() -> None:
                 "modelled ms/token": round(1e3 * e["modelled"], 2),
                 "delivered / modelled": round(e["delivered"] / e["modelled"], 3),
             }
+            row["target steps / profile"] = round(e["target steps / profile"], 2)
+            for key in ("lookup calls' share", "host share"):
+                row[key] = None if e[key] is None else round(e[key], 3)
+            nothing, estimated = e.get("lookup matches nothing", (None, None))
+            row["lookup matches nothing, measured"] = None if nothing is None else round(nothing, 2)
+            row["lookup matches nothing, at the looks"] = None if estimated is None else round(estimated, 2)
             for key in ("tokens per target round", "middle verifications per target round"):
                 measured, expected = e.get(key, (None, None))
                 row[f"{key}, measured"] = None if measured is None else round(measured, 2)
@@ -369,7 +420,13 @@ def main() -> None:
         "(after the target's verification) and on the later ones (after the middle's own token), how often "
         "the middle takes the first token of what they offer, and the "
         "middle verifications per target round the run's own gains make with calls independent or with "
-        "the first calls apart (each run cut where its gains reach the middle's block size).",
+        "the first calls apart (each run cut where its gains reach the middle's block size). Where the "
+        "time went, over the looks the controller measures: the target's steps' seconds against the prior "
+        "profile's for their widths, as the controller scales costs; the lookup level's calls' and the "
+        "engine's host work's (outside every step) shares of the rounds' time. Lookup matches nothing: "
+        "the share of its calls "
+        "that offered no token, measured over the run and as the controller estimated it at the looks "
+        "(mean over the looks).",
     )
     meta = run_meta("cpu", batch=1, sampling={"do_sample": False}, compiled=False)
     write_results(args.stem, "The latency model's error per chain", notes, ["prior", "set"], rows, meta)
