@@ -404,7 +404,9 @@ def rates_through(
             ends = boundary[n] * known.passed**kept * after[kept]
             survive[n + kept + 1] += ends
             boundary[n + kept + 1] += ends
-    return tuple(s / before if before > 0 else 0.0 for before, s in itertools.pairwise(survive))
+    # a ratio of chances that only shrink, at most 1, but rounding can tip it past (rates all near 1
+    # on a text both levels repeat: 1.0000000000000002, which every check of a rate refuses)
+    return tuple(min(s / before, 1.0) if before > 0 else 0.0 for before, s in itertools.pairwise(survive))
 
 
 def _pieces(

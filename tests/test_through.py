@@ -129,6 +129,21 @@ def test_the_chains_rate_takes_each_kind_of_token_in_its_place() -> None:
     )
 
 
+def test_rates_near_one_stay_rates_through_rounding() -> None:
+    """Where the level above takes every token the model under it hands up (a table both repeat) its
+    rate per position is a ratio of equal products, which rounding tipped past 1 (1.0000000000000002,
+    in every one of these draws): the selector then raised (the zoo on the tables set, eager)."""
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        weights = rng.random(9)
+        lookup = LookupCost(1e-5, tuple(weights / weights.sum()))
+        costs = [lookup, AffineCost(1e-3, 1e-4), AffineCost(2e-2, 1e-3)]
+        alpha_ = [[1.0, (0.9,) + (1.0,) * 7, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
+        rates = chain_rates(costs, alpha_, [0, 1, 2], [8, 8], {(0, 1, 2): RatesThrough(1.0)})
+        assert all(0.0 <= r <= 1.0 for r in rates[1]), rates[1]
+        assert expected_latency(costs, rates, [8, 8]) > 0  # the model takes them
+
+
 def test_a_runs_later_calls_take_their_own_place_in_the_chains_rate() -> None:
     """Under the middle model the lookup's first call of a run offers 2 tokens at m's rate, the
     later ones (after m's own token) offer fewer and m takes fewer of them (``LaterCalls``): the
