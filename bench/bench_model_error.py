@@ -175,19 +175,20 @@ def replay(fresh: FixedChain, choice: Choice, seen: list, prior: float) -> dict:
     per token at each look, on the estimates the controller has then; and its tokens and middle
     verifications per target round on the estimates of the whole run (trials not faded), against
     the run's own."""
+    at_looks = []  # the lookup's share of calls that match nothing, as each look estimates it
     with estimator(prior):
-        control = _replayed(fresh, choice, seen)
+        control = _replayed(fresh, choice, seen, each=lambda c: at_looks.append(c.lengths(LOOKUP)[0]))
         control._measure(control.costs(), control.alpha())  # the rounds after the last look
     delivered, modelled, per_row = control.measured[(choice.drafts, choice.tree)]
     out = {"delivered": delivered / per_row, "modelled": modelled / per_row}
-    out |= _where_the_time_went(fresh, choice, seen)
-    if choice.drafts and choice.drafts[0] == LOOKUP:
-        with estimator(prior):
-            at_looks = []  # the lookup's share of calls that match nothing, as each look estimates it
-            _replayed(fresh, choice, seen, each=lambda c: at_looks.append(c.lengths(LOOKUP)[0]))
+    over_lookup = bool(choice.drafts) and choice.drafts[0] == LOOKUP
+    out |= _where_the_time_went(fresh, choice, seen, over_lookup)
+    if over_lookup:
         # under a middle model the looks' estimate is of the first calls of its runs (``later_calls``)
-        first = lambda r: r.opens[0] if len(choice.drafts) >= 2 and r.opens else slice(None)  # noqa: E731
-        offered = np.concatenate([r.verified[0][first(r)] for r in _rounds_of(seen, choice)])
+        apart = len(choice.drafts) >= 2
+        rounds = _rounds_of(seen, choice)
+        calls = [r.verified[0][r.opens[0]] if apart and r.opens else r.verified[0] for r in rounds]
+        offered = np.concatenate(calls)
         out["lookup matches nothing"] = (float(np.mean(offered == 0)), float(np.mean(at_looks)))
     if choice.drafts:
         with estimator(prior, fade=1.0):  # the model reads the constants too: inside
@@ -235,12 +236,12 @@ def _rounds_of(seen: list, choice: Choice) -> list[Observation]:
     return [rounds for rounds in looks if rounds.choice == choice]
 
 
-def _where_the_time_went(fresh: FixedChain, choice: Choice, seen: list) -> dict:
+def _where_the_time_went(fresh: FixedChain, choice: Choice, seen: list, over_lookup: bool) -> dict:
     """Over the looks the controller measures (not a request's first), the target's steps' seconds
     against what the prior profile gives for their widths (a verification's fed tokens; without a
     draft, the tokens a step decodes), as the controller scales its costs, and the share of the rounds'
     time (the looks' own left out) spent in the lookup level's calls and outside every step (the
-    engine's host work)."""
+    engine's host work; ``over_lookup``: the chain's level 0 is the lookup level)."""
     cost = fresh.prior_costs[fresh.target]
     verified = profiled = lookup = stepped = wall = 0.0
     for rounds in _rounds_of(seen, choice):
@@ -250,12 +251,12 @@ def _where_the_time_went(fresh: FixedChain, choice: Choice, seen: list) -> dict:
         verified += float(seconds.sum())
         profiled += sum(controller_module._predicted(cost, level, int(n)) for n in sizes)  # as it scales
         stepped += sum(float(s.sum()) for s in rounds.step_seconds)
-        if choice.drafts and choice.drafts[0] == LOOKUP:
+        if over_lookup:
             lookup += float(rounds.step_seconds[0].sum())
         wall += rounds.round_seconds - rounds.look_seconds
     return {
         "target steps / profile": verified / profiled if profiled else float("nan"),
-        "lookup calls' share": lookup / wall if choice.drafts and choice.drafts[0] == LOOKUP else None,
+        "lookup calls' share": lookup / wall if over_lookup else None,
         "host share": 1.0 - stepped / wall,
     }
 
