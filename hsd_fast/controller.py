@@ -31,7 +31,7 @@ matrix, measured on calibration text in another process. The run corrects both a
 - **Tokens that came through** (``through``): in a chain lookup > m > v, v's trials on m's tokens
   mix its rate on the proposals m kept, on m's corrections and on m's own drafts (the profile's
   ``latency.RatesThrough``): they are counted apart from the pair (m, v), and the mix is solved for
-  the kept proposals' rate.
+  the kept proposals' rate (where that would pass 1, for the other two kinds as well).
 - **Rows apart**: the estimate pools a batch's rows, but the batch decodes at its slowest row's
   pace; with the profile's spread (``row_spread``) each pair is priced at the rate of the expected
   slowest of the rows still decoding (``_paced``).
@@ -394,7 +394,10 @@ class LatencyController:
         ``PRIOR_TOKENS`` trials), then by the chains p > m > v that ran. Their v took m's tokens at
         a rate that mixes the rate on the kept proposals, on m's corrections and on m's own
         (``alpha[m][v]``) by their shares; counted on top of the mix so far as ``PRIOR_TOKENS``
-        trials, the mix is solved for the first (the others stay as they were)."""
+        trials, the mix is solved for the first (the others stay as they were), and where that
+        asks more than 1 of it (on a text both repeat, v takes m's corrections and its bonus after
+        a whole passage far more often than their prior rates say), for the other two
+        (``_solved_mix``; docs/design.md, "Tokens that came through", *Past the kept proposals*)."""
         out = dict(self.prior_through)
         for chain, (kept_passed, kept_tried, passed, tried) in self.through_probed.items():
             prior, direct = out[chain], _mean_rate(alpha[chain[1]][chain[2]])
@@ -409,10 +412,10 @@ class LatencyController:
             if kept <= 0:
                 continue
             corrected = direct if prior.corrected is None else prior.corrected
-            rest = corrected**corrections * direct**own  # the part this leaves as the prior's
+            own_rate = direct if prior.own is None else prior.own
+            rest = corrected**corrections * own_rate**own  # the part this leaves as the prior's
             mixed = (passed + PRIOR_TOKENS * prior.passed**kept * rest) / (tried + PRIOR_TOKENS)
-            if rest > 0:
-                out[chain] = replace(prior, passed=min(1.0, (mixed / rest) ** (1.0 / kept)))
+            out[chain] = _solved_mix(prior, mixed, kept, (corrected, corrections), (own_rate, own))
         return out
 
     def learn(self, seen: Observation) -> None:
@@ -595,9 +598,10 @@ class LatencyController:
                 probed = self.through_probed.get(chain, np.zeros(4))
                 ran = self.through_trials.get(chain, np.zeros(5))[1]
                 corrected = rates.corrected
-                raised[chain] = RatesThrough(
-                    _raised(rates.passed, probed[1] + ran),
-                    None if corrected is None else _raised(corrected, probed[3]),
+                raised[chain] = replace(
+                    rates,
+                    passed=_raised(rates.passed, probed[1] + ran),
+                    corrected=None if corrected is None else _raised(corrected, probed[3]),
                 )
         now = self.predicted(self.current, costs, alpha, through)
         holding = [c for c in self._neighbours(self.current) if m in c.drafts]
@@ -624,6 +628,7 @@ class LatencyController:
             counts, prior = self.through_trials.get((p, m, v), np.zeros(5)), self.prior_through[(p, m, v)]
             probed = self.through_probed.get((p, m, v), np.zeros(4))
             corrected = "" if rates.corrected is None else f", on its corrections {rates.corrected:.2f}"
+            corrected += "" if rates.own is None else f", on its other own tokens {rates.own:.2f}"
             lines.append(
                 f"  {names[v]} on what {names[m]} passed of {names[p]}: {prior.passed:.2f} -> "
                 f"{rates.passed:.2f} ({counts[1]:.0f} in the chain, {probed[1]:.0f} + {probed[3]:.0f} "
@@ -942,6 +947,29 @@ def _with_later(cost: Cost, later: LaterCalls) -> Cost:
 
 def _pooled(passed: np.ndarray, tried: np.ndarray, prior: float) -> float:
     return float((passed.sum() + PRIOR_TOKENS * prior) / (tried.sum() + PRIOR_TOKENS))
+
+
+def _solved_mix(
+    prior: RatesThrough,
+    mixed: float,
+    kept: float,
+    corrected: tuple[float, float],
+    own: tuple[float, float],
+) -> RatesThrough:
+    """``prior`` with rates whose mix is ``mixed``: passed^kept x rate^share of ``corrected`` and of
+    ``own`` (each a (rate, share) pair; the shares and ``kept`` sum to 1). Solved for passed with
+    the other two as they are; where that asks more than 1 of it, passed is 1 and the other two
+    take the rest by one common power lam (rest^lam = mixed: the lower rate moves the more). Where
+    the other two have nothing to give (a rate 0, or both 1), the prior, or passed at most 1."""
+    (corrected_rate, corrections), (own_rate, own_share) = corrected, own
+    rest = corrected_rate**corrections * own_rate**own_share
+    if rest <= 0 or kept <= 0:
+        return prior
+    passed = (mixed / rest) ** (1.0 / kept)
+    if passed <= 1.0 or rest >= 1.0:
+        return replace(prior, passed=min(1.0, passed))
+    lam = math.log(mixed) / math.log(rest) if mixed < 1.0 else 0.0
+    return replace(prior, passed=1.0, corrected=corrected_rate**lam, own=own_rate**lam)
 
 
 def _predicted(cost: Cost, level: int, size: int) -> float:

@@ -300,6 +300,9 @@ class RatesThrough:
 
     passed: float  # v's rate on the proposed tokens m accepted
     corrected: float | None = None  # on m's own token where it rejected one (None: m's own rate)
+    # on m's other own tokens: the bonus after a proposal it kept whole, its draft where nothing was
+    # offered (None: m's own rate, alpha(m, v); a run can show them taken more often, controller.through)
+    own: float | None = None
 
 
 Through = Mapping[tuple[int, int, int], RatesThrough]
@@ -362,13 +365,15 @@ def chain_rates(
     and kept by level 1, which level 2 takes at ``passed`` (two levels that agree on a proposed
     token are mostly right: 0.96-1.0 on the zoo's text sets); level 1's corrections of the
     proposals it rejected, at ``corrected`` (where a small model rejects a passage the text
-    repeats, the target mostly keeps it: 0.2-0.4); and its other own tokens, at its ``alpha``.
+    repeats, the target mostly keeps it: 0.2-0.4); and its other own tokens, at ``own`` (None:
+    its ``alpha``).
     The kinds come in a fixed order, each of level 1's verifications handing up its kept tokens
     and then one of its own, so the pair's rate is one per block position (``rates_through``)."""
     rates = [alpha[a][b] for a, b in itertools.pairwise(levels)]
     known = (through or {}).get(tuple(levels[:3])) if len(levels) >= 3 else None
     if known is not None and not isinstance(rates[1], tuple):
-        rates[1] = rates_through(costs[levels[0]], rates[0], T[0], known, rates[1], T[0] + T[1])
+        own = rates[1] if known.own is None else known.own
+        rates[1] = rates_through(costs[levels[0]], rates[0], T[0], known, own, T[0] + T[1])
     return rates
 
 

@@ -7,6 +7,7 @@ and from probes of m on the request's text."""
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import replace
 
@@ -107,6 +108,8 @@ def test_the_chains_rate_takes_each_kind_of_token_in_its_place() -> None:
     assert shares_through(lookup, alpha_[0][1], 2) == pytest.approx((2 / 3, 0.0, 1 / 3))
     rates = chain_rates(costs, alpha_, [0, 1, 2], [2, 3], {(0, 1, 2): RatesThrough(0.9, 0.2)})
     assert rates == [(1.0, 1.0), pytest.approx((0.9, 0.9, 0.6, 0.9, 0.9))]
+    rates = chain_rates(costs, alpha_, [0, 1, 2], [2, 3], {(0, 1, 2): RatesThrough(0.9, 0.2, own=0.7)})
+    assert rates[1] == pytest.approx((0.9, 0.9, 0.7, 0.9, 0.9))  # m's bonus at its own rate through
     # m keeps the first token half the time (then the second too): a correction alone, or two
     # kept and the bonus; token 1 is a correction or a kept one, token 2 ...
     half = (0.5, 1.0)
@@ -224,17 +227,42 @@ def test_the_controller_learns_the_rate_through_and_keeps_the_pairs_own() -> Non
         )
     assert (1, 3) not in control.trials and control.alpha()[1][3] == 0.8  # the pair's own rate stays
     learnt = control.through(control.alpha())[(0, 1, 3)]
-    assert 0.9 < learnt.passed <= 1.0 and learnt.corrected == 0.5  # solved for the kept proposals' rate
     passed, tried, *shared = control.through_trials[(0, 1, 3)]
     kept, corrections, own = (x / tried for x in shared)
     rest = 0.5**corrections * 0.8**own
     mixed = (passed + PRIOR_TOKENS * 0.9**kept * rest) / (tried + PRIOR_TOKENS)
-    assert learnt.passed == pytest.approx(min(1.0, (mixed / rest) ** (1 / kept)))
+    # more taken than even every kept proposal taken explains: those at 1, the rest on the other two
+    # kinds by one power, so that the three give the mix measured
+    assert (mixed / rest) ** (1 / kept) > 1.0
+    assert learnt.passed == 1.0 and 0.5 < learnt.corrected < 1.0 and 0.8 < learnt.own < 1.0
+    assert learnt.corrected**corrections * learnt.own**own == pytest.approx(mixed)
+    assert math.log(learnt.corrected) / math.log(0.5) == pytest.approx(math.log(learnt.own) / math.log(0.8))
     # the chain is priced with it: faster than with the pair's own rate alone
     costs, now = control.costs(), control.alpha()
     unmixed = expected_latency([COSTS[0], COSTS[1], COSTS[3]], [now[0][1], now[1][3]], [4, 2])
     assert control.modelled(chain, costs, now) < unmixed
-    assert any("t on what a passed of l: 0.90 -> " in line for line in control.describe(["l", "a", "b", "t"]))
+    described = control.describe(["l", "a", "b", "t"])
+    line = next(line for line in described if "t on what a passed of l: 0.90 -> 1.00" in line)
+    assert f"on its other own tokens {learnt.own:.2f}" in line
+
+
+def test_a_mix_below_the_prior_is_the_kept_proposals_rate_alone() -> None:
+    """Where the target takes less of m's tokens than the prior's mix, the kept proposals' rate is
+    solved for (the corrections' and m's own stay as they were: nothing apart tells them)."""
+    prior = {(0, 1, 3): RatesThrough(0.9, 0.5)}
+    control = LatencyController(COSTS, alpha(0.8), every=1, through=prior)
+    chain = Choice((0, 1), (4, 2))
+    for r in range(1, 11):  # the target rejects the first token of every block
+        control.learn(
+            seen(r, chain, verified=[[4], [3]], accepted=[[4], [0]], sizes=[[], [], []], seconds=[[], [], []])
+        )
+    learnt = control.through(control.alpha())[(0, 1, 3)]
+    assert learnt.passed < 0.9 and learnt.corrected == 0.5 and learnt.own is None
+    passed, tried, *shared = control.through_trials[(0, 1, 3)]
+    kept, corrections, own = (x / tried for x in shared)
+    rest = 0.5**corrections * 0.8**own
+    mixed = (passed + PRIOR_TOKENS * 0.9**kept * rest) / (tried + PRIOR_TOKENS)
+    assert learnt.passed**kept * rest == pytest.approx(mixed)
 
 
 def test_probes_of_a_model_move_its_rates_over_the_lookup_level() -> None:
