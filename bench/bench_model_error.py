@@ -16,7 +16,9 @@ it took whole (the model takes calls as independent), and, under a middle model,
 each of its runs (right after the target's verification) against the later ones. Where each chain's
 time went (the target's steps against the prior profile for their widths, the lookup's calls' and
 the host work's shares) and the lookup's share of calls that match nothing, measured and as the
-looks estimated it. ``--priors``:
+looks estimated it. The block the target verifies, and under a middle model over the lookup level
+the target's rate on each kind of the middle's tokens (kept proposals, corrections, other own
+tokens), measured and modelled. ``--priors``:
 the replay is repeated with the prior's acceptance and proposal lengths counted as that many trials
 and calls (``PRIOR_TOKENS``, ``PRIOR_CALLS``; the first is the controller's own). The decoding is recorded
 to ``--observations`` (default: the temporary directory's ``model_error.pkl``), which a later run
@@ -193,7 +195,8 @@ def replay(fresh: FixedChain, choice: Choice, seen: list, prior: float) -> dict:
     if choice.drafts:
         with estimator(prior, fade=1.0):  # the model reads the constants too: inside
             whole = _replayed(fresh, choice, seen)
-            gain, middle = _expected_round(whole, choice)
+            gain, middle, block = _expected_round(whole, choice)
+            through = _kinds_modelled(whole, choice)
         steps, tokens, calls = np.zeros(len(choice.drafts) + 1), 0, [[]]  # calls: per request
         for item in seen:  # every round of the chain, a request's first and last too, as the estimates
             rounds = item[1] if isinstance(item, tuple) else item
@@ -204,6 +207,10 @@ def replay(fresh: FixedChain, choice: Choice, seen: list, prior: float) -> dict:
             if isinstance(item, tuple):
                 calls.append([])
         out["tokens per target round"] = (tokens / steps[-1], gain)
+        blocks = np.concatenate([r.verified[-1] for r in _rounds_of(seen, choice)])
+        out["target's block"] = (float(blocks.mean()), block)
+        if through is not None:
+            out["target's rate per kind (kept, corrections, own)"] = (_kinds_measured(seen, choice), through)
         requests = [np.concatenate(c, axis=1) for c in calls if c]  # each [2, N]: offered, taken
         if choice.drafts[0] == LOOKUP:
             out["whole matches"] = _streaks(np.concatenate(requests, axis=1))
@@ -326,15 +333,52 @@ def _calls_to_reach(first: np.ndarray, later: np.ndarray, T: int) -> float:
     return 1.0 + float(np.mean(more[np.clip(T - first.astype(int), 0, T)]))
 
 
-def _expected_round(control: LatencyController, choice: Choice) -> tuple[float, float]:
-    """The model's tokens per target round and the middle level's verifications per target round."""
+def _kinds_measured(seen: list, choice: Choice) -> list[float]:
+    """The target's rate, per trial, on each kind of token a middle model hands up over the lookup
+    level (kept proposals, corrections, other own tokens; ``latency.RatesThrough``), from a batch-1
+    recording: each target block cut back into the middle's verifications since the last (a block
+    that does not add up, cut by the length budget, left out)."""
+    counts = np.zeros((3, 2))  # per kind: passed, tried
+    for rounds in _rounds_of(seen, choice):
+        pieces = [  # the middle's verifications in order: (proposals kept, kind of its own token)
+            (min(a, b), 1 if a < b else 2)
+            for b, a in zip(rounds.verified[0].tolist(), rounds.accepted[0].tolist(), strict=True)
+        ]
+        for b, a in zip(rounds.verified[1].tolist(), rounds.accepted[1].tolist(), strict=True):
+            kinds: list[int] = []
+            while len(kinds) < b and pieces:
+                kept, own = pieces.pop(0)
+                kinds += [0] * kept + [own]
+            if len(kinds) == b:
+                for kind in kinds[:a]:
+                    counts[kind] += 1
+                if a < b:
+                    counts[kinds[a], 1] += 1
+    return [round(p / t, 3) if t else float("nan") for p, t in counts]
+
+
+def _kinds_modelled(control: LatencyController, choice: Choice) -> list[float] | None:
+    """The controller's rates on the three kinds (``_kinds_measured``) for a chain lookup > m > v, or
+    None for another chain."""
+    levels = (*choice.drafts, control.target)
+    if len(levels) != 3 or levels[0] != LOOKUP:
+        return None
+    alpha = control.alpha()
+    rates, own = control.through(alpha)[levels], controller_module._mean_rate(alpha[levels[1]][levels[2]])
+    corrected = own if rates.corrected is None else rates.corrected
+    return [round(r, 3) for r in (rates.passed, corrected, own if rates.own is None else rates.own)]
+
+
+def _expected_round(control: LatencyController, choice: Choice) -> tuple[float, float, float]:
+    """The model's tokens per target round, the middle level's verifications per target round and
+    the mean block the target verifies."""
     alpha, levels = control.alpha(), [*choice.drafts, control.target]
     costs = control._chain_costs(control.costs(), alpha, levels)  # a lookup's later calls, as modelled
     rates = chain_rates(costs, alpha, levels, choice.block_sizes, control.through(alpha))
     paid = sharing_the_cache(verifying_costs([costs[m] for m in levels]))
     outcomes = level_outcomes(paid, rates, list(choice.block_sizes))
     gain = outcomes[-1].mean(lambda b: expected_gain(rates[-1], b))
-    return gain, outcomes[1].calls if len(outcomes) > 1 else 1.0
+    return gain, outcomes[1].calls if len(outcomes) > 1 else 1.0, outcomes[-1].mean(lambda b: b)
 
 
 def summary(errors: dict) -> tuple[float, int, int]:
@@ -399,10 +443,12 @@ def main() -> None:
             nothing, estimated = e.get("lookup matches nothing", (None, None))
             row["lookup matches nothing, measured"] = None if nothing is None else round(nothing, 2)
             row["lookup matches nothing, at the looks"] = None if estimated is None else round(estimated, 2)
-            for key in ("tokens per target round", "middle verifications per target round"):
+            for key in ("tokens per target round", "middle verifications per target round", "target's block"):
                 measured, expected = e.get(key, (None, None))
                 row[f"{key}, measured"] = None if measured is None else round(measured, 2)
                 row[f"{key}, model"] = None if expected is None else round(expected, 2)
+            kinds = "target's rate per kind (kept, corrections, own)"
+            row[f"{kinds}, measured"], row[f"{kinds}, model"] = e.get(kinds, (None, None))
             overall, after = e.get("whole matches", (None, None))
             row["lookup calls taken whole"] = None if overall is None else round(overall, 2)
             row["right after one taken whole"] = None if after is None else round(after, 2)
@@ -428,7 +474,12 @@ def main() -> None:
         "profile's for their widths, as the controller scales costs; the lookup level's calls' and the "
         "engine's host work's (outside every step) shares of the rounds' time. Lookup matches nothing: "
         "the share of its calls (under a middle model: of the first calls of its runs) that offered no "
-        "token, measured over the run and as the controller estimated it at the looks (mean over the looks).",
+        "token, measured over the run and as the controller estimated it at the looks (mean over the looks). "
+        "The target's block: the tokens its verifications were handed (measured: each request's last, cut "
+        "by the length budget, too). Under a middle model over the lookup level, the target's rate per "
+        "trial on each kind of the middle's tokens (the proposals it kept, its corrections, its other own "
+        "tokens), measured (each block cut back into the middle's verifications) and the controller's on "
+        "the whole run (docs/design.md §8.10, *Past the kept proposals*).",
     )
     meta = run_meta("cpu", batch=1, sampling={"do_sample": False}, compiled=False)
     write_results(args.stem, "The latency model's error per chain", notes, ["prior", "set"], rows, meta)
