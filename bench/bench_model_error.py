@@ -54,9 +54,11 @@ from hsd_fast import zoo
 from hsd_fast.controller import LatencyController
 from hsd_fast.hf_generate import generate
 from hsd_fast.latency import (
+    block_sizes,
     chain_rates,
     expected_gain,
     level_outcomes,
+    mean_gain,
     sharing_the_cache,
     verifying_costs,
 )
@@ -197,6 +199,7 @@ def replay(fresh: FixedChain, choice: Choice, seen: list, prior: float) -> dict:
             whole = _replayed(fresh, choice, seen)
             gain, middle, block = _expected_round(whole, choice)
             through = _kinds_modelled(whole, choice)
+            call_gains = _call_gains_modelled(whole, choice)
         steps, tokens, calls = np.zeros(len(choice.drafts) + 1), 0, [[]]  # calls: per request
         for item in seen:  # every round of the chain, a request's first and last too, as the estimates
             rounds = item[1] if isinstance(item, tuple) else item
@@ -215,7 +218,7 @@ def replay(fresh: FixedChain, choice: Choice, seen: list, prior: float) -> dict:
         if choice.drafts[0] == LOOKUP:
             out["whole matches"] = _streaks(np.concatenate(requests, axis=1))
         if choice.drafts[0] == LOOKUP and len(choice.drafts) == 2:
-            out["first calls"] = _first_calls(requests, choice.T[1])
+            out["first calls"] = _first_calls(requests, choice.T[1]) | call_gains
         if len(choice.drafts) == 2:
             out["middle verifications per target round"] = (steps[1] / steps[-1], middle)
     return out
@@ -285,6 +288,10 @@ FIRST_CALLS = (
     "lookup first token taken, later",
     "middle verifications, calls independent",
     "middle verifications, calls first apart",
+    "lookup call gain, first",
+    "lookup call gain, first, model",
+    "lookup call gain, later",
+    "lookup call gain, later, model",
 )
 
 
@@ -313,7 +320,24 @@ def _first_calls(requests: list[np.ndarray], T: int) -> dict[str, float]:
         "middle verifications, calls first apart": _calls_to_reach(
             first[:, 1], rest[:, 1] if len(rest) else both[:, 1], T
         ),
+        "lookup call gain, first": float(np.mean(first[:, 1])),
+        "lookup call gain, later": float(np.mean(rest[:, 1])) if len(rest) else float("nan"),
     }
+
+
+def _call_gains_modelled(control: LatencyController, choice: Choice) -> dict[str, float]:
+    """The gain the controller expects (whole run) of the lookup's first call of a middle model's
+    run and of the later ones (``latency.LaterCalls``; as the first where it keeps none apart)."""
+    levels = [*choice.drafts, control.target]
+    if len(levels) != 3 or levels[0] != LOOKUP:
+        return {}
+    alpha = control.alpha()
+    lookup = control._chain_costs(control.costs(), alpha, levels)[LOOKUP]
+    first = mean_gain(alpha[LOOKUP][levels[1]], block_sizes(lookup, choice.T[0]))
+    later = first
+    if lookup.later is not None:
+        later = mean_gain(lookup.later.rates, block_sizes(lookup.later_calls(), choice.T[0]))
+    return {"lookup call gain, first, model": first, "lookup call gain, later, model": later}
 
 
 def _first_taken(calls: np.ndarray) -> float:
@@ -467,7 +491,8 @@ def main() -> None:
         "offered tokens and had all of them taken by the level above, overall and right after such a call. "
         "Under a middle model: how often the lookup offers nothing on the first call of the middle's run "
         "(after the target's verification) and on the later ones (after the middle's own token), how often "
-        "the middle takes the first token of what they offer, and the "
+        "the middle takes the first token of what they offer, the mean gain of each (measured and as the "
+        "controller expects it on the whole run), and the "
         "middle verifications per target round the run's own gains make with calls independent or with "
         "the first calls apart (each run cut where its gains reach the middle's block size). Where the "
         "time went, over the looks the controller measures: the target's steps' seconds against the prior "
