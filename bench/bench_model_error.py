@@ -198,8 +198,7 @@ def replay(fresh: FixedChain, choice: Choice, seen: list, prior: float) -> dict:
         with estimator(prior, fade=1.0):  # the model reads the constants too: inside
             whole = _replayed(fresh, choice, seen)
             gain, middle, block = _expected_round(whole, choice)
-            through = _kinds_modelled(whole, choice)
-            call_gains = _call_gains_modelled(whole, choice)
+            through, call_gains = _over_lookup_modelled(whole, choice)
         steps, tokens, calls = np.zeros(len(choice.drafts) + 1), 0, [[]]  # calls: per request
         for item in seen:  # every round of the chain, a request's first and last too, as the estimates
             rounds = item[1] if isinstance(item, tuple) else item
@@ -325,21 +324,6 @@ def _first_calls(requests: list[np.ndarray], T: int) -> dict[str, float]:
     }
 
 
-def _call_gains_modelled(control: LatencyController, choice: Choice) -> dict[str, float]:
-    """The gain the controller expects (whole run) of the lookup's first call of a middle model's
-    run and of the later ones (``latency.LaterCalls``; as the first where it keeps none apart)."""
-    levels = [*choice.drafts, control.target]
-    if len(levels) != 3 or levels[0] != LOOKUP:
-        return {}
-    alpha = control.alpha()
-    lookup = control._chain_costs(control.costs(), alpha, levels)[LOOKUP]
-    first = mean_gain(alpha[LOOKUP][levels[1]], block_sizes(lookup, choice.T[0]))
-    later = first
-    if lookup.later is not None:
-        later = mean_gain(lookup.later.rates, block_sizes(lookup.later_calls(), choice.T[0]))
-    return {"lookup call gain, first, model": first, "lookup call gain, later, model": later}
-
-
 def _first_taken(calls: np.ndarray) -> float:
     """Of ``[N, 2]`` (offered, gain) calls, the share of those that offered tokens whose first
     token the level above took."""
@@ -381,16 +365,24 @@ def _kinds_measured(seen: list, choice: Choice) -> list[float]:
     return [round(p / t, 3) if t else float("nan") for p, t in counts]
 
 
-def _kinds_modelled(control: LatencyController, choice: Choice) -> list[float] | None:
-    """The controller's rates on the three kinds (``_kinds_measured``) for a chain lookup > m > v, or
-    None for another chain."""
+def _over_lookup_modelled(control: LatencyController, choice: Choice) -> tuple[list[float] | None, dict]:
+    """For a chain lookup > m > v, what the controller expects on the whole run: v's rates on the
+    three kinds of m's tokens (``_kinds_measured``), and the gain of the lookup's first call of m's
+    run and of the later ones (``latency.LaterCalls``; as the first where it keeps none apart).
+    (None, {}) for another chain."""
     levels = (*choice.drafts, control.target)
     if len(levels) != 3 or levels[0] != LOOKUP:
-        return None
+        return None, {}
     alpha = control.alpha()
     rates, own = control.through(alpha)[levels], controller_module._mean_rate(alpha[levels[1]][levels[2]])
     corrected = own if rates.corrected is None else rates.corrected
-    return [round(r, 3) for r in (rates.passed, corrected, own if rates.own is None else rates.own)]
+    kinds = [round(r, 3) for r in (rates.passed, corrected, own if rates.own is None else rates.own)]
+    lookup = control._chain_costs(control.costs(), alpha, list(levels))[LOOKUP]
+    first = mean_gain(alpha[LOOKUP][levels[1]], block_sizes(lookup, choice.T[0]))
+    later = first
+    if lookup.later is not None:
+        later = mean_gain(lookup.later.rates, block_sizes(lookup.later_calls(), choice.T[0]))
+    return kinds, {"lookup call gain, first, model": first, "lookup call gain, later, model": later}
 
 
 def _expected_round(control: LatencyController, choice: Choice) -> tuple[float, float, float]:

@@ -960,10 +960,11 @@ def _solved_mix(
     ``own`` (each a (rate, share) pair; the shares and ``kept`` sum to 1). Solved for passed with
     the other two as they are; where that asks more than 1 of it, passed is 1 and the other two
     take the rest by one common power lam (rest^lam = mixed: the lower rate moves the more). Where
-    the other two have nothing to give (a rate 0, or both 1), the prior, or passed at most 1."""
+    the other two have nothing to give (a rate 0, or both 1), the prior, or passed at most 1.
+    ``kept`` > 0 (the caller skips a chain whose m kept no proposal)."""
     (corrected_rate, corrections), (own_rate, own_share) = corrected, own
     rest = corrected_rate**corrections * own_rate**own_share
-    if rest <= 0 or kept <= 0:
+    if rest <= 0:
         return prior
     passed = (mixed / rest) ** (1.0 / kept)
     if passed <= 1.0 or rest >= 1.0:
