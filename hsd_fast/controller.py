@@ -241,7 +241,8 @@ class LatencyController:
         # [passed, tried, tried x each share of shares_through: kept, corrections, own]
         self.through_trials: dict[tuple[int, int, int], np.ndarray] = {}
         # per (p, m, v) of ``prior_through`` with v the target: what probes of m found on p's
-        # proposals (``ProposalsProbed``): [kept passed, kept tried, corrections passed, tried]
+        # proposals (``ProposalsProbed``): passed and tried on the kept proposals, the corrections
+        # and m's other own tokens, [6]
         self.through_probed: dict[tuple[int, int, int], np.ndarray] = {}
         # per lookup candidate, per proposal length (the prior's lengths): [2, L], calls whose
         # proposal ended there, and calls cut there by the block size (at least that long)
@@ -390,21 +391,27 @@ class LatencyController:
     def through(self, alpha) -> dict[tuple[int, int, int], RatesThrough]:
         """How a model v takes what model m passes of lookup level p's proposals
         (``latency.chain_rates``): the prior's, corrected by what probes of m found (the kept
-        proposals' and the corrections' trials, each on top of the prior's rate as
-        ``PRIOR_TOKENS`` trials), then by the chains p > m > v that ran. Their v took m's tokens at
-        a rate that mixes the rate on the kept proposals, on m's corrections and on m's own
-        (``alpha[m][v]``) by their shares; counted on top of the mix so far as ``PRIOR_TOKENS``
+        proposals', the corrections' and m's other own tokens' trials, each on top of the prior's
+        rate as ``PRIOR_TOKENS`` trials), then by the chains p > m > v that ran. Their v took m's
+        tokens at a rate that mixes the rate on the kept proposals, on m's corrections and on m's
+        own (``alpha[m][v]``) by their shares; counted on top of the mix so far as ``PRIOR_TOKENS``
         trials, the mix is solved for the first (the others stay as they were), and where that
         asks more than 1 of it (on a text both repeat, v takes m's corrections and its bonus after
         a whole passage far more often than their prior rates say), for the other two
         (``_solved_mix``; docs/design.md, "Tokens that came through", *Past the kept proposals*)."""
         out = dict(self.prior_through)
-        for chain, (kept_passed, kept_tried, passed, tried) in self.through_probed.items():
+        for chain, probed in self.through_probed.items():
             prior, direct = out[chain], _mean_rate(alpha[chain[1]][chain[2]])
-            corrected = direct if prior.corrected is None else prior.corrected
+            priors = (
+                prior.passed,
+                direct if prior.corrected is None else prior.corrected,
+                direct if prior.own is None else prior.own,
+            )
             out[chain] = RatesThrough(
-                (kept_passed + PRIOR_TOKENS * prior.passed) / (kept_tried + PRIOR_TOKENS),
-                (passed + PRIOR_TOKENS * corrected) / (tried + PRIOR_TOKENS),
+                *(
+                    (passed + PRIOR_TOKENS * rate) / (tried + PRIOR_TOKENS)
+                    for rate, (passed, tried) in zip(priors, probed.reshape(3, 2), strict=True)
+                )
             )
         for chain, (passed, tried, *shared) in self.through_trials.items():
             prior, direct = out[chain], _mean_rate(alpha[chain[1]][chain[2]])
@@ -514,14 +521,14 @@ class LatencyController:
 
     def _count_probed_proposals(self, m: int, found: ProposalsProbed) -> None:
         """Add what a probe of model ``m`` found on the lookup level's proposals: trials of the
-        pair (lookup, m) per block position, and of the target on m's kept proposals and on its
-        corrections (``through``)."""
+        pair (lookup, m) per block position, and of the target on m's kept proposals, on its
+        corrections and on its other own tokens (``through``)."""
         if found.tried.sum() > 0:
             self._count((found.lookup, m), found.passed, found.tried)
         chain = (found.lookup, m, self.target)
         if chain in self.prior_through:
-            counts = self.through_probed.setdefault(chain, np.zeros(4))
-            counts += (*found.kept, *found.corrections)
+            counts = self.through_probed.setdefault(chain, np.zeros(6))
+            counts += (*found.kept, *found.corrections, *found.own)
 
     def _count_proposals(self, m: int, blocks: np.ndarray, T: int) -> None:
         """Add the calls of lookup candidate ``m`` whose verifications checked ``blocks`` ``[N]``
@@ -595,13 +602,14 @@ class LatencyController:
         raised = dict(through)
         for chain, rates in through.items():
             if chain[1:] == (m, self.target):
-                probed = self.through_probed.get(chain, np.zeros(4))
+                probed = self.through_probed.get(chain, np.zeros(6))
                 ran = self.through_trials.get(chain, np.zeros(5))[1]
-                corrected = rates.corrected
+                corrected, own = rates.corrected, rates.own
                 raised[chain] = replace(
                     rates,
                     passed=_raised(rates.passed, probed[1] + ran),
                     corrected=None if corrected is None else _raised(corrected, probed[3]),
+                    own=None if own is None else _raised(own, probed[5]),
                 )
         now = self.predicted(self.current, costs, alpha, through)
         holding = [c for c in self._neighbours(self.current) if m in c.drafts]
@@ -626,13 +634,13 @@ class LatencyController:
         through = self.through(alpha)
         for (p, m, v), rates in sorted(through.items()):
             counts, prior = self.through_trials.get((p, m, v), np.zeros(5)), self.prior_through[(p, m, v)]
-            probed = self.through_probed.get((p, m, v), np.zeros(4))
+            probed = self.through_probed.get((p, m, v), np.zeros(6))
             corrected = "" if rates.corrected is None else f", on its corrections {rates.corrected:.2f}"
             corrected += "" if rates.own is None else f", on its other own tokens {rates.own:.2f}"
             lines.append(
                 f"  {names[v]} on what {names[m]} passed of {names[p]}: {prior.passed:.2f} -> "
-                f"{rates.passed:.2f} ({counts[1]:.0f} in the chain, {probed[1]:.0f} + {probed[3]:.0f} "
-                f"probed){corrected}"
+                f"{rates.passed:.2f} ({counts[1]:.0f} in the chain, {probed[1]:.0f} + {probed[3]:.0f} + "
+                f"{probed[5]:.0f} probed){corrected}"
             )
         if self.spread is not None and self.rows > 1:
             z = slowest_row_z(self.rows)

@@ -13,9 +13,10 @@ Where a lookup level is a candidate too, the probe also scores the candidate m a
 between the lookup and the target (``lookup > m > target``): it replays the lookup's calls on the
 probed stretch of committed text as it proposes under the target and counts, with the scoring of a
 profile's replay (``proposal_scores``), how m takes the proposals (per block position) and
-how the target takes what m hands up of them: the proposals m kept, and m's corrections of those it
-rejected, whose rates move with the text more than any (docs/design.md, "Tokens that came
-through"). A chain with m over the lookup level is then judged on this request's text too.
+how the target takes what m hands up of them: the proposals m kept, m's corrections of those it
+rejected, whose rates move with the text more than any, and m's other own tokens (its bonus after a
+proposal it took whole, its draft where the lookup offered nothing; docs/design.md, "Tokens that
+came through"). A chain with m over the lookup level is then judged on this request's text too.
 
 Exactness: a probe reads committed tokens only and writes only an idle candidate's cache, at
 positions of its committed prefix (what it would write there on return). No randomness is drawn,
@@ -40,6 +41,7 @@ from hsd_fast.proposal_scores import (
     correction_trials,
     counts_by_position,
     kept_trials,
+    own_trials,
     probabilities,
     replay,
     scorable,
@@ -102,7 +104,7 @@ def _on_proposals(
     (module doc): the lookup's calls replayed from the stretch's first position to its end, greedy,
     the committed text standing for the target's choices."""
     passed, tried = np.zeros(max_T), np.zeros(max_T)
-    kept, corrections = np.zeros(2), np.zeros(2)
+    kept, corrections, own = np.zeros(2), np.zeros(2), np.zeros(2)
     positions, argmax, scored = (t.cpu().numpy() for t in (positions, argmax, scored))
     for r in rows.tolist():
         at = positions[r, scored[r]]  # [N] consecutive positions, each the index of a token's scores
@@ -113,7 +115,8 @@ def _on_proposals(
         mine = torch.full_like(text, -1)  # [1, L] the candidate's argmax after each position (-1: unknown)
         mine[0, at] = torch.from_numpy(argmax[r, scored[r]])
         target = torch.cat([text[:, 1:], torch.full_like(text[:, :1], -1)], 1)  # [1, L]: the committed
-        items = scorable(replay(lookup, text, max_T, start=first + 1), text)
+        calls = replay(lookup, text, max_T, start=first + 1)
+        items = scorable(calls, text)
         known = items.index <= last  # [I] past the last scored position neither choice is known
         items = Scorable(*(column[known] for column in items))
         below, above = probabilities(items, mine), probabilities(items, target)  # [I] each, greedy: 0 or 1
@@ -122,7 +125,8 @@ def _on_proposals(
         passed, tried = passed + by_position[0], tried + by_position[1]
         kept += kept_trials(items, below, above)
         corrections += correction_trials(items, below, below_choice, above_choice)
-    return ProposalsProbed(index, passed, tried, tuple(kept), tuple(corrections))
+        own += own_trials(calls, mine.numpy(), target.numpy())
+    return ProposalsProbed(index, passed, tried, tuple(kept), tuple(corrections), tuple(own))
 
 
 def _on(values: np.ndarray, device: torch.device) -> torch.Tensor:

@@ -17,8 +17,9 @@ same code.
   accepts token j given it accepted tokens 1..j-1 (``latency.Acceptance``), under the sampling
   transform: p(x) for a sampled verification of a point-mass draft, min(1, p(x) / q(x)) for a level
   that draws its proposals from a q it hands up, argmax == x for a greedy one;
-- ``kept_trials`` / ``correction_trials``: in a chain proposal level > m > v, v's rate on the
-  proposed tokens m kept and on m's corrections (docs/design.md, "Tokens that came through").
+- ``kept_trials`` / ``correction_trials`` / ``own_trials``: in a chain proposal level > m > v, v's
+  rate on the proposed tokens m kept, on m's corrections and on m's other own tokens
+  (docs/design.md, "Tokens that came through").
 """
 
 from __future__ import annotations
@@ -222,6 +223,32 @@ def correction_trials(
     tried, _ = _weighted(items, rejected, both)
     passed = tried * (below_choice == above_choice)
     return float(passed.sum()), float(tried.sum())
+
+
+def own_trials(
+    proposals: list[Proposal],
+    below_choice: np.ndarray,  # [N, L] m's argmax after each prefix ids[n, :i + 1] (-1: unknown)
+    above_choice: np.ndarray,  # [N, L] v's, the same way
+) -> tuple[float, float]:
+    """Greedy: in a chain proposal level > m > v, v's trials on m's other own tokens, passed and
+    taken: m's token right after a proposal it took whole (its bonus) and where the level offered
+    nothing (its own draft). A trial where m and v both took every proposed token (so m's token
+    follows the text v continues) and both choices after them are known; it passes where they
+    agree. On text that repeats, m's bonus after a whole passage is right far more often than its
+    rate on ordinary text (docs/design.md, "Tokens that came through", *Past the kept proposals*)."""
+    length = below_choice.shape[1]
+    passed = tried = 0
+    for n, t, tokens, _ in proposals:
+        after = t - 1 + len(tokens)  # where the choices of the token after the proposal sit
+        if after >= length or any(
+            below_choice[n, t - 1 + j] != x or above_choice[n, t - 1 + j] != x for j, x in enumerate(tokens)
+        ):
+            continue
+        mine, theirs = below_choice[n, after], above_choice[n, after]
+        if mine >= 0 and theirs >= 0:
+            tried += 1
+            passed += int(mine == theirs)
+    return float(passed), float(tried)
 
 
 def _rate(passed: float, tried: float) -> float | None:

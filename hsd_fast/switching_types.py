@@ -119,6 +119,7 @@ class ProposalsProbed:
     tried: np.ndarray  # [T] ... of those whose tokens 1..j-1 it accepted
     kept: tuple[float, float]  # the target on the proposed tokens m accepted: (passed, tried)
     corrections: tuple[float, float]  # the target on m's own token where it rejected one: (passed, tried)
+    own: tuple[float, float]  # the target on m's other own tokens (bonus, draft where none was offered)
 
 
 @dataclass

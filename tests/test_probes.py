@@ -124,7 +124,7 @@ def test_with_a_lookup_level_a_probe_scores_the_candidate_on_its_proposals(famil
     assert all(p.proposals is not None for s in policy.seen for p in s.probes if p.positions)
     with torch.no_grad():
         argmax = drafts[0](out).logits.argmax(-1)  # [B, L] teacher-forced over the whole output
-    expected = np.zeros(2 * max_T + 4)  # passed per position, tried per position, kept, corrections
+    expected = np.zeros(2 * max_T + 6)  # passed, tried per position; kept, corrections, own
     found = np.zeros_like(expected)
     ends_before = np.zeros(ids.shape[0], dtype=np.int64)
     # the policy is asked for probes from the second look on (``probed_to[k]``: at look k + 1), and a
@@ -134,13 +134,14 @@ def test_with_a_lookup_level_a_probe_scores_the_candidate_on_its_proposals(famil
         for probe in seen.probes:
             if probe.proposals is not None:
                 p = probe.proposals
-                found += np.concatenate([p.passed, p.tried, p.kept, p.corrections])
+                found += np.concatenate([p.passed, p.tried, p.kept, p.corrections, p.own])
         for row in range(ids.shape[0]):
             first, last = max(int(ends_before[row]), ids.shape[1] - 1), int(ends[row]) - 1
             if first > last:
                 continue
             text = out[row : row + 1, : last + 2]
-            items = scores.scorable(scores.replay(LookupDraft(), text, max_T, start=first + 1), text)
+            calls = scores.replay(LookupDraft(), text, max_T, start=first + 1)
+            items = scores.scorable(calls, text)
             items = scores.Scorable(*(column[items.index <= last] for column in items))
             mine, committed = argmax[row, items.index].numpy(), text[0, items.index + 1].numpy()
             below, above = (mine == items.token) * 1.0, (committed == items.token) * 1.0
@@ -149,6 +150,7 @@ def test_with_a_lookup_level_a_probe_scores_the_candidate_on_its_proposals(famil
                     *scores.counts_by_position(items, scores.accepted(items, below), max_T),
                     scores.kept_trials(items, below, above),
                     scores.correction_trials(items, below, mine, committed),
+                    scores.own_trials(calls, *_choices_known(argmax[row], text, first, last)),
                 ]
             )
         ends_before = np.where(ends > 0, ends, ends_before)
@@ -156,3 +158,13 @@ def test_with_a_lookup_level_a_probe_scores_the_candidate_on_its_proposals(famil
     passed, tried = expected[:max_T], expected[max_T : 2 * max_T]
     assert tried[0] > 0 and 0 < passed.sum() < tried.sum()  # counts that can be wrong either way
     assert expected[2 * max_T + 1] > 0  # the target scored on proposals the candidate kept
+    assert expected[2 * max_T + 5] > 0  # and on the candidate's own tokens
+
+
+def _choices_known(argmax: torch.Tensor, text: torch.Tensor, first: int, last: int) -> tuple[np.ndarray, ...]:
+    """[1, L] each: the candidate's teacher-forced ``argmax`` ([L']) where the probe scored it
+    (positions first..last) and the committed next tokens of ``text`` ([1, L]); -1 elsewhere."""
+    mine = np.full(text.shape, -1)
+    mine[0, first : last + 1] = argmax[first : last + 1].numpy()
+    committed = np.append(text[0, 1:].numpy(), -1)[None]
+    return mine, committed

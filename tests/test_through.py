@@ -37,6 +37,7 @@ from hsd_fast.proposal_scores import (
     accepted_through,
     choices,
     corrected_through,
+    own_trials,
     probabilities,
     replay,
     scorable,
@@ -82,6 +83,24 @@ def test_hand_worked_rate_on_the_corrections_of_the_model_under() -> None:
     assert rate((6, 4, 0), (9, 4, 0)) is None  # v rejected the 6: the 7 is never its trial
     assert rate((6, 7, 0), (6, 7, 0)) is None  # m rejected nothing
     assert choices(items, torch.full((1, 6, 10), 0.1)) is None  # sampled: not measured
+
+
+def test_hand_worked_trials_on_the_other_own_tokens_of_the_model_under() -> None:
+    """m's token right after a proposal both it and v took whole (its bonus), or where nothing was
+    offered (its draft), is a trial of v, passed where their choices agree; a proposal either
+    rejected, or a choice unknown, makes none. choices[:, i]: the token after i + 1 tokens."""
+    text_next = np.array([[6, 7, 5, 6, 8, -1]])  # v: the text's own next tokens (TEXT)
+    whole, nothing, left = Proposal(0, 3, [5, 6]), Proposal(0, 2, []), Proposal(0, 2, [7, 9])
+
+    def trials(m: list[int], proposals: list[Proposal]) -> tuple[float, float]:
+        return own_trials(proposals, np.array([m]), text_next)
+
+    agreeing = [6, 7, 5, 6, 8, -1]
+    assert trials(agreeing, [whole, nothing]) == (2.0, 2.0)  # the bonus after 5 6 (8), the draft (7)
+    assert trials([6, 7, 5, 6, 9, -1], [whole, nothing]) == (1.0, 2.0)  # its bonus is not the text's
+    assert trials([6, 7, 5, 9, 8, -1], [whole]) == (0.0, 0.0)  # it rejected the 6: a correction
+    assert trials([6, 7, 9, 6, 8, -1], [left]) == (0.0, 0.0)  # m took the 9, v did not: no bonus trial
+    assert trials([6, 7, 5, 6, -1, -1], [whole]) == (0.0, 0.0)  # m's choice after it unknown
 
 
 def test_sampled_the_model_above_keeps_what_the_one_under_kept_with_p_over_its_p() -> None:
@@ -267,20 +286,27 @@ def test_a_mix_below_the_prior_is_the_kept_proposals_rate_alone() -> None:
 
 def test_probes_of_a_model_move_its_rates_over_the_lookup_level() -> None:
     """What a probe of model 1 found on the lookup's proposals (``ProposalsProbed``) counts as trials
-    of the pair (lookup, 1) per block position and of the target's rates on what 1 kept and on its
-    corrections, each on top of the prior as ``PRIOR_TOKENS`` trials (per position of a lookup
-    level's, the pseudo-calls that reach it)."""
+    of the pair (lookup, 1) per block position and of the target's rates on what 1 kept, on its
+    corrections and on its other own tokens (on top of the pair's rate), each on top of the prior
+    as ``PRIOR_TOKENS`` trials (per position of a lookup level's, the pseudo-calls that reach it)."""
     prior = {(0, 1, 3): RatesThrough(0.9, 0.3)}
     control = LatencyController(COSTS, alpha(0.8), every=1, through=prior)
     chain = Choice((0, 1), (4, 2))
     before = control.modelled(chain, control.costs(), control.alpha())
     found = ProposalsProbed(
-        0, np.array([10.0, 6.0]), np.array([12.0, 8.0]), kept=(16.0, 16.0), corrections=(9.0, 10.0)
+        0,
+        np.array([10.0, 6.0]),
+        np.array([12.0, 8.0]),
+        kept=(16.0, 16.0),
+        corrections=(9.0, 10.0),
+        own=(7.0, 8.0),
     )
     control.learn(replace(seen(1, None), probes=(Probe(1, 40, 36, 1e-3, found),)))  # no round: no fade
     learnt = control.through(control.alpha())[(0, 1, 3)]
     assert learnt.passed == pytest.approx((16 + PRIOR_TOKENS * 0.9) / (16 + PRIOR_TOKENS))
     assert learnt.corrected == pytest.approx((9 + PRIOR_TOKENS * 0.3) / (10 + PRIOR_TOKENS))
+    direct = (36 + PRIOR_TOKENS * 0.8) / (40 + PRIOR_TOKENS)  # the pair (1, t), probed too
+    assert learnt.own == pytest.approx((7 + PRIOR_TOKENS * direct) / (8 + PRIOR_TOKENS))
     # the prior's (0.6, 0.8) per position, corrected; its calls reach position 1 in half of them
     # (lengths 0.5, 0.2, ...), position 2 in 0.3 x 0.6
     lookup_to_small, first, second = control.alpha()[0][1], PRIOR_TOKENS * 0.5, PRIOR_TOKENS * 0.3 * 0.6
@@ -288,7 +314,9 @@ def test_probes_of_a_model_move_its_rates_over_the_lookup_level() -> None:
     assert lookup_to_small[1] == pytest.approx((6 + second * 0.8) / (8 + second))
     assert control.alpha()[1][3] == pytest.approx((36 + PRIOR_TOKENS * 0.8) / (40 + PRIOR_TOKENS))
     assert control.modelled(chain, control.costs(), control.alpha()) < before  # the chain gained
-    assert any("(0 in the chain, 16 + 10 probed)" in line for line in control.describe(["l", "a", "b", "t"]))
+    assert any(
+        "(0 in the chain, 16 + 10 + 8 probed)" in line for line in control.describe(["l", "a", "b", "t"])
+    )
 
 
 def test_a_chain_without_a_measured_rate_counts_the_pair_as_before() -> None:
@@ -341,7 +369,9 @@ def test_a_probe_is_worth_its_time_where_the_rates_through_could_make_a_chain_wi
     raised_pair[1][3] = 0.5 + 2 * (0.25 / PRIOR_TOKENS) ** 0.5
     assert control.predicted(chain, control.costs(), raised_pair) > 0.95 * now  # the pair alone: shut
     assert control.wants_probes(replace(seen(1, lookup_only), round=1)) == [1]
-    low = ProposalsProbed(0, np.array([40.0]), np.array([40.0]), kept=(20.0, 40.0), corrections=(2.0, 40.0))
+    low = ProposalsProbed(
+        0, np.array([40.0]), np.array([40.0]), kept=(20.0, 40.0), corrections=(2.0, 40.0), own=(20.0, 40.0)
+    )
     control.learn(replace(seen(1, None), probes=(Probe(1, 40, 20, 1e-3, low),)))
     control.looks += 64  # past any wait
     assert 1 not in control.wants_probes(replace(seen(1, lookup_only), round=2))
