@@ -130,7 +130,7 @@ def variant(fresh: FixedChain, states: dict, name: str, choice, seen: list) -> F
     out = LaterFromProfile.__new__(LaterFromProfile)  # the recorded controller's state, another class
     out.__dict__.update(copy.deepcopy(fresh.__dict__))
     after_miss = states[STATES[2]]
-    out.after_miss = {k: (after_miss["lengths"], after_miss["rates"][name]) for k, name in MODELS.items()}
+    out.after_miss = {k: (after_miss["lengths"], after_miss["rates"][model]) for k, model in MODELS.items()}
     if name.startswith("first mixed"):
         if name.endswith("the run's share"):
             rounds = _rounds_of(seen, choice)
