@@ -101,13 +101,7 @@ class LaterFromProfile(FixedChain):
     after_miss: dict[int, tuple[tuple[float, ...], tuple[float, ...]]]
 
     def later_calls(self, p: int, m: int, alpha) -> LaterCalls:
-        lengths, rates = self.after_miss[m]
-        counts = self.later_trials.get((p, m), np.zeros((2, 0)))
-        passed, tried = np.pad(counts, ((0, 0), (0, max(len(rates) - counts.shape[1], 0))))  # [P] each
-        return LaterCalls(
-            controller_module._product_limit(lengths, self.later_proposals.get((p, m))),
-            controller_module._per_position(rates, lengths, passed, tried),
-        )
+        return self._later_calls_over(p, m, *self.after_miss[m])
 
 
 def mixed(states: dict, w: float, model: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -192,9 +186,9 @@ def main() -> None:
                 )
                 for key, seen in recorded["runs"].items()
             }
-            _, right, ranked = summary(errors)
+            overall, right, ranked = summary(errors)
             middle = {k: e for k, e in errors.items() if len(CHAINS[k[1]].drafts) == 2}
-            row = {"prior": prior, "variant": name, "rms": round(rms(errors), 3)}
+            row = {"prior": prior, "variant": name, "rms": round(overall, 3)}
             row |= {
                 "rms, middle chains": round(rms(middle), 3),
                 "pairs ordered right": f"{right} of {ranked}",

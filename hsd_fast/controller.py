@@ -379,13 +379,18 @@ class LatencyController:
         (``latency.LaterCalls``): the lengths and m's rates its chains showed, counted on top of
         the first calls' estimates (``lengths(p)``, ``alpha[p][m]``) as the prior: until such a
         chain runs, the later calls are taken as the first."""
-        lengths = self.lengths(p)
         first = alpha[p][m] if isinstance(alpha[p][m], tuple) else (alpha[p][m],)
+        return self._later_calls_over(p, m, self.lengths(p), first)
+
+    def _later_calls_over(
+        self, p: int, m: int, lengths: Sequence[float], rates: Sequence[float]
+    ) -> LaterCalls:
+        """``later_calls`` with the prior ``lengths`` and m's per-position ``rates`` given."""
         counts = self.later_trials.get((p, m), np.zeros((2, 0)))
-        passed, tried = np.pad(counts, ((0, 0), (0, max(len(first) - counts.shape[1], 0))))  # [P] each
+        passed, tried = np.pad(counts, ((0, 0), (0, max(len(rates) - counts.shape[1], 0))))  # [P] each
         return LaterCalls(
             _product_limit(lengths, self.later_proposals.get((p, m))),
-            _per_position(first, lengths, passed, tried),
+            _per_position(tuple(rates), lengths, passed, tried),
         )
 
     def through(self, alpha) -> dict[tuple[int, int, int], RatesThrough]:
@@ -409,7 +414,7 @@ class LatencyController:
             )
             out[chain] = RatesThrough(
                 *(
-                    (passed + PRIOR_TOKENS * rate) / (tried + PRIOR_TOKENS)
+                    _pooled(passed, tried, rate)
                     for rate, (passed, tried) in zip(priors, probed.reshape(3, 2), strict=True)
                 )
             )
