@@ -26,8 +26,8 @@ matrix, measured on calibration text in another process. The run corrects both a
   counted as Bernoulli trials up to the first rejection, per block position, on top of the prior
   as ``PRIOR_TOKENS`` pseudo-trials (a lookup level's: as many pseudo-calls, each reaching a block
   position as often as the prior's lengths and rates carry it, ``_reached``); older rounds fade
-  (``FADE`` per round), so the estimate follows the text. Pairs that do not run keep what they had,
-  except what probes tell.
+  (``FADE`` per round), so the estimate follows the text. The counts of pairs that do not run
+  fade too (their estimates drift back to the prior), except as probes add to them.
 - **Tokens that came through** (``through``): in a chain lookup > m > v, v's trials on m's tokens
   mix its rate on the proposals m kept, on m's corrections and on m's own drafts (the profile's
   ``latency.RatesThrough``): they are counted apart from the pair (m, v), and the mix is solved for
