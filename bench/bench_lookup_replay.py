@@ -11,7 +11,13 @@ token: so tokens per target forward is a function of the proposal rule and the o
 - the overlapping copy (``csrc/lookup_index.cpp: LookupIndex::propose`` now): the same match, the
   continuation read on into the proposal itself (LZ77's overlapping copy: a loop continues), up to T;
 - HF's (``PromptLookupCandidateGenerator``, ``max_matching_ngram_size=2``): a 2-gram then a 1-gram
-  suffix, its earliest occurrence, 10 tokens.
+  suffix, its earliest occurrence, 10 tokens;
+- a lookup *tree* (not built; docs/design.md §10.4, *A tree of lookups*): the continuations of the
+  most recent earlier occurrences of the longest suffixes (3 tokens down to 1), each read on into
+  itself as the overlapping copy does, distinct, added while the trie they make holds at most N
+  tokens; verified in one forward, its longest path equal to the target's tokens is accepted. Its
+  first path is the overlapping copy's proposal (checked at every call). Also reported: the tokens
+  a tree's forward verifies (its nodes and the one before them), what a chain of T verifies at most.
 
     python bench/bench_lookup_replay.py     # zoo s, 3 prompts of 64 tokens per text set, 128 new tokens
 
@@ -60,21 +66,59 @@ def hf(seq: list[int], num_tokens: int = 10, max_ngram: int = 2) -> list[int]:
     return []
 
 
-def tokens_per_forward(full: list[int], prompt_len: int, propose: Callable[[list[int]], list[int]]) -> float:
-    """Greedy tokens per target forward of ``propose`` over ``full`` (prompt, then the target's output)."""
-    at, forwards = prompt_len, 0
+def lookup_tree(seq: list[int], T: int, nodes: int, max_ngram: int = 3) -> list[list[int]]:
+    """The paths of a lookup tree of at most ``nodes`` tokens over ``seq`` (module doc), the lookup
+    level's own proposal first."""
+    paths: list[list[int]] = []
+    trie: set[tuple[int, ...]] = set()  # the tree's nodes, as the paths to them
+    for n in range(max_ngram, 0, -1):
+        for end in range(len(seq) - 2, n - 2, -1):  # each earlier occurrence, the latest first
+            if seq[end - n + 1 : end + 1] != seq[-n:]:
+                continue
+            extended = list(seq)
+            for i in range(T):  # read on into the proposal itself, as the index does
+                extended.append(extended[end + 1 + i])
+            path = extended[len(seq) :]
+            new = {tuple(path[: i + 1]) for i in range(T)} - trie
+            if not new:
+                continue
+            if len(trie) + len(new) > nodes:
+                return paths
+            trie |= new
+            paths.append(path)
+    return paths
+
+
+def tokens_per_forward(
+    full: list[int], prompt_len: int, propose: Callable[[list[int]], list[int] | list[list[int]]]
+) -> tuple[float, float]:
+    """Greedy tokens per target forward of ``propose`` over ``full`` (prompt, then the target's
+    output), and the tokens a forward verifies: a proposal's, and the one before it. ``propose``
+    returns one proposal or a tree's paths (the longest prefix equal to the output is accepted)."""
+    at, forwards, verified = prompt_len, 0, 0
     while at < len(full):
-        proposal = propose(full[:at])
-        accepted = 0
-        while (
-            accepted < len(proposal)
-            and at + accepted < len(full)
-            and proposal[accepted] == full[at + accepted]
-        ):
-            accepted += 1
-        at += accepted + 1
+        proposed = propose(full[:at])
+        paths = proposed if proposed and isinstance(proposed[0], list) else [proposed]
+        best = max(_taken(path, full, at) for path in paths)
+        verified += len({tuple(path[: i + 1]) for path in paths for i in range(len(path))}) + 1
+        at += best + 1
         forwards += 1
-    return (len(full) - prompt_len) / forwards
+    return (len(full) - prompt_len) / forwards, verified / forwards
+
+
+def _taken(proposal: list[int], full: list[int], at: int) -> int:
+    """How many leading tokens of ``proposal`` equal ``full``'s from ``at`` on."""
+    taken = 0
+    while taken < len(proposal) and at + taken < len(full) and proposal[taken] == full[at + taken]:
+        taken += 1
+    return taken
+
+
+def checked_tree(seq: list[int], T: int, nodes: int) -> list[list[int]]:
+    """``lookup_tree``, its first path checked against the product's own proposal."""
+    paths = lookup_tree(seq, T, nodes)
+    assert (paths[0] if paths else []) == overlapping_copy(seq, T), "the tree's first path is the lookup's"
+    return paths
 
 
 RULES = {
@@ -83,6 +127,12 @@ RULES = {
     "overlapping copy (now), T=6": lambda seq: overlapping_copy(seq, 6),
     "overlapping copy (now), T=10": lambda seq: overlapping_copy(seq, 10),
     "HF prompt lookup (10 tokens)": hf,
+    "overlapping copy, T=8": lambda seq: overlapping_copy(seq, 8),
+    "tree of 16, T=8": lambda seq: checked_tree(seq, 8, 16),
+    "overlapping copy, T=12": lambda seq: overlapping_copy(seq, 12),
+    "tree of 32, T=12": lambda seq: checked_tree(seq, 12, 32),
+    "overlapping copy, T=16": lambda seq: overlapping_copy(seq, 16),
+    "tree of 32, T=16": lambda seq: checked_tree(seq, 16, 32),
 }
 
 
@@ -101,15 +151,19 @@ def main() -> None:
             outputs.append(out[0].tolist())
         row = {"text set": name}
         for rule, propose in RULES.items():
-            rates = [tokens_per_forward(full, prompts.shape[1], propose) for full in outputs]
-            row[rule] = sum(rates) / len(rates)
+            measured = [tokens_per_forward(full, prompts.shape[1], propose) for full in outputs]
+            rates, widths = zip(*measured, strict=True)
+            row[rule] = round(sum(rates) / len(rates), 2)
+            if rule.startswith("tree"):
+                row[f"{rule}: tokens verified"] = round(sum(widths) / len(widths), 1)
         rows.append(row)
         print(row, flush=True)
     notes = [
         f"Zoo `s`, greedy, {PROMPTS} prompts of 64 tokens per text set (`hsd_fast.bench.text_sets`, the "
         f"prompts `hsd-fast bench --prompts-per-set {PROMPTS}` measures), {NEW_TOKENS} new tokens; tokens "
         "per target forward (the mean over prompts) of each proposal rule replayed on the target's own "
-        "greedy output. No timing: the module docstring defines the rules.",
+        "greedy output. No timing: the module docstring defines the rules. A tree's tokens verified: "
+        "per forward, its nodes and the token before them (a chain of T verifies at most T + 1).",
     ]
     meta = run_meta("cpu", model="zoo s", new_tokens=NEW_TOKENS, prompts_per_set=PROMPTS)
     write_results("lookup_replay_cpu", "Lookup proposal rules replayed", notes, ["text set"], rows, meta)
