@@ -1,0 +1,99 @@
+"""How deep the lookup level's blocks should go: ``lookup > s`` at block sizes past ``DEFAULT_MAX_T``
+(docs/design.md §10.4, *A tree of lookups*: deeper blocks verify 1.11-1.41x the tokens per target
+forward at T=16 than at T=8 on the varied text, replayed). Measured here end to end, greedy, batch 1:
+each prompt of a set decoded at every T in turn (the order reversed on the second pass), after a
+warm-up call per T; tokens/s per set, the median over prompts and passes, and the ratio to T=7 (the
+zoo's pick). Every T must give the same tokens (checked).
+
+    python bench/bench_lookup_depth.py                      # zoo s, eager, the varied text sets
+    python bench/bench_lookup_depth.py --compile            # compiled steps
+    python bench/bench_lookup_depth.py --twin --sets zoo    # s as its cost twin, the zoo's own sets
+
+Writes bench/results/lookup_depth[_twin]_<sets>_cpu[_compiled].{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+
+import torch
+from bench_adaptive import TWIN_NOTE, text_sets
+from kernel_bench import run_meta, write_results
+
+import hsd_fast
+from hsd_fast import zoo
+from hsd_fast.bench.scenarios import zoo_scenario
+
+NEW_TOKENS = 128
+
+
+def prompt_sets(name: str) -> dict[str, torch.Tensor]:
+    """``varied``: 3 prompts of 64 tokens of each text set this machine has; ``zoo``: the zoo
+    scenario's code, prose and repetitive prompts."""
+    if name == "zoo":
+        return {k: torch.stack(v) for k, v in zoo_scenario().prompt_sets.items()}
+    return text_sets(zoo.load_tokenizer(), 64, 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--T", type=int, nargs="+", default=[7, 11, 15], help="the first is the 1.00x")
+    parser.add_argument("--sets", choices=["varied", "zoo"], default="varied")
+    parser.add_argument("--twin", action="store_true", help="s as its cost twin (hidden 768, 12 layers)")
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--passes", type=int, default=2)
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    torch.set_grad_enabled(False)
+    target = zoo.load("s")
+    if args.twin:
+        target = zoo.cost_twin(target, hidden_size=768, num_layers=12, intermediate_size=2048)
+    sets = prompt_sets(args.sets)
+
+    def decode(prompt: torch.Tensor, T: int) -> tuple[float, torch.Tensor]:
+        started = time.perf_counter()
+        out = target.generate(
+            prompt[None], custom_generate=hsd_fast.generate, drafts=["lookup"], T=[T],
+            max_new_tokens=NEW_TOKENS, do_sample=False, compile=args.compile,
+        )  # fmt: skip
+        return time.perf_counter() - started, out
+
+    for T in args.T:  # warm-up (compiling where asked: twice, as ``compile`` waits for a shape's reuse)
+        for _ in range(1 + args.compile):
+            decode(next(iter(sets.values()))[0], T)
+    speeds: dict[str, dict[int, list[float]]] = {name: {T: [] for T in args.T} for name in sets}
+    outputs: dict[tuple[str, int], torch.Tensor] = {}
+    for order in range(args.passes):
+        for name, prompts in sets.items():
+            for i, prompt in enumerate(prompts):
+                for T in args.T if order % 2 == 0 else args.T[::-1]:
+                    seconds, out = decode(prompt, T)
+                    speeds[name][T].append(NEW_TOKENS / seconds)
+                    first = outputs.setdefault((name, i), out)
+                    assert torch.equal(first, out), f"{name} prompt {i}: T={T} decoded other tokens"
+    rows = []
+    for name, by_T in speeds.items():
+        median = {T: statistics.median(v) for T, v in by_T.items()}
+        row = {"set": name}
+        for T in args.T:
+            row[f"T={T} tok/s"] = round(median[T], 1)
+            row[f"T={T} x T={args.T[0]}"] = round(median[T] / median[args.T[0]], 2)
+        rows.append(row)
+        print(row, flush=True)
+    notes = [
+        f"Target s{TWIN_NOTE if args.twin else ''}, `drafts=['lookup']`, greedy, batch 1, {NEW_TOKENS} new "
+        f"tokens, {'compiled' if args.compile else 'eager'}; {args.passes} passes, each prompt at every T "
+        "in turn (reversed on odd passes), after a warm-up; medians over prompts and passes. Every T "
+        "decoded the same tokens."
+    ]
+    meta = run_meta("cpu", batch=1, dtype="float32", compiled=args.compile, sets=args.sets)
+    meta["passes"] = args.passes
+    stem = f"lookup_depth{'_twin' * args.twin}_{args.sets}_cpu{'_compiled' * args.compile}"
+    write_results(stem, "The lookup level's block size past 8", notes, ["set"], rows, meta)
+
+
+if __name__ == "__main__":
+    main()
