@@ -75,10 +75,9 @@ def lookup_tree(seq: list[int], T: int, nodes: int, max_ngram: int = 3) -> list[
         for end in range(len(seq) - 2, n - 2, -1):  # each earlier occurrence, the latest first
             if seq[end - n + 1 : end + 1] != seq[-n:]:
                 continue
-            extended = list(seq)
-            for i in range(T):  # read on into the proposal itself, as the index does
-                extended.append(extended[end + 1 + i])
-            path = extended[len(seq) :]
+            path: list[int] = []
+            for k in range(end + 1, end + 1 + T):  # read on into the proposal itself, as the index does
+                path.append(seq[k] if k < len(seq) else path[k - len(seq)])
             new = {tuple(path[: i + 1]) for i in range(T)} - trie
             if not new:
                 continue
@@ -90,16 +89,16 @@ def lookup_tree(seq: list[int], T: int, nodes: int, max_ngram: int = 3) -> list[
 
 
 def tokens_per_forward(
-    full: list[int], prompt_len: int, propose: Callable[[list[int]], list[int] | list[list[int]]]
+    full: list[int], prompt_len: int, propose: Callable[[list[int]], list[list[int]]]
 ) -> tuple[float, float]:
     """Greedy tokens per target forward of ``propose`` over ``full`` (prompt, then the target's
     output), and the tokens a forward verifies: a proposal's, and the one before it. ``propose``
-    returns one proposal or a tree's paths (the longest prefix equal to the output is accepted)."""
+    returns the paths of what it proposes (one for a chain; the longest prefix equal to the output
+    is accepted)."""
     at, forwards, verified = prompt_len, 0, 0
     while at < len(full):
-        proposed = propose(full[:at])
-        paths = proposed if proposed and isinstance(proposed[0], list) else [proposed]
-        best = max(_taken(path, full, at) for path in paths)
+        paths = propose(full[:at])
+        best = max((_taken(path, full, at) for path in paths), default=0)
         verified += len({tuple(path[: i + 1]) for path in paths for i in range(len(path))}) + 1
         at += best + 1
         forwards += 1
@@ -121,17 +120,17 @@ def checked_tree(seq: list[int], T: int, nodes: int) -> list[list[int]]:
     return paths
 
 
-RULES = {
-    "first rule (cut at the end), T=6": lambda seq: first_rule(seq, 6),
-    "first rule (cut at the end), T=10": lambda seq: first_rule(seq, 10),
-    "overlapping copy (now), T=6": lambda seq: overlapping_copy(seq, 6),
-    "overlapping copy (now), T=10": lambda seq: overlapping_copy(seq, 10),
-    "HF prompt lookup (10 tokens)": hf,
-    "overlapping copy, T=8": lambda seq: overlapping_copy(seq, 8),
+RULES = {  # each returns the paths it proposes: one for a chain, a tree's several
+    "first rule (cut at the end), T=6": lambda seq: [first_rule(seq, 6)],
+    "first rule (cut at the end), T=10": lambda seq: [first_rule(seq, 10)],
+    "overlapping copy (now), T=6": lambda seq: [overlapping_copy(seq, 6)],
+    "overlapping copy (now), T=10": lambda seq: [overlapping_copy(seq, 10)],
+    "HF prompt lookup (10 tokens)": lambda seq: [hf(seq)],
+    "overlapping copy, T=8": lambda seq: [overlapping_copy(seq, 8)],
     "tree of 16, T=8": lambda seq: checked_tree(seq, 8, 16),
-    "overlapping copy, T=12": lambda seq: overlapping_copy(seq, 12),
+    "overlapping copy, T=12": lambda seq: [overlapping_copy(seq, 12)],
     "tree of 32, T=12": lambda seq: checked_tree(seq, 12, 32),
-    "overlapping copy, T=16": lambda seq: overlapping_copy(seq, 16),
+    "overlapping copy, T=16": lambda seq: [overlapping_copy(seq, 16)],
     "tree of 32, T=16": lambda seq: checked_tree(seq, 16, 32),
 }
 
