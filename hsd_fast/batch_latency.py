@@ -33,6 +33,7 @@ from hsd_fast.latency import (
     Acceptance,
     Cost,
     Through,
+    at_block_size,
     chain_rates,
     draft_seconds,
     draw_gain,
@@ -83,7 +84,7 @@ def batch_latency(
     if own_rows and (own_rows != [0] or not hasattr(costs[0], "lengths")):
         raise ValueError("only a proposal level (level 0, with lengths offered) has rows of its own")
     rng = random.Random(seed)
-    costs = sharing_the_cache(verifying_costs(costs))
+    costs, alphas = at_block_size(sharing_the_cache(verifying_costs(costs)), alphas, T)
     per_token = [
         _run_seconds(costs, alphas, spreads, T, rows, max_new_tokens, rng) / max_new_tokens
         for _ in range(runs)

@@ -16,7 +16,9 @@ matrix, measured on calibration text in another process. The run corrects both a
   verification of its proposals tells a row's proposal length (censored at the block size: a
   proposal of T tokens says only "at least T"), counted on top of the prior's lengths as
   ``PRIOR_CALLS`` pseudo-calls and faded like the trials; the lengths are the product-limit
-  estimate over them. At batch B the verification is padded to the widest of B proposals, so a
+  estimate over them. Until the run shows its calls, the prior's replays at each block size price
+  each T (``latency.DepthRates``); from then on its pairs take the replay at the largest T, whose
+  lengths the counts continue. At batch B the verification is padded to the widest of B proposals, so a
   text where few rows match makes the lookup level cost more than it gains. Under a middle model m
   (lookup > m > ...) the later calls of m's runs, after m's own token, offer less and are taken
   less than the first (``Observation.opens``): with ``later_calls_apart`` only the first calls count
@@ -103,6 +105,7 @@ from hsd_fast.hierarchy_types import DEFAULT_MAX_T, Hierarchy
 from hsd_fast.latency import (
     Acceptance,
     Cost,
+    DepthRates,
     LaterCalls,
     LookupCost,
     RatesThrough,
@@ -363,8 +366,14 @@ class LatencyController:
         return _product_limit(self.prior_costs[m].lengths, self.proposals.get(m))  # type: ignore[attr-defined]
 
     def alpha(self) -> list[list[Acceptance]]:
-        """The prior acceptance matrix, every pair that ran corrected by what it accepted."""
-        out = [list(row) for row in self.prior_alpha]
+        """The prior acceptance matrix, every pair that ran corrected by what it accepted. A lookup
+        level's prior rates at each block size (``DepthRates``) count until the run shows its
+        calls: its lengths are then the run's (``lengths``), which a replay at another T would
+        overwrite, so its pairs take the replay at the profile's largest T as before."""
+        out = [
+            [tuple(a) if isinstance(a, DepthRates) and i in self.proposals else a for a in row]
+            for i, row in enumerate(self.prior_alpha)
+        ]
         for (i, j), (passed, tried) in self.trials.items():
             prior = self.prior_alpha[i][j]
             if isinstance(prior, tuple):  # per block position (a lookup level's)

@@ -219,6 +219,39 @@ class BridgedCost(LookupCost):
         return self.call_seconds[min(k, len(self.call_seconds)) - 1]
 
 
+class DepthRates(tuple):
+    """A proposal level's rates per block position towards one verifier (an ``Acceptance``: the
+    tuple itself, from the level's replay at the profile's largest block size) with its replays at
+    the smaller block sizes: ``at[T]`` = (``LookupCost.lengths``, these rates) as calls of block
+    size T come. Where a run's calls sit depends on T: after a passage kept whole, a run at T = 7
+    calls again inside it, where a run at 16 is still verifying, so a replay at the largest T prices
+    a smaller one too low (docs/design.md, "Rates at each block size"). ``at_block_size`` picks a
+    level's own."""
+
+    at: dict[int, tuple[tuple[float, ...], tuple[float, ...]]]
+
+    def __new__(cls, rates: Sequence[float], at: Mapping[int, tuple[Sequence[float], Sequence[float]]]):
+        self = super().__new__(cls, rates)
+        self.at = {T: (tuple(lengths), tuple(own)) for T, (lengths, own) in at.items()}
+        return self
+
+    def __reduce__(self):  # copies and pickles keep the replays (a tuple's would drop ``at``)
+        return DepthRates, (tuple(self), self.at)
+
+
+def at_block_size(
+    costs: Sequence[Cost], alphas: Sequence[Acceptance], T: Sequence[int]
+) -> tuple[list[Cost], list[Acceptance]]:
+    """``costs`` and ``alphas`` with a proposal level 0 replayed at its own block size ``T[0]``: its
+    lengths and its verifier's rates of that replay (``DepthRates``); otherwise as they are."""
+    costs, alphas = list(costs), list(alphas)
+    rate = alphas[0] if alphas else None
+    if isinstance(rate, DepthRates) and T[0] in rate.at and hasattr(costs[0], "lengths"):
+        lengths, alphas[0] = rate.at[T[0]]
+        costs[0] = replace(costs[0], lengths=lengths)
+    return costs, alphas
+
+
 def verify_tokens(below: Cost, block: int) -> int:
     """Tokens a verification of ``block`` tokens of the level ``below`` feeds: the block and the
     token before it, or a token tree's nodes and the token before them."""
@@ -373,7 +406,8 @@ def chain_rates(
     known = (through or {}).get(tuple(levels[:3])) if len(levels) >= 3 else None
     if known is not None and not isinstance(rates[1], tuple):
         own = rates[1] if known.own is None else known.own
-        rates[1] = rates_through(costs[levels[0]], rates[0], T[0], known, own, T[0] + T[1])
+        (below,), (rate,) = at_block_size([costs[levels[0]]], rates[:1], T)
+        rates[1] = rates_through(below, rate, T[0], known, own, T[0] + T[1])
     return rates
 
 
@@ -445,6 +479,7 @@ def level_outcomes(
     proposal level with ``later`` calls, level 1's first call of a run is the level's own and the
     others its later ones (``LaterCalls``)."""
     _check(costs, alphas, T)
+    costs, alphas = at_block_size(costs, alphas, T)
     outcomes = [LevelOutcome(block_sizes(costs[0], T[0]), draft_seconds(costs[0], T[0]), 1.0)]
     for i in range(1, len(costs) - 1):
         below, a = outcomes[-1], alphas[i - 1]
@@ -525,7 +560,7 @@ def expected_latency(costs: Sequence[Cost], alphas: Sequence[Acceptance], T: Seq
     taken as the levels share the cache (``sharing_the_cache``)."""
     if len(costs) == 1:
         return decode_seconds(costs[0])
-    costs = sharing_the_cache(verifying_costs(costs))
+    costs, alphas = at_block_size(sharing_the_cache(verifying_costs(costs)), alphas, T)
     below = level_outcomes(costs, alphas, T)[-1]
     verify = _verify_seconds(costs, T, len(costs) - 1, below)
     return (below.cost + verify) / below.mean(lambda b: expected_gain(alphas[-1], b))
@@ -545,7 +580,7 @@ def fixed_block_latency(costs: Sequence[Cost], alphas: Sequence[Acceptance], T: 
     _check(costs, alphas, T)
     if len(costs) == 1:
         return decode_seconds(costs[0])
-    costs = verifying_costs(costs)
+    costs, alphas = at_block_size(verifying_costs(costs), alphas, T)
     produce = draft_seconds(costs[0], T[0])  # seconds for level 0 to produce its block
     block = block_sizes(costs[0], T[0])
     for i in range(1, len(costs)):
@@ -569,6 +604,7 @@ def simulate(
     following one row; a lookup level's other ``rows`` draw their own blocks, and the verification
     is padded to the widest."""
     _check(costs, alphas, T)
+    costs, alphas = at_block_size(costs, alphas, T)
     rng = random.Random(seed)
     top = len(costs) - 1
     later = getattr(costs[0], "later", None)  # level 1's calls after the first of its run, if apart

@@ -27,6 +27,7 @@ from hsd_fast.latency import (
     Acceptance,
     Cost,
     Through,
+    at_block_size,
     block_sizes,
     chain_rates,
     decode_seconds,
@@ -132,8 +133,8 @@ def _verify_and_gain(costs, alpha, chain, m: int, through: Through | None) -> tu
         (first, t_first), _ = chain
         rate = chain_rates(costs, alpha, [first, below, m], [t_first, t_below], through)[-1]
         return above(t_below + 1), expected_gain(rate, t_below)
-    verify = first_verify_seconds(above, costs[below], t_below)
-    return verify, mean_gain(alpha[below][m], block_sizes(costs[below], t_below))
+    (level,), (rate,) = at_block_size([costs[below]], [alpha[below][m]], [t_below])
+    return first_verify_seconds(above, level, t_below), mean_gain(rate, block_sizes(level, t_below))
 
 
 def _block_sizes_of(cost: Cost, max_T: int) -> range:

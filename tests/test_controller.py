@@ -18,7 +18,7 @@ import hsd_fast
 from hsd_fast.controller import CORRECTION_PRIOR, PRIOR_CALLS, PRIOR_TOKENS, LatencyController
 from hsd_fast.engine import run_hsd
 from hsd_fast.hierarchy_types import Selection
-from hsd_fast.latency import AffineCost, LookupCost, expected_latency
+from hsd_fast.latency import AffineCost, DepthRates, LookupCost, expected_latency
 from hsd_fast.row_spread import ProposalRows, row_rate, slowest_row_z
 from hsd_fast.switching_types import Adaptive, Choice, Observation
 from hsd_fast.testing.exactness import pooled_chi_square
@@ -515,3 +515,27 @@ def test_the_slowest_of_many_rows_lies_further_out() -> None:
     zs = [slowest_row_z(rows) for rows in (1, 2, 4, 16, 64)]
     assert zs[0] == 0.0 and all(b < a for a, b in itertools.pairwise(zs))
     assert zs[3] == pytest.approx(-1.766, abs=0.01)  # the expected smallest of 16 standard normals
+
+
+def test_a_lookups_replays_at_each_block_size_price_until_its_calls_are_seen() -> None:
+    """The prior's lookup rates at each T (``DepthRates``) price the controller's choices as they
+    priced the selector's, until the run shows the lookup's calls: its lengths are then the run's,
+    and its pairs go back to the replay at the largest T, corrected as before."""
+    rates = DepthRates((0.6, 0.8), {1: ((0.3, 0.7), (0.9,))})
+    matrix = alpha()
+    for i in range(1, 4):
+        matrix[0][i] = matrix[i][0] = rates
+    control = LatencyController(COSTS, matrix, every=1)
+    assert all(control.alpha()[0][j].at == rates.at for j in (1, 2, 3))
+    control.learn(
+        seen(
+            1,
+            Choice((0,), (2,)),
+            verified=[[0] * 6 + [2, 2]],
+            accepted=[[0] * 8],
+            sizes=[[], []],
+            seconds=[[], []],
+        )
+    )
+    assert all(type(control.alpha()[0][j]) is tuple for j in (1, 2, 3))
+    assert control.alpha()[0][1] == (0.6, 0.8)  # a pair that did not run: the replay at the largest T

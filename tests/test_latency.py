@@ -1,6 +1,8 @@
 """The latency model: the exact recursion against Monte Carlo of the same control flow, Leviathan
 et al.'s closed form at K = 1, and the a -> 1 limits."""
 
+import copy
+import pickle
 import random
 from dataclasses import replace
 
@@ -8,8 +10,10 @@ import pytest
 
 from hsd_fast.latency import (
     AffineCost,
+    DepthRates,
     LaterCalls,
     LookupCost,
+    at_block_size,
     expected_gain,
     expected_latency,
     fixed_block_latency,
@@ -203,3 +207,29 @@ def test_exact_latency_of_a_padded_batch_matches_monte_carlo(k: int) -> None:
         assert expected_latency([padded, *flat], alphas, T) == pytest.approx(
             expected_latency([one_row, *flat], alphas, T), rel=1e-12
         )
+
+
+def _replayed_at_each_T() -> tuple[LookupCost, DepthRates]:
+    """A lookup level replayed at T = 4 (the tuple: matches of 4 taken at 0.5 a position) and at
+    T = 2, where its calls sit elsewhere (more matches, taken at 0.9)."""
+    lookup = LookupCost(1e-4, (0.5, 0.0, 0.0, 0.0, 0.5))
+    return lookup, DepthRates((0.5, 0.5, 0.5, 0.5), {2: ((0.2, 0.0, 0.8), (0.9, 0.9))})
+
+
+def test_a_lookup_replayed_at_each_block_size_is_priced_from_its_own_replay() -> None:
+    """``DepthRates``: at a T it was replayed at, the model (exact recursion, decomposable form, Monte
+    Carlo) prices that replay's lengths and rates; elsewhere the tuple's; copies keep the replays."""
+    lookup, rates = _replayed_at_each_T()
+    target = AffineCost(1e-2, 1e-3)
+    own = [replace(lookup, lengths=(0.2, 0.0, 0.8)), target], [(0.9, 0.9)]
+    for latency in (expected_latency, fixed_block_latency):
+        assert latency([lookup, target], [rates], [2]) == pytest.approx(latency(*own, [2]), rel=1e-12)
+        assert latency([lookup, target], [rates], [3]) == latency([lookup, target], [tuple(rates)], [3])
+    assert expected_latency([lookup, target], [rates], [2]) < expected_latency(
+        [lookup, target], [tuple(rates)], [2]
+    )
+    assert simulate([lookup, target], [rates], [2], rounds=4000) == simulate(*own, [2], rounds=4000)
+    for copied in (copy.deepcopy(rates), pickle.loads(pickle.dumps(rates))):
+        assert copied == rates and copied.at == rates.at
+    costs, alphas = at_block_size([lookup, target], [rates], [2])
+    assert costs[0].lengths == (0.2, 0.0, 0.8) and alphas == [(0.9, 0.9)] and type(alphas[0]) is tuple

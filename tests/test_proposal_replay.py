@@ -15,7 +15,7 @@ from test_profile import FakeClock
 
 import hsd_fast
 from hsd_fast import LookupDraft
-from hsd_fast.latency import mean_gain
+from hsd_fast.latency import DepthRates, at_block_size, mean_gain
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile import ProfileCache, ProfileNoiseWarning
 from hsd_fast.profile.cache import model_identity
@@ -139,9 +139,9 @@ def test_select_hierarchy_with_a_lookup_candidate(tmp_path) -> None:
     assert out.tolist() == expected.tolist()
 
     entries = json.loads((tmp_path / "profiles.json").read_text())["entries"]
-    assert sum(k.startswith("lookup rates ") for k in entries) == 2  # draft and target
-    assert sum(k.startswith("lookup lengths ") for k in entries) == 1
-    lengths = entries[next(k for k in entries if k.startswith("lookup lengths "))]
+    assert sum(k.startswith("lookup rates ") for k in entries) == 2 * 4  # draft and target, T = 1..4
+    assert sum(k.startswith("lookup lengths ") for k in entries) == 4
+    lengths = entries[next(k for k in entries if k.startswith("lookup lengths ") and " T4 " in k)]
     assert lengths[0] < 0.5  # the loops match most of the time
     again = hsd_fast.select_hierarchy(
         target, [drafts[0], LookupDraft()], prompts, cache=ProfileCache(tmp_path / "profiles.json"),
@@ -180,9 +180,37 @@ def test_the_cache_keys_the_profile_by_sampling() -> None:
     greedy = cache.proposal_level(SPEC, models, ids, LogitsTransform(), True, 4, False, {"do_sample": False})
     sampled = cache.proposal_level(SPEC, models, ids, LogitsTransform(), False, 4, False, {"do_sample": True})
     assert greedy[1] != sampled[1]
-    assert sum(k.startswith("lookup rates ") for k in cache.entries) == 4
-    assert sum(k.startswith("lookup lengths ") for k in cache.entries) == 2  # a text per sampling
+    # the replay at T = 4, and at each smaller T (``DepthRates``): per T, a text per sampling
+    assert sum(k.startswith("lookup rates ") for k in cache.entries) == 4 * 4
+    assert sum(k.startswith("lookup lengths ") for k in cache.entries) == 2 * 4
     assert sum(k.startswith("lookup cost ") for k in cache.entries) == 1  # host work: the same
+
+
+def test_the_replays_at_each_block_size_are_those_a_profile_at_that_size_makes() -> None:
+    """``proposal_level`` at ``max_T`` = 5 carries, for each smaller T, the lengths and rates a
+    profile at ``max_T`` = T measures (under its keys: read back, not replayed again); the model
+    prices T from them (``at_block_size``), and on a tiny model's loops they differ from the replay
+    at 5's."""
+    target, drafts = _family()
+    ids = torch.randint(3, 96, (4, 16), generator=torch.Generator().manual_seed(7))
+    models, sampling = [drafts[0], target], (LogitsTransform(), True)
+    cache = ProfileCache()
+    cost, rates = cache.proposal_level(SPEC, models, ids, *sampling, 5, False, {"do_sample": False})
+    assert all(isinstance(r, DepthRates) and sorted(r.at) == [1, 2, 3, 4] for r in rates)
+    replayed = set(cache.entries)
+    for T in (1, 2, 4):
+        own_cost, own_rates = ProfileCache().proposal_level(
+            SPEC, models, ids, *sampling, T, False, {"do_sample": False}
+        )
+        assert [r.at[T] for r in rates] == [(own_cost.lengths, tuple(own)) for own in own_rates]
+        assert (
+            cache.proposal_level(SPEC, models, ids, *sampling, T, False, {"do_sample": False})[1] == own_rates
+        )
+        (level, _), (rate, _) = at_block_size([cost, cost], [rates[-1], 1.0], [T, 1])
+        assert level.lengths == own_cost.lengths and rate == own_rates[-1]
+    added = set(cache.entries) - replayed  # the smaller T's were there: only their calls timed
+    assert len(added) == 3 and all(k.startswith("lookup cost ") for k in added)
+    assert any(r.at[T][1] != tuple(r)[:T] for r in rates for T in r.at)
 
 
 def test_the_replay_predicts_the_gain_a_run_measures() -> None:

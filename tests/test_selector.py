@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from hsd_fast.latency import AffineCost, LookupCost, expected_latency, fixed_block_latency
+from hsd_fast.latency import AffineCost, DepthRates, LookupCost, expected_latency, fixed_block_latency
 from hsd_fast.selector import fixed_block_candidates, select
 
 MAX_T = 4
@@ -161,3 +161,14 @@ def test_a_batch_drops_a_lookup_level_whose_padding_costs_more_than_it_gains() -
         assert len(pick.chain) - 1 == drafts, (rows, pick)
         best = min(lat for lat, _, _ in _all_chains(costs, alpha, expected_latency, lookup=True))
         assert pick.predicted_latency <= best * (1 + REGRET_BOUND)
+
+
+def test_a_lookup_replayed_at_each_block_size_is_chosen_by_its_own_replays() -> None:
+    """The lookup's replay at T = 4 prices T = 2 as its calls sit at 4 (taken at 0.5); its replay
+    at 2 (``DepthRates``) takes them at 0.9: the pick follows the replay of each T."""
+    lookup = LookupCost(1e-4, (0.5, 0.0, 0.0, 0.0, 0.5))
+    rates = DepthRates((0.5, 0.5, 0.5, 0.5), {2: ((0.2, 0.0, 0.8), (0.9, 0.9))})
+    costs = [lookup, AffineCost(1e-2, 1e-3)]
+    assert select(costs, [[1.0, rates], [rates, 1.0]], max_T=4).T == (2,)
+    one_replay = select(costs, [[1.0, tuple(rates)], [tuple(rates), 1.0]], max_T=4)
+    assert one_replay.T != (2,)

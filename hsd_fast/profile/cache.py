@@ -45,7 +45,7 @@ from hsd_fast import proposal_scores
 from hsd_fast.early_exit import exit_of
 from hsd_fast.exit_reuse import refusal
 from hsd_fast.files import write_atomically
-from hsd_fast.latency import Acceptance, BridgedCost, LookupCost, RatesThrough
+from hsd_fast.latency import Acceptance, BridgedCost, DepthRates, LookupCost, RatesThrough
 from hsd_fast.lookup import PROPOSAL_RULE, LookupDraft
 from hsd_fast.processors import LogitsTransform
 from hsd_fast.profile import proposal_replay, rank_acceptance, run_text
@@ -474,6 +474,10 @@ class ProfileCache:
         if kind == "lookup":  # host work only: compiling changes nothing
             cost_key += f" {ids_hash(ids)}{_batch_key(batch)}"
             seconds, noise = self._call_seconds(cost_key, spec, ids, max_T, batch, timing)
+            at_each_T = self._replayed_at_each_T(
+                spec, models, ids, transform, greedy, max_T, progress, generation_kwargs, new_tokens
+            )
+            rates = [DepthRates(r, at) for r, at in zip(rates, at_each_T, strict=True)]
             return LookupCost(seconds, lengths, noise, batch), rates
         cost_key += f"{' compiled' * compile} {ids_hash(ids)}{_batch_key(batch)}"
         timed = [
@@ -557,9 +561,8 @@ class ProfileCache:
         it is), and scores the models whose entries are missing."""
         text = self._text_key(models[-1], ids, transform, greedy, new_tokens)
         names = [model_identity(m) for m in models]
-        lengths_key, calls_key = f"{kind} lengths {level} {text}", f"{kind} row calls {level} {text}"
-        row_lengths_key = f"{kind} row lengths {level} {text}"
-        rate_keys = [f"{kind} rates {level} {name} on {text}" for name in names]
+        lengths_key, rate_keys = _replay_keys(kind, level, text, names)
+        calls_key, row_lengths_key = f"{kind} row calls {level} {text}", f"{kind} row lengths {level} {text}"
         row_rate_keys = [f"{kind} row rates {level} {name} on {text}" for name in names]
         pairs = [(i, j) for i in range(len(models)) for j in range(len(models)) if i != j] if through else []
         through_keys = {(i, j): f"{kind} through {level} {names[i]} > {names[j]} on {text}" for i, j in pairs}
@@ -576,11 +579,10 @@ class ProfileCache:
         ]
         rows_missing = rows and not (_numbers(get(calls_key)) and _row_rates(get(row_lengths_key)))
         if any(score) or rows_missing or not _rates(get(lengths_key)):
-            text_ids = self._run_text(models[-1], ids, text, generation_kwargs, new_tokens)
+            text_ids, proposals = self._replay(
+                spec, models, ids, text, transform, greedy, max_T, generation_kwargs, new_tokens
+            )
             vocab = models[-1].get_output_embeddings().weight.shape[0]
-            start = run_text.continuation_start(ids)
-            sampled = None if greedy else transform  # a level that draws replays its draws
-            proposals = proposal_scores.replay(spec, text_ids, max_T, start=start, transform=sampled)
             self.entries[lengths_key] = list(proposal_replay.offered_lengths(proposals, max_T))
             calls, lengths = proposal_replay.row_lengths(proposals, max_T)
             self.entries[calls_key], self.entries[row_lengths_key] = calls, [list(row) for row in lengths]
@@ -613,6 +615,74 @@ class ProfileCache:
             [tuple(map(tuple, get(key))) for key in row_rate_keys] if rows else None,
             {pair: _rates_through(get(key)) for pair, key in through_keys.items()},
         )
+
+    def _replayed_at_each_T(
+        self,
+        spec: ProposalLevel,
+        models: Sequence[torch.nn.Module],
+        ids: torch.Tensor,
+        transform: LogitsTransform,
+        greedy: bool,
+        max_T: int,
+        progress: bool,
+        generation_kwargs: dict | None,
+        new_tokens: int | None,
+    ) -> list[dict[int, tuple[tuple[float, ...], tuple[float, ...]]]]:
+        """A proposal level replayed at every block size T < ``max_T``, its calls where a run at
+        that T makes them: for each of ``models``, T -> (lengths offered, its rates per position),
+        a ``latency.DepthRates``'s ``at``. Each T's entries sit under the keys a replay at
+        ``max_T`` = T writes (``_replayed``); a model's teacher-forced scores serve every T."""
+        text = self._text_key(models[-1], ids, transform, greedy, new_tokens)
+        names = [model_identity(m) for m in models]
+        # T -> (lengths key, [model] rates key)
+        keys = {T: _replay_keys(*_proposal_key(spec, greedy, T)[::2], text, names) for T in range(1, max_T)}
+        get = self.entries.get
+        missing = {
+            T: [k for k, key in enumerate(rate_keys) if not _rates(get(key))]
+            for T, (_, rate_keys) in keys.items()
+        }
+        missing = {T: scored for T, scored in missing.items() if scored or not _rates(get(keys[T][0]))}
+        if missing:
+            vocab = models[-1].get_output_embeddings().weight.shape[0]
+            proposals = {}  # T -> its replay's calls
+            for T in missing:
+                text_ids, proposals[T] = self._replay(
+                    spec, models, ids, text, transform, greedy, T, generation_kwargs, new_tokens
+                )
+                self.entries[keys[T][0]] = list(proposal_replay.offered_lengths(proposals[T], T))
+            scored = sorted({k for ks in missing.values() for k in ks})
+            for k in tqdm(scored, desc="lookup replay at each T", disable=not progress):
+                scores = teacher_forced_scores(models[k], text_ids, transform, greedy, vocab)
+                for T in [T for T, ks in missing.items() if k in ks]:
+                    rates = proposal_scores.acceptance_by_position(proposals[T], text_ids, scores, T)
+                    self.entries[keys[T][1][k]] = list(rates)
+            self.changed = True
+        return [
+            {
+                T: (tuple(get(lengths_key)), tuple(get(rate_keys[k])))
+                for T, (lengths_key, rate_keys) in keys.items()
+            }
+            for k in range(len(models))
+        ]
+
+    def _replay(
+        self,
+        spec: ProposalLevel,
+        models: Sequence[torch.nn.Module],
+        ids: torch.Tensor,
+        text: str,
+        transform: LogitsTransform,
+        greedy: bool,
+        max_T: int,
+        generation_kwargs: dict | None,
+        new_tokens: int | None,
+    ) -> tuple[torch.Tensor, list[proposal_scores.Proposal]]:
+        """The text a replay walks (the target's own continuation of ``ids``, ``_run_text``) and the
+        level's calls on it at block size ``max_T`` (``proposal_scores.replay``)."""
+        text_ids = self._run_text(models[-1], ids, text, generation_kwargs, new_tokens)
+        sampled = None if greedy else transform  # a level that draws replays its draws
+        start = run_text.continuation_start(ids)
+        return text_ids, proposal_scores.replay(spec, text_ids, max_T, start=start, transform=sampled)
 
     def _call_seconds(
         self, key: str, spec: ProposalLevel, ids: torch.Tensor, max_T: int, batch: int, timing: dict
@@ -706,6 +776,11 @@ def _through(value: object) -> bool:
 def _rates_through(entry: object) -> RatesThrough | None:
     """A through entry as stored (``[passed, corrected]``, or None where nothing passed)."""
     return None if entry is None else RatesThrough(*entry)  # type: ignore[misc]
+
+
+def _replay_keys(kind: str, level: str, text: str, names: Sequence[str]) -> tuple[str, list[str]]:
+    """The keys of a replay's lengths offered and of each model's (of ``names``) rates per position."""
+    return f"{kind} lengths {level} {text}", [f"{kind} rates {level} {name} on {text}" for name in names]
 
 
 def _proposal_key(spec: ProposalLevel, greedy: bool, max_T: int) -> tuple[str, str, str]:
