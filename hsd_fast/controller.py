@@ -168,6 +168,9 @@ class Scaled:
     def crowded(self) -> None:  # the measured scale already holds the cache the chain ran with
         return None
 
+    def with_lengths(self, lengths: tuple[float, ...]) -> Scaled:  # a lookup level's, at another T
+        return Scaled(self.base.with_lengths(lengths), self.factor)  # type: ignore[attr-defined]
+
     def __getattr__(self, name: str):  # a lookup level's block distribution, a tree's fed count
         if name == "base":  # not set yet (copy, pickle): no recursion
             raise AttributeError(name)

@@ -148,6 +148,10 @@ class LookupCost:
                 out[min(b, T)] = out.get(min(b, T), 0.0) + p
         return out
 
+    def with_lengths(self, lengths: tuple[float, ...]) -> LookupCost:
+        """The level offering ``lengths`` instead (its replay at another block size, ``at_block_size``)."""
+        return replace(self, lengths=lengths)
+
     def later_calls(self) -> LookupCost:
         """The level as its later calls under a middle model propose (``later``), or itself."""
         return self if self.later is None else replace(self, lengths=self.later.lengths, later=None)
@@ -246,9 +250,9 @@ def at_block_size(
     lengths and its verifier's rates of that replay (``DepthRates``); otherwise as they are."""
     costs, alphas = list(costs), list(alphas)
     rate = alphas[0] if alphas else None
-    if isinstance(rate, DepthRates) and T[0] in rate.at and hasattr(costs[0], "lengths"):
+    if isinstance(rate, DepthRates) and T[0] in rate.at and hasattr(costs[0], "with_lengths"):
         lengths, alphas[0] = rate.at[T[0]]
-        costs[0] = replace(costs[0], lengths=lengths)
+        costs[0] = costs[0].with_lengths(lengths)
     return costs, alphas
 
 

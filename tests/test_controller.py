@@ -15,7 +15,7 @@ import torch
 from hf_models import derived_drafts, tiny_model
 
 import hsd_fast
-from hsd_fast.controller import CORRECTION_PRIOR, PRIOR_CALLS, PRIOR_TOKENS, LatencyController
+from hsd_fast.controller import CORRECTION_PRIOR, PRIOR_CALLS, PRIOR_TOKENS, LatencyController, Scaled
 from hsd_fast.engine import run_hsd
 from hsd_fast.hierarchy_types import Selection
 from hsd_fast.latency import AffineCost, DepthRates, LookupCost, expected_latency
@@ -527,6 +527,10 @@ def test_a_lookups_replays_at_each_block_size_price_until_its_calls_are_seen() -
         matrix[0][i] = matrix[i][0] = rates
     control = LatencyController(COSTS, matrix, every=1)
     assert all(control.alpha()[0][j].at == rates.at for j in (1, 2, 3))
+    # a level's cost once its steps were timed (``costs``): scaled, and still replayed at each T
+    scaled = [Scaled(COSTS[0], 3.0), COSTS[3]]
+    own = [Scaled(replace(COSTS[0], lengths=(0.3, 0.7)), 3.0), COSTS[3]]
+    assert expected_latency(scaled, [rates], [1]) == expected_latency(own, [(0.9,)], [1])
     control.learn(
         seen(
             1,
