@@ -3,7 +3,10 @@
 forward at T=16 than at T=8 on the varied text, replayed). Measured here end to end, greedy, batch 1:
 each prompt of a set decoded at every T in turn (the order reversed on the second pass), after a
 warm-up call per T; tokens/s per set, the median over prompts and passes, and the ratio to T=7 (the
-zoo's pick). Every T must give the same tokens (checked).
+zoo's pick). Every T must give the same tokens (checked). Beside each measured ratio, the latency
+model's prediction for the set (profiled on its calibration windows, costs timed here), as the
+selector prices it (the lookup replayed at each T) and as one replay at the largest T priced it
+before (docs/design.md §10.4, *Rates at each block size*).
 
     python bench/bench_lookup_depth.py                      # zoo s, eager, the varied text sets
     python bench/bench_lookup_depth.py --compile            # compiled steps

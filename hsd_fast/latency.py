@@ -12,7 +12,9 @@ A lookup level (docs/design.md, "The lookup level") is a level 0 whose cost is a
 call costs host seconds only and proposes a random number of tokens (0 when nothing matches), and
 the rate its verifier accepts them with is given per position of the proposal (a tuple
 ``(a_1, a_2, ...)``: a_j is the probability that token j is accepted given tokens 1..j-1 were),
-because a matched passage tends to be accepted whole or not at all. Under a middle model, the
+because a matched passage tends to be accepted whole or not at all. Where a run's calls sit depends
+on its block size, so a pair's rates may carry the level's replays at each T (``DepthRates``), and a
+level 0 is priced from its own T's (``at_block_size``). Under a middle model, the
 level's calls after the first of that model's run may take lengths and rates of their own
 (``LaterCalls``: they follow the middle model's token, not the target's).
 
