@@ -101,6 +101,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from hsd_fast.depth_counts import (
+    carried_lengths,
+    carried_rates,
+    expected_ends,
+    expected_passes,
+    from_hazards,
+    reaching_calls,
+)
 from hsd_fast.hierarchy_types import DEFAULT_MAX_T, Hierarchy
 from hsd_fast.latency import (
     Acceptance,
@@ -257,6 +265,11 @@ class LatencyController:
         # ``proposals``, and m's trials on them per block position, [2, P] (``later_calls``)
         self.later_proposals: dict[tuple[int, int], np.ndarray] = {}
         self.later_trials: dict[tuple[int, int], np.ndarray] = {}
+        # a lookup level replayed at each block size (``DepthRates``): what the replay at the T of
+        # each count expected of it, the passes per pair, [1, P], and the calls ending at each
+        # length per lookup candidate, [L] (``depth_counts``)
+        self.expected_passes: dict[tuple[int, int], np.ndarray] = {}
+        self.expected_ends: dict[int, np.ndarray] = {}
         self.rows = 1  # rows of the run last seen: a lookup level's verification pads to their widest
         self.batch = 1  # rows of the last request (a new one with as many keeps the choice)
         # per chain (drafts, tree): measured seconds per token x tokens per row, the model's
@@ -365,26 +378,73 @@ class LatencyController:
     def lengths(self, m: int) -> tuple[float, ...]:
         """Lookup candidate ``m``'s proposal lengths (``LookupCost.lengths``): the calls its
         verifications showed (the first of a middle model's runs: ``later_calls``) on top of the
-        prior's lengths (``_product_limit``)."""
-        return _product_limit(self.prior_costs[m].lengths, self.proposals.get(m))  # type: ignore[attr-defined]
+        prior's lengths (``_product_limit``); replayed at each block size, the run's surplus over
+        those replays carried to the largest T's (``depth_counts``)."""
+        replays = self._length_replays(m)
+        if replays is None:
+            return _product_limit(self.prior_costs[m].lengths, self.proposals.get(m))  # type: ignore[attr-defined]
+        return self._carried_lengths(m, replays[max(replays)])
 
     def alpha(self) -> list[list[Acceptance]]:
         """The prior acceptance matrix, every pair that ran corrected by what it accepted. A lookup
-        level's prior rates at each block size (``DepthRates``) count until the run shows its
-        calls: its lengths are then the run's (``lengths``), which a replay at another T would
-        overwrite, so its pairs take the replay at the profile's largest T as before."""
-        out = [
-            [tuple(a) if isinstance(a, DepthRates) and i in self.proposals else a for a in row]
-            for i, row in enumerate(self.prior_alpha)
-        ]
+        level replayed at each block size (``DepthRates``): every T's lengths and rates with the
+        run's surplus over the replays at the T's it ran carried to them (``_carried``), so each T
+        keeps its own replay's place of the calls."""
+        out = [list(row) for row in self.prior_alpha]
+        for i, row in enumerate(self.prior_alpha):
+            for j, prior in enumerate(row):
+                if isinstance(prior, DepthRates) and (i in self.proposals or (i, j) in self.trials):
+                    out[i][j] = self._carried(i, j)
         for (i, j), (passed, tried) in self.trials.items():
             prior = self.prior_alpha[i][j]
+            if isinstance(prior, DepthRates):
+                continue
             if isinstance(prior, tuple):  # per block position (a lookup level's)
                 lengths = getattr(self.prior_costs[i], "lengths", None)
                 out[i][j] = _per_position(prior, lengths, passed, tried)
             else:
                 out[i][j] = _pooled(passed, tried, prior)
         return out
+
+    def _replays(self, i: int, j: int) -> dict[int, tuple[tuple[float, ...], tuple[float, ...]]] | None:
+        """Lookup candidate ``i``'s replays towards ``j``: T -> (lengths, rates), the profile's
+        largest T among them (the prior's tuple and lengths); None: one replay for every T."""
+        prior = self.prior_alpha[i][j]
+        if not isinstance(prior, DepthRates):
+            return None
+        lengths = self.prior_costs[i].lengths  # type: ignore[attr-defined]
+        return {**prior.at, len(lengths) - 1: (lengths, tuple(prior))}
+
+    def _length_replays(self, m: int) -> dict[int, tuple[float, ...]] | None:
+        """Lookup candidate ``m``'s lengths at each block size (one replay serves all its pairs)."""
+        for j in range(len(self.prior_alpha)):
+            if (replays := self._replays(m, j)) is not None:
+                return {T: lengths for T, (lengths, _) in replays.items()}
+        return None
+
+    def _carried_lengths(self, m: int, lengths: Sequence[float]) -> tuple[float, ...]:
+        """The replay ``lengths`` of lookup candidate ``m`` with the run's surplus of calls carried."""
+        calls = self.proposals.get(m, self._no_calls(m))
+        expected = self.expected_ends.get(m, np.zeros(calls.shape[1]))
+        return carried_lengths(lengths, calls, expected, PRIOR_CALLS)
+
+    def _carried(self, i: int, j: int) -> DepthRates:
+        """Pair (lookup i, j)'s rates and lookup i's lengths at each block size: each T's replay
+        with the run's surplus over the replays at the T's it ran carried to it (``depth_counts``;
+        docs/design.md, "Rates at each block size", *Carried*)."""
+        replays = self._replays(i, j)
+        assert replays is not None
+        passed, tried = self.trials.get((i, j), np.zeros((2, 0)))
+        expected = self.expected_passes.get((i, j), np.zeros((1, len(tried))))[0]
+        carried = {}
+        for T, (lengths, rates) in replays.items():
+            weights = PRIOR_TOKENS * _reached(rates, lengths)
+            carried[T] = (
+                self._carried_lengths(i, lengths),
+                carried_rates(rates, passed, tried, expected, weights),
+            )
+        _, largest = carried.pop(max(replays))
+        return DepthRates(largest, carried)
 
     def later_calls(self, p: int, m: int, alpha) -> LaterCalls:
         """Lookup candidate ``p``'s calls under model ``m`` after the first of m's run
@@ -451,7 +511,7 @@ class LatencyController:
             self.probe_seconds += found.seconds
             if found.positions:
                 pair = (found.candidate, self.target)
-                self._count(pair, np.array([found.agreed]), np.array([found.positions]))
+                self._count(pair, np.array([found.agreed]), np.array([found.positions]), T=1)
             if found.proposals is not None:
                 self._count_probed_proposals(found.candidate, found.proposals)
         if seen.choice is None:
@@ -494,6 +554,8 @@ class LatencyController:
             *self.later_trials.values(),
             *self.through_trials.values(),
             *self.through_probed.values(),
+            *self.expected_passes.values(),
+            *self.expected_ends.values(),
         ):
             counts *= FADE**seen.rounds  # per round, however far apart the looks
         # a lookup under a middle model: the first call of each of the middle's runs apart from the
@@ -526,22 +588,26 @@ class LatencyController:
                 counts = self.through_trials.setdefault(chain, np.zeros(5))
                 counts += (passed.sum(), tried.sum(), *(share * tried.sum() for share in shares))
             elif level == 1 and later.size:
-                self._count(pair, *_trials(drafts[~later], accepted[~later]))
+                self._count(pair, *_trials(drafts[~later], accepted[~later]), T=seen.choice.T[0])
                 later_passed, later_tried = _trials(drafts[later], accepted[later])
                 self.later_trials[pair] = _grown(self.later_trials.get(pair), later_passed, later_tried)
             else:
-                self._count(pair, passed, tried)
+                self._count(pair, passed, tried, T=seen.choice.T[level - 1])
 
-    def _count(self, pair: tuple[int, int], passed: np.ndarray, tried: np.ndarray) -> None:
-        """Add trials of ``pair``, per block position (``[P]`` each; a probe's are position 0's)."""
+    def _count(self, pair: tuple[int, int], passed: np.ndarray, tried: np.ndarray, T: int) -> None:
+        """Add trials of ``pair``, per block position (``[P]`` each; a probe's are position 0's),
+        verified at block size ``T`` (a lookup level replayed at each: what T's replay expected)."""
         self.trials[pair] = _grown(self.trials.get(pair), passed, tried)
+        if (replays := self._replays(*pair)) is not None:
+            _, rates = replays.get(T, replays[max(replays)])
+            self.expected_passes[pair] = _grown(self.expected_passes.get(pair), expected_passes(tried, rates))
 
     def _count_probed_proposals(self, m: int, found: ProposalsProbed) -> None:
         """Add what a probe of model ``m`` found on the lookup level's proposals: trials of the
         pair (lookup, m) per block position, and of the target on m's kept proposals, on its
         corrections and on its other own tokens (``through``)."""
-        if found.tried.sum() > 0:
-            self._count((found.lookup, m), found.passed, found.tried)
+        if found.tried.sum() > 0:  # replayed at the run's largest block size
+            self._count((found.lookup, m), found.passed, found.tried, T=len(found.tried))
         chain = (found.lookup, m, self.target)
         if chain in self.prior_through:
             counts = self.through_probed.setdefault(chain, np.zeros(6))
@@ -550,7 +616,12 @@ class LatencyController:
     def _count_proposals(self, m: int, blocks: np.ndarray, T: int) -> None:
         """Add the calls of lookup candidate ``m`` whose verifications checked ``blocks`` ``[N]``
         tokens, proposed at block size ``T`` (``_count_calls``)."""
-        self._count_calls(self.proposals.setdefault(m, self._no_calls(m)), blocks, T)
+        calls = self._no_calls(m)
+        self._count_calls(calls, blocks, T)
+        self.proposals[m] = self.proposals.get(m, 0.0) + calls
+        if (replays := self._length_replays(m)) is not None:
+            expected = expected_ends(calls, replays.get(T, replays[max(replays)]))
+            self.expected_ends[m] = self.expected_ends.get(m, 0.0) + expected
 
     def _no_calls(self, m: int) -> np.ndarray:
         """[2, L] no calls of lookup candidate ``m`` yet, per proposal length: ended there, cut there."""
@@ -915,13 +986,8 @@ def _product_limit(prior: Sequence[float], counts: np.ndarray | None) -> tuple[f
     ended, cut = PRIOR_CALLS * prior, np.zeros_like(prior)
     if counts is not None:
         ended, cut = ended + counts[0], counts[1]
-    reached = ended[::-1].cumsum()[::-1] + np.append(cut[::-1].cumsum()[::-1][1:], 0.0)
-    out, survive = [], 1.0
-    for b in range(len(prior) - 1):
-        hazard = ended[b] / reached[b] if reached[b] > 0 else 0.0
-        out.append(survive * hazard)
-        survive *= 1.0 - hazard
-    return (*(float(p) for p in out), float(survive))
+    reached = reaching_calls(np.stack([ended, cut]))[:-1]
+    return from_hazards(np.divide(ended[:-1], reached, out=np.zeros(len(reached)), where=reached > 0))
 
 
 def _per_position(
@@ -952,14 +1018,15 @@ def _trials(drafts: np.ndarray, accepted: np.ndarray) -> tuple[np.ndarray, np.nd
     return passed, tried
 
 
-def _grown(counts: np.ndarray | None, passed: np.ndarray, tried: np.ndarray) -> np.ndarray:
-    """``counts`` ``[2, P]`` (None: none yet) plus ``passed`` and ``tried``, widened to fit."""
-    old = np.zeros((2, 0)) if counts is None else counts
-    width = len(passed)
-    out = np.zeros((2, max(width, old.shape[1])))
+def _grown(counts: np.ndarray | None, *rows: np.ndarray) -> np.ndarray:
+    """``counts`` ``[R, P]`` (None: none yet) plus ``rows`` (R of them, e.g. passed and tried),
+    widened to fit."""
+    old = np.zeros((len(rows), 0)) if counts is None else counts
+    width = max(len(row) for row in rows)
+    out = np.zeros((len(rows), max(width, old.shape[1])))
     out[:, : old.shape[1]] += old
-    out[0, :width] += passed
-    out[1, :width] += tried
+    for k, row in enumerate(rows):
+        out[k, : len(row)] += row
     return out
 
 

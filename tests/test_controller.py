@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -15,6 +16,7 @@ import torch
 from hf_models import derived_drafts, tiny_model
 
 import hsd_fast
+import hsd_fast.controller as controller_module
 from hsd_fast.controller import CORRECTION_PRIOR, PRIOR_CALLS, PRIOR_TOKENS, LatencyController, Scaled
 from hsd_fast.engine import run_hsd
 from hsd_fast.hierarchy_types import Selection
@@ -519,8 +521,7 @@ def test_the_slowest_of_many_rows_lies_further_out() -> None:
 
 def test_a_lookups_replays_at_each_block_size_price_until_its_calls_are_seen() -> None:
     """The prior's lookup rates at each T (``DepthRates``) price the controller's choices as they
-    priced the selector's, until the run shows the lookup's calls: its lengths are then the run's,
-    and its pairs go back to the replay at the largest T, corrected as before."""
+    priced the selector's, the level's cost scaled or not."""
     rates = DepthRates((0.6, 0.8), {1: ((0.3, 0.7), (0.9,))})
     matrix = alpha()
     for i in range(1, 4):
@@ -531,15 +532,68 @@ def test_a_lookups_replays_at_each_block_size_price_until_its_calls_are_seen() -
     scaled = [Scaled(COSTS[0], 3.0), COSTS[3]]
     own = [Scaled(replace(COSTS[0], lengths=(0.3, 0.7)), 3.0), COSTS[3]]
     assert expected_latency(scaled, [rates], [1]) == expected_latency(own, [(0.9,)], [1])
+
+
+# a lookup replayed at T = 1, 2, 3 and at the largest, 4 (``COSTS[0]``'s lengths): a run at 2 whose
+# counts are what the replay at 2 expects (its 4 calls cut at 2; 4 trials at position 1, 3 passed,
+# 3 at position 2, 2 passed)
+AT_EACH_T = {
+    1: ((0.2, 0.8), (0.6,)),
+    2: ((0.0, 0.0, 1.0), (0.75, 2 / 3)),
+    3: ((0.2, 0.3, 0.1, 0.4), (0.95, 0.9, 0.85)),
+}
+RUN_AT_2 = dict(verified=[[2, 2, 2, 2]], accepted=[[0, 1, 2, 2]], sizes=[[], []], seconds=[[], []])
+
+
+def lookup_replayed_at_each_T(rates: Sequence[float] = (0.9, 0.9, 0.9, 0.9)) -> LatencyController:
+    matrix = alpha()
+    for j in (1, 2, 3):
+        matrix[0][j] = DepthRates(rates, AT_EACH_T)
+    return LatencyController(COSTS, matrix, every=1)
+
+
+def test_a_run_at_one_block_size_moves_the_others_by_its_surplus_over_its_own_replay() -> None:
+    """The run's counts at T = 2 carried to every T's replay (``depth_counts``): counts that are
+    what the replay at 2 expects leave every T as replayed (taking the run's rates for every T, as
+    the replay at the largest T corrected by the counts did, priced a deep block from where a run
+    at 2 calls); at T = 2 the estimate is the counts on top of that replay as a prior."""
+    control = lookup_replayed_at_each_T()
+    control.learn(seen(1, Choice((0,), (2,)), **RUN_AT_2))
+    carried = control.alpha()[0][3]
+    assert isinstance(carried, DepthRates)
+    for T in (1, 2, 3):  # at 2: the counts are what its replay expects; at 3: not the run's 0.75, 0.67
+        assert carried.at[T][0] == pytest.approx(AT_EACH_T[T][0])
+        assert carried.at[T][1] == pytest.approx(AT_EACH_T[T][1])
+    assert tuple(carried) == pytest.approx((0.9, 0.9, 0.9, 0.9))
+    assert control.lengths(0) == pytest.approx(COSTS[0].lengths)
+    assert control.alpha()[0][1].at[3][1] == pytest.approx(AT_EACH_T[3][1])  # a pair that did not run
+
+    # a run that accepts less than its replay expects: each T's rate at position 1 falls by the
+    # surplus over its pseudo-trials, and the run's lengths are the counts on its replay's
+    worse = lookup_replayed_at_each_T()
+    worse.learn(seen(1, Choice((0,), (2,)), **{**RUN_AT_2, "accepted": [[0, 0, 0, 0]]}))
+    carried = worse.alpha()[0][3]
+    for T, (lengths, rates) in {**AT_EACH_T, 4: (COSTS[0].lengths, (0.9,) * 4)}.items():
+        weight = PRIOR_TOKENS * controller_module._reached(rates, lengths)[0]
+        own = carried.at[T][1] if T < 4 else carried
+        assert own[0] == pytest.approx(max(rates[0] - 3 / (4 + weight), 0.0))
+    lengths, rates = AT_EACH_T[2]
+    counted = controller_module._per_position(rates, lengths, np.array([0.0, 0.0]), np.array([4.0, 0.0]))
+    assert carried.at[2][1] == pytest.approx(counted)  # at the T that ran: the counts on its replay
+    calls = np.array([[0, 0, 0, 0, 0], [0, 0, 4, 0, 0.0]])
+    assert carried.at[2][0] == pytest.approx(controller_module._product_limit(lengths, calls[:, :3]))
+
+
+def test_counts_at_the_largest_block_size_are_added_to_its_replay_as_before() -> None:
+    """A run at the profile's largest T: its lengths and rates are the counts on that replay as a
+    prior (the product-limit lengths, the pooled trials per position), as with one replay."""
+    control = lookup_replayed_at_each_T()
     control.learn(
-        seen(
-            1,
-            Choice((0,), (2,)),
-            verified=[[0] * 6 + [2, 2]],
-            accepted=[[0] * 8],
-            sizes=[[], []],
-            seconds=[[], []],
-        )
-    )
-    assert all(type(control.alpha()[0][j]) is tuple for j in (1, 2, 3))
-    assert control.alpha()[0][1] == (0.6, 0.8)  # a pair that did not run: the replay at the largest T
+        seen(1, Choice((0,), (4,)), verified=[[0, 1, 4, 4, 3]], accepted=[[0, 1, 2, 4, 1]], sizes=[[], []],
+             seconds=[[], []])
+    )  # fmt: skip
+    calls = np.array([[1, 1, 0, 1, 0], [0, 0, 0, 0, 2.0]])
+    assert control.lengths(0) == pytest.approx(controller_module._product_limit(COSTS[0].lengths, calls))
+    passed, tried = controller_module._trials(np.array([0, 1, 4, 4, 3]), np.array([0, 1, 2, 4, 1]))
+    one_replay = controller_module._per_position((0.9,) * 4, COSTS[0].lengths, passed, tried)
+    assert tuple(control.alpha()[0][3]) == pytest.approx(one_replay)
