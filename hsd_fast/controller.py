@@ -16,10 +16,12 @@ matrix, measured on calibration text in another process. The run corrects both a
   verification of its proposals tells a row's proposal length (censored at the block size: a
   proposal of T tokens says only "at least T"), counted on top of the prior's lengths as
   ``PRIOR_CALLS`` pseudo-calls and faded like the trials; the lengths are the product-limit
-  estimate over them. Until the run shows its calls, the prior's replays at each block size price
-  each T (``latency.DepthRates``); from then on its pairs take the replay at the largest T, whose
-  lengths the counts continue. At batch B the verification is padded to the widest of B proposals, so a
-  text where few rows match makes the lookup level cost more than it gains. Under a middle model m
+  estimate over them. The prior replays the lookup at each block size (``latency.DepthRates``):
+  what the run counts at the T it runs is carried to every T as its surplus over the replay at
+  that T (``depth_counts``), so a T that does not run keeps where its own replay places the calls
+  and the counts move it as much as the text differs from the calibration. At batch B the
+  verification is padded to the widest of B proposals, so a text where few rows match makes the
+  lookup level cost more than it gains. Under a middle model m
   (lookup > m > ...) the later calls of m's runs, after m's own token, offer less and are taken
   less than the first (``Observation.opens``): with ``later_calls_apart`` only the first calls count
   there, the later ones apart, on top of the first calls' estimates (``later_calls``,
@@ -286,8 +288,9 @@ class LatencyController:
     @classmethod
     def from_hierarchy(cls, hierarchy: Hierarchy, candidates: Sequence, **kwargs) -> LatencyController:
         """A controller for an adaptive run over ``candidates`` (models, a ``LookupDraft`` first),
-        its prior the profile ``hierarchy`` was selected from (``select_hierarchy``); a ValueError
-        names a candidate that profile did not measure."""
+        its prior the profile ``hierarchy`` was selected from (``select_hierarchy``), choosing up to
+        the block size that selection chose from unless ``max_T`` is given; a ValueError names a
+        candidate that profile did not measure."""
         profile = hierarchy.profile
         if profile is None:
             raise ValueError("the hierarchy carries no profile (select_hierarchy attaches one)")
@@ -305,6 +308,7 @@ class LatencyController:
         alpha = [[profile.alpha[i][j] for j in index] for i in index]
         if profile.spread is not None and "spread" not in kwargs:
             kwargs["spread"] = [[profile.spread[i][j] for j in index] for i in index]
+        kwargs.setdefault("max_T", profile.max_T)
         if profile.through and "through" not in kwargs:
             kwargs["through"] = reindexed(profile.through, {p: i for i, p in enumerate(index)})
         return cls(costs, alpha, **kwargs)
@@ -431,7 +435,7 @@ class LatencyController:
     def _carried(self, i: int, j: int) -> DepthRates:
         """Pair (lookup i, j)'s rates and lookup i's lengths at each block size: each T's replay
         with the run's surplus over the replays at the T's it ran carried to it (``depth_counts``;
-        docs/design.md, "Rates at each block size", *Carried*)."""
+        docs/design.md, "Rates at each block size", *Carried to the other block sizes*)."""
         replays = self._replays(i, j)
         assert replays is not None
         passed, tried = self.trials.get((i, j), np.zeros((2, 0)))

@@ -174,7 +174,7 @@ def select_hierarchy(
     selection = select_for_batch(costs, alpha, batch, max_T, max_new_tokens, spread, through)
     selection, no_draft_reason = prefer_no_draft(selection, MODEL_ERROR if min_gain is None else min_gain)
     pick = Hierarchy.bind(selection, everything, batch)
-    pick = replace(pick, profile=Profile.of(everything, costs, alpha, spread, through))
+    pick = replace(pick, profile=Profile.of(everything, costs, alpha, spread, through, max_T))
     if no_draft_reason is not None:
         warnings.warn(f"select_hierarchy: {no_draft_reason}", NoDraftWarning, stacklevel=2)
         pick = replace(pick, no_draft_reason=no_draft_reason)

@@ -67,15 +67,24 @@ class Profile:
     spread: tuple[tuple[float, ...], ...] | None = None
     # ((p, m, v), rate): v's rate on the tokens of proposal level p that m passed (``latency.chain_rates``)
     through: tuple[tuple[tuple[int, int, int], float], ...] = ()
+    # the largest block size the selection chose from (a lookup level is replayed up to it): an
+    # adaptive run from this profile (``adapt=True``) chooses up to it too
+    max_T: int = DEFAULT_MAX_T
 
     @classmethod
     def of(
-        cls, candidates: Sequence, costs: Sequence, alpha: Sequence[Sequence], spread=None, through=None
+        cls,
+        candidates: Sequence,
+        costs: Sequence,
+        alpha: Sequence[Sequence],
+        spread=None,
+        through=None,
+        max_T: int = DEFAULT_MAX_T,
     ) -> Profile:
         """The profile of lists as the selector builds them, frozen into tuples."""
         frozen_spread = None if spread is None else _frozen(spread)
         frozen_through = tuple(sorted((through or {}).items()))
-        return cls(tuple(candidates), tuple(costs), _frozen(alpha), frozen_spread, frozen_through)
+        return cls(tuple(candidates), tuple(costs), _frozen(alpha), frozen_spread, frozen_through, max_T)
 
 
 def _frozen(matrix: Sequence[Sequence]) -> tuple[tuple, ...]:

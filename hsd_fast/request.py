@@ -40,7 +40,7 @@ from hsd_fast.controller import LatencyController
 from hsd_fast.early_exit import EarlyExit, check_exit_order, exit_of, recomputing_variant
 from hsd_fast.engine import MAX_BLOCK_SIZE, check_block_sizes
 from hsd_fast.generation_options import check_generation_options
-from hsd_fast.hierarchy_types import Hierarchy
+from hsd_fast.hierarchy_types import DEFAULT_MAX_T, Hierarchy
 from hsd_fast.lookup import LookupDraft, as_lookup, level_identity
 from hsd_fast.other_tokenizer import OtherTokenizerDraft, same_tokenizer
 from hsd_fast.positions import check_positions, max_positions
@@ -257,14 +257,17 @@ def _adaptive_levels(drafts, T, tree, hierarchy, adapt, trees) -> Levels:
         spec = adapt
     elif adapt is True:
         spec = Adaptive(None)  # the built-in policy, fresh for every run
-    elif callable(adapt):
-        spec = Adaptive(adapt)
+    elif callable(adapt):  # a policy that says how deep it chooses (``max_T``) gets a ring that deep
+        spec = Adaptive(adapt, max_T=getattr(adapt, "max_T", DEFAULT_MAX_T))
     else:
         raise TypeError(f"adapt must be True, False, a policy (a callable) or an Adaptive, got {adapt!r}")
     spec = replace(spec, trees=tuple(spec.trees) + tuple(trees))
     own_candidates = bool(drafts)  # not a pick's (ordered by cost)
     if hierarchy is not None:
         _check_hierarchy(hierarchy)
+        if adapt is True and hierarchy.profile is not None:
+            # the latency model steers (below), up to the block size the selection chose from
+            spec = replace(spec, max_T=hierarchy.profile.max_T)
         drafts = drafts or hierarchy.drafts
         if hierarchy.tree is not None and hierarchy.tree not in spec.trees:
             spec = replace(spec, trees=(*spec.trees, hierarchy.tree))
@@ -281,9 +284,9 @@ def _adaptive_levels(drafts, T, tree, hierarchy, adapt, trees) -> Levels:
         if t.depth > spec.max_T:
             raise ValueError(f"adapt: a tree {t.depth} deep is deeper than max_T={spec.max_T}")
     if hierarchy is not None:
-        spec = replace(spec, start=_start_of(hierarchy, candidates, spec))
         if adapt is True and hierarchy.profile is not None:  # the latency model steers, from its profile
             spec = replace(spec, policy=LatencyController.kept_for(hierarchy, candidates, max_T=spec.max_T))
+        spec = replace(spec, start=_start_of(hierarchy, candidates, spec))
         if isinstance(spec.policy, LatencyController) and spec.policy.current is not None:
             spec = replace(spec, start=None)  # it served earlier requests: it starts where they left it
     return Levels(lookup, tuple(models), (), None, hierarchy, spec)

@@ -54,8 +54,10 @@ also have ``look_every``, an int read at the start and after every look: the run
 rounds only every that many round ends (1 by default; the rounds between are decoded in the same
 hierarchy and reported together at the next look), ``wants_probes(seen: Observation) ->
 Sequence[int]``: the idle candidates to probe at this look, after its choice (their results come
-with the next observation; greedy runs only), and ``finished(seen: Observation) -> None``: shown the
-rounds after the last look when the run ends (every row done; no choice follows). One policy object
+with the next observation; greedy runs only), ``finished(seen: Observation) -> None``: shown the
+rounds after the last look when the run ends (every row done; no choice follows), and ``max_T``,
+an int: the largest block size it chooses (``adapt=policy`` runs with ``Adaptive(policy, max_T=)``;
+default 8). One policy object
 may serve many runs: each after its first is keyed apart from the seed's first (``switching.take_run``)."""
 
 

@@ -19,7 +19,7 @@ import hsd_fast
 import hsd_fast.controller as controller_module
 from hsd_fast.controller import CORRECTION_PRIOR, PRIOR_CALLS, PRIOR_TOKENS, LatencyController, Scaled
 from hsd_fast.engine import run_hsd
-from hsd_fast.hierarchy_types import Selection
+from hsd_fast.hierarchy_types import Profile, Selection
 from hsd_fast.latency import AffineCost, DepthRates, LookupCost, expected_latency
 from hsd_fast.row_spread import ProposalRows, row_rate, slowest_row_z
 from hsd_fast.switching_types import Adaptive, Choice, Observation
@@ -463,6 +463,29 @@ def test_a_controller_that_served_a_request_starts_the_next_where_it_left_it() -
     assert second.sequences.tolist() == first.sequences.tolist() == expected.tolist()
     assert second.hsd_stats.hierarchies[0].choice == left  # no decision before its first round
     assert all(round_ > 0 for round_, _, _ in control.decisions[decided:])
+
+
+@pytest.mark.hf
+def test_adapt_true_chooses_up_to_the_block_size_the_pick_was_selected_from() -> None:
+    """A pick selected with ``max_T=12`` (its profile says so) whose T is 11: ``adapt=True`` starts
+    there and its controller chooses up to 12, not up to the default 8 (which refused the pick)."""
+    target = tiny_model("llama")
+    (draft,) = derived_drafts(target, 1)
+    costs = [AffineCost(1e-3, 1e-5), AffineCost(4e-3, 4e-5)]
+    prior = [[1.0, 0.95], [0.95, 1.0]]
+    profile = Profile.of([draft, target], costs, prior, max_T=12)
+    pick = hsd_fast.Hierarchy(
+        drafts=(draft,), T=(11,), selection=Selection((0, 1), (11,), 1.0), profile=profile
+    )
+    ids = torch.randint(3, target.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(5))
+    expected = target.generate(ids, do_sample=False, max_new_tokens=24)
+    out = target.generate(
+        ids, custom_generate=hsd_fast.generate, hierarchy=pick, adapt=True, do_sample=False,
+        max_new_tokens=24, compile=False, output_hsd_stats=True,
+    )  # fmt: skip
+    assert out.sequences.tolist() == expected.tolist()
+    assert out.hsd_stats.hierarchies[0].choice == Choice((0,), (11,))
+    assert LatencyController.kept_for(pick, [draft], max_T=12).wall > 0  # the controller that ran
 
 
 def test_a_request_with_other_rows_decides_before_its_first_round() -> None:
