@@ -486,6 +486,13 @@ def test_adapt_true_chooses_up_to_the_block_size_the_pick_was_selected_from() ->
     assert out.sequences.tolist() == expected.tolist()
     assert out.hsd_stats.hierarchies[0].choice == Choice((0,), (11,))
     assert LatencyController.kept_for(pick, [draft], max_T=12).wall > 0  # the controller that ran
+    # a controller from the pick's profile, given as the policy: up to the profile's max_T too
+    deep = LatencyController.from_hierarchy(pick, [draft])
+    again = target.generate(
+        ids, custom_generate=hsd_fast.generate, hierarchy=pick, adapt=deep, do_sample=False,
+        max_new_tokens=24, compile=False,
+    )  # fmt: skip
+    assert deep.max_T == 12 and deep.wall > 0 and again.tolist() == expected.tolist()
 
 
 def test_a_request_with_other_rows_decides_before_its_first_round() -> None:
