@@ -396,9 +396,13 @@ class LatencyController:
         keeps its own replay's place of the calls."""
         out = [list(row) for row in self.prior_alpha]
         for i, row in enumerate(self.prior_alpha):
+            lengths_at = None  # lookup i's carried lengths at each T, once for all its pairs
             for j, prior in enumerate(row):
                 if isinstance(prior, DepthRates) and (i in self.proposals or (i, j) in self.trials):
-                    out[i][j] = self._carried(i, j)
+                    if lengths_at is None:
+                        replays = self._length_replays(i) or {}
+                        lengths_at = {T: self._carried_lengths(i, L) for T, L in replays.items()}
+                    out[i][j] = self._carried(i, j, lengths_at)
         for (i, j), (passed, tried) in self.trials.items():
             prior = self.prior_alpha[i][j]
             if isinstance(prior, DepthRates):
@@ -432,10 +436,11 @@ class LatencyController:
         expected = self.expected_ends.get(m, np.zeros(calls.shape[1]))
         return carried_lengths(lengths, calls, expected, PRIOR_CALLS)
 
-    def _carried(self, i: int, j: int) -> DepthRates:
-        """Pair (lookup i, j)'s rates and lookup i's lengths at each block size: each T's replay
-        with the run's surplus over the replays at the T's it ran carried to it (``depth_counts``;
-        docs/design.md, "Rates at each block size", *Carried to the other block sizes*)."""
+    def _carried(self, i: int, j: int, lengths_at: dict[int, tuple[float, ...]]) -> DepthRates:
+        """Pair (lookup i, j)'s rates at each block size, with lookup i's carried ``lengths_at``
+        each: each T's replay with the run's surplus over the replays at the T's it ran carried to
+        it (``depth_counts``; docs/design.md, "Rates at each block size", *Carried to the other
+        block sizes*)."""
         replays = self._replays(i, j)
         assert replays is not None
         passed, tried = self.trials.get((i, j), np.zeros((2, 0)))
@@ -443,10 +448,7 @@ class LatencyController:
         carried = {}
         for T, (lengths, rates) in replays.items():
             weights = PRIOR_TOKENS * _reached(rates, lengths)
-            carried[T] = (
-                self._carried_lengths(i, lengths),
-                carried_rates(rates, passed, tried, expected, weights),
-            )
+            carried[T] = (lengths_at[T], carried_rates(rates, passed, tried, expected, weights))
         _, largest = carried.pop(max(replays))
         return DepthRates(largest, carried)
 
