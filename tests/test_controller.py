@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -549,7 +548,7 @@ def test_the_slowest_of_many_rows_lies_further_out() -> None:
     assert zs[3] == pytest.approx(-1.766, abs=0.01)  # the expected smallest of 16 standard normals
 
 
-def test_a_lookups_replays_at_each_block_size_price_until_its_calls_are_seen() -> None:
+def test_a_lookups_replays_at_each_block_size_price_the_controllers_choices() -> None:
     """The prior's lookup rates at each T (``DepthRates``) price the controller's choices as they
     priced the selector's, the level's cost scaled or not."""
     rates = DepthRates((0.6, 0.8), {1: ((0.3, 0.7), (0.9,))})
@@ -575,10 +574,10 @@ AT_EACH_T = {
 RUN_AT_2 = dict(verified=[[2, 2, 2, 2]], accepted=[[0, 1, 2, 2]], sizes=[[], []], seconds=[[], []])
 
 
-def lookup_replayed_at_each_T(rates: Sequence[float] = (0.9, 0.9, 0.9, 0.9)) -> LatencyController:
+def lookup_replayed_at_each_T() -> LatencyController:
     matrix = alpha()
     for j in (1, 2, 3):
-        matrix[0][j] = DepthRates(rates, AT_EACH_T)
+        matrix[0][j] = DepthRates((0.9, 0.9, 0.9, 0.9), AT_EACH_T)  # the largest T's: 0.9 each
     return LatencyController(COSTS, matrix, every=1)
 
 
@@ -599,7 +598,7 @@ def test_a_run_at_one_block_size_moves_the_others_by_its_surplus_over_its_own_re
     assert control.alpha()[0][1].at[3][1] == pytest.approx(AT_EACH_T[3][1])  # a pair that did not run
 
     # a run that accepts less than its replay expects: each T's rate at position 1 falls by the
-    # surplus over its pseudo-trials, and the run's lengths are the counts on its replay's
+    # surplus over its pseudo-trials; at T = 2 rates and lengths are the counts on its replay's
     worse = lookup_replayed_at_each_T()
     worse.learn(seen(1, Choice((0,), (2,)), **{**RUN_AT_2, "accepted": [[0, 0, 0, 0]]}))
     carried = worse.alpha()[0][3]
