@@ -92,7 +92,7 @@ def main() -> None:
     # the controller a user gets (``adapt=True, hierarchy=pick``: kept across calls), and the rule before
     before = DecidesEveryRequest.from_hierarchy(pick, candidates)
     controllers = {
-        "latency controller": LatencyController.kept_for(pick, candidates, max_T=Adaptive(None).max_T),
+        "latency controller": LatencyController.kept_for(pick, candidates, max_T=pick.profile.max_T),
         "latency controller, deciding every request (before)": before,
     }
     at = {"request": 0}

@@ -366,7 +366,6 @@ def _adaptive_view(
     controller did (docs/design.md §8.9); ``names``: the candidates', then the target's."""
     from hsd_fast.controller import LatencyController
     from hsd_fast.hf_generate import generate
-    from hsd_fast.switching_types import Adaptive
 
     batch = run["batch"]  # the rows the pick was selected for (the measured prompts, cycled)
     prompts = prompts.repeat((batch + len(prompts) - 1) // len(prompts), 1)[:batch]
@@ -378,7 +377,8 @@ def _adaptive_view(
     )  # fmt: skip
     seconds = time.perf_counter() - start
     new = (out.sequences.shape[1] - prompts.shape[1]) * len(prompts)
-    controller = LatencyController.kept_for(pick, candidates, max_T=Adaptive(None).max_T)  # the run's
+    # the run's: ``adapt=True`` from a pick chooses up to the max_T it was selected at
+    controller = LatencyController.kept_for(pick, candidates, max_T=pick.profile.max_T)
     lines = [f"\nAdaptive from the pick, every candidate: {new / seconds:.1f} tok/s over {len(prompts)} rows"]
     used = ("hierarchies used", "  from round")
     lines += [line for line in out.hsd_stats.summary().splitlines() if line.startswith(used)]
