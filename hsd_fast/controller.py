@@ -384,10 +384,10 @@ class LatencyController:
         verifications showed (the first of a middle model's runs: ``later_calls``) on top of the
         prior's lengths (``_product_limit``); replayed at each block size, the run's surplus over
         those replays carried to the largest T's (``depth_counts``)."""
-        replays = self._length_replays(m)
-        if replays is None:
-            return _product_limit(self.prior_costs[m].lengths, self.proposals.get(m))  # type: ignore[attr-defined]
-        return self._carried_lengths(m, replays[max(replays)])
+        prior = self.prior_costs[m].lengths  # type: ignore[attr-defined]  # the largest T's replay
+        if self._length_replays(m) is None:
+            return _product_limit(prior, self.proposals.get(m))
+        return self._carried_lengths(m, prior)
 
     def alpha(self) -> list[list[Acceptance]]:
         """The prior acceptance matrix, every pair that ran corrected by what it accepted. A lookup
@@ -400,7 +400,8 @@ class LatencyController:
             for j, prior in enumerate(row):
                 if isinstance(prior, DepthRates) and (i in self.proposals or (i, j) in self.trials):
                     if lengths_at is None:
-                        replays = self._length_replays(i) or {}
+                        replays = self._length_replays(i)
+                        assert replays is not None  # pair (i, j) is replayed at each T
                         lengths_at = {T: self._carried_lengths(i, L) for T, L in replays.items()}
                     out[i][j] = self._carried(i, j, lengths_at)
         for (i, j), (passed, tried) in self.trials.items():

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hsd_fast.latency import rate_at
+
 
 def hazards(lengths: Sequence[float]) -> np.ndarray:
     """``[len - 1]`` the share of proposals at least b long that end at b, b = 0..len - 2 (the
@@ -59,11 +61,10 @@ def expected_ends(calls: np.ndarray, lengths: Sequence[float]) -> np.ndarray:
     return reaching_calls(calls) * hazard
 
 
-def expected_passes(tried: np.ndarray, rates: Sequence[float]) -> np.ndarray:
+def expected_passes(tried: np.ndarray, rates: tuple[float, ...]) -> np.ndarray:
     """``[P]`` the passes of ``tried`` ``[P]`` trials per position under the replay's ``rates``
-    (positions past them at its last rate, as ``latency.rate_at``)."""
-    at = np.asarray(rates, dtype=float)[np.minimum(np.arange(len(tried)), len(rates) - 1)]
-    return tried * at
+    (positions past them at its last rate: ``latency.rate_at``)."""
+    return tried * np.array([rate_at(rates, p + 1) for p in range(len(tried))])
 
 
 def carried_lengths(
