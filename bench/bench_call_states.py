@@ -45,7 +45,7 @@ import torch
 from bench_model_error import CHAINS, LOOKUP, FixedChain, _rounds_of, marked, replay, summary
 from kernel_bench import run_meta, write_results
 
-import hsd_fast.controller as controller_module
+import hsd_fast.run_estimates as estimates_module
 from hsd_fast import proposal_scores, zoo
 from hsd_fast.latency import LaterCalls
 from hsd_fast.lookup import LookupDraft
@@ -107,10 +107,10 @@ class LaterFromProfile(FixedChain):
 def mixed(states: dict, w: float, model: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Lengths and ``model``'s rates per position of calls that come after a whole take with
     probability ``w`` and after a miss otherwise: lengths mixed, each position's rate weighted by how
-    often each state's proposals reach it (``controller._reached``)."""
+    often each state's proposals reach it (``run_estimates._reached``)."""
     parts = [(w, states[STATES[1]]), (1.0 - w, states[STATES[2]])]
     lengths = sum(f * np.asarray(s["lengths"]) for f, s in parts)
-    reach = [f * controller_module._reached(s["rates"][model], s["lengths"]) for f, s in parts]  # [P] each
+    reach = [f * estimates_module._reached(s["rates"][model], s["lengths"]) for f, s in parts]  # [P] each
     taken = sum(r * np.asarray(s["rates"][model]) for r, (_, s) in zip(reach, parts, strict=True))
     rates = np.divide(taken, sum(reach), out=np.asarray(parts[1][1]["rates"][model]), where=sum(reach) > 0)
     return tuple(float(p) for p in lengths / lengths.sum()), tuple(float(r) for r in rates)
@@ -133,8 +133,8 @@ def variant(fresh: FixedChain, states: dict, name: str, choice, seen: list) -> F
         else:
             w = states[STATES[1]]["calls"] / (states[STATES[1]]["calls"] + states[STATES[2]]["calls"])
         lengths, rates = mixed(states, w, MODELS[m])
-        out.prior_costs[LOOKUP] = replace(out.prior_costs[LOOKUP], lengths=lengths)
-        out.prior_alpha[LOOKUP][m] = rates
+        out.estimates.prior_costs[LOOKUP] = replace(out.estimates.prior_costs[LOOKUP], lengths=lengths)
+        out.estimates.prior_alpha[LOOKUP][m] = rates
     return out
 
 
@@ -160,7 +160,7 @@ def rms(errors: dict) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--observations", type=Path, required=True, help="bench_model_error.py's recording")
-    parser.add_argument("--priors", type=float, nargs="+", default=[1e6, controller_module.PRIOR_TOKENS, 4])
+    parser.add_argument("--priors", type=float, nargs="+", default=[1e6, estimates_module.PRIOR_TOKENS, 4])
     parser.add_argument("--stem", default="call_states_twin_cpu", help="the result files' name")
     args = parser.parse_args()
     warnings.simplefilter("ignore")

@@ -50,6 +50,7 @@ from kernel_bench import run_meta, write_results
 
 import hsd_fast
 import hsd_fast.controller as controller_module
+import hsd_fast.run_estimates as estimates_module
 from hsd_fast import zoo
 from hsd_fast.controller import LatencyController
 from hsd_fast.hf_generate import generate
@@ -137,19 +138,23 @@ def record(cache: str | None, prompts: int) -> dict:
 
 @contextlib.contextmanager
 def estimator(prior: float, fade: float | None = None):
-    """The controller's module constants for a replay: the prior counted as ``prior`` trials and
-    calls, trials faded by ``fade`` per round (None: the controller's), and chains' measurements
-    kept whole (summed over the run, not faded)."""
-    names = ("PRIOR_TOKENS", "PRIOR_CALLS", "CORRECTION_FADE", "FADE")
-    before = [getattr(controller_module, n) for n in names]
-    values = (prior, prior, 1.0, controller_module.FADE if fade is None else fade)
-    for name, value in zip(names, values, strict=True):
-        setattr(controller_module, name, value)
+    """The estimates' and the controller's module constants for a replay: the prior counted as
+    ``prior`` trials and calls, trials faded by ``fade`` per round (None: the estimates'), and
+    chains' measurements kept whole (summed over the run, not faded)."""
+    patched = [
+        (estimates_module, "PRIOR_TOKENS", prior),
+        (estimates_module, "PRIOR_CALLS", prior),
+        (estimates_module, "FADE", estimates_module.FADE if fade is None else fade),
+        (controller_module, "CORRECTION_FADE", 1.0),
+    ]
+    before = [(module, name, getattr(module, name)) for module, name, _ in patched]
+    for module, name, value in patched:
+        setattr(module, name, value)
     try:
         yield
     finally:
-        for name, value in zip(names, before, strict=True):
-            setattr(controller_module, name, value)
+        for module, name, value in before:
+            setattr(module, name, value)
 
 
 def marked(seen: list, choice: Choice, alike: bool = False) -> list:
@@ -182,7 +187,9 @@ def replay(fresh: FixedChain, choice: Choice, seen: list, prior: float) -> dict:
     at_looks = []  # the lookup's share of calls that match nothing, as each look estimates it
     with estimator(prior):
         control = _replayed(fresh, choice, seen, each=lambda c: at_looks.append(c.lengths(LOOKUP)[0]))
-        control._measure(control.costs(), control.alpha())  # the rounds after the last look
+        control._measure(
+            control.estimates.costs(), control.estimates.alpha()
+        )  # the rounds after the last look
     delivered, modelled, per_row = control.measured[(choice.drafts, choice.tree)]
     out = {"delivered": delivered / per_row, "modelled": modelled / per_row}
     over_lookup = bool(choice.drafts) and choice.drafts[0] == LOOKUP
@@ -227,7 +234,9 @@ def _replayed(fresh: FixedChain, choice: Choice, seen: list, each=None) -> Fixed
     """``seen`` shown to a copy of ``fresh`` that keeps ``choice``; ``each(controller)`` after every
     look of a request (not its end)."""
     control = copy.deepcopy(fresh)
-    control.later_calls_apart = True  # where the looks carry the marks (``--calls-alike`` strips them)
+    control.estimates.later_calls_apart = (
+        True  # where the looks carry the marks (``--calls-alike`` strips them)
+    )
     control.fixed, control.decide_share = choice, 1.0  # every look decides (and measures), as timed
     for item in seen:
         if isinstance(item, tuple):
@@ -251,14 +260,14 @@ def _where_the_time_went(fresh: FixedChain, choice: Choice, seen: list, over_loo
     draft, the tokens a step decodes), as the controller scales its costs, and the share of the rounds'
     time (the looks' own left out) spent in the lookup level's calls and outside every step (the
     engine's host work; ``over_lookup``: the chain's level 0 is the lookup level)."""
-    cost = fresh.prior_costs[fresh.target]
+    cost = fresh.estimates.prior_costs[fresh.target]
     verified = profiled = lookup = stepped = wall = 0.0
     for rounds in _rounds_of(seen, choice):
         if rounds.round <= 1 or rounds.warming:
             continue
         level, sizes, seconds = len(rounds.step_sizes) - 1, rounds.step_sizes[-1], rounds.step_seconds[-1]
         verified += float(seconds.sum())
-        profiled += sum(controller_module._predicted(cost, level, int(n)) for n in sizes)  # as it scales
+        profiled += sum(estimates_module._predicted(cost, level, int(n)) for n in sizes)  # as it scales
         stepped += sum(float(s.sum()) for s in rounds.step_seconds)
         if over_lookup:
             lookup += float(rounds.step_seconds[0].sum())
@@ -373,11 +382,14 @@ def _over_lookup_modelled(control: LatencyController, choice: Choice) -> tuple[l
     levels = (*choice.drafts, control.target)
     if len(levels) != 3 or levels[0] != LOOKUP:
         return None, {}
-    alpha = control.alpha()
-    rates, own = control.through(alpha)[levels], controller_module._mean_rate(alpha[levels[1]][levels[2]])
+    alpha = control.estimates.alpha()
+    rates, own = (
+        control.estimates.through(alpha)[levels],
+        estimates_module.mean_rate(alpha[levels[1]][levels[2]]),
+    )
     corrected = own if rates.corrected is None else rates.corrected
     kinds = [round(r, 3) for r in (rates.passed, corrected, own if rates.own is None else rates.own)]
-    lookup = control._chain_costs(control.costs(), alpha, list(levels))[LOOKUP]
+    lookup = control.estimates.chain_costs(control.estimates.costs(), alpha, list(levels))[LOOKUP]
     first = mean_gain(alpha[LOOKUP][levels[1]], block_sizes(lookup, choice.T[0]))
     later = first
     if lookup.later is not None:
@@ -388,9 +400,11 @@ def _over_lookup_modelled(control: LatencyController, choice: Choice) -> tuple[l
 def _expected_round(control: LatencyController, choice: Choice) -> tuple[float, float, float]:
     """The model's tokens per target round, the middle level's verifications per target round and
     the mean block the target verifies."""
-    alpha, levels = control.alpha(), [*choice.drafts, control.target]
-    costs = control._chain_costs(control.costs(), alpha, levels)  # a lookup's later calls, as modelled
-    rates = chain_rates(costs, alpha, levels, choice.block_sizes, control.through(alpha))
+    alpha, levels = control.estimates.alpha(), [*choice.drafts, control.target]
+    costs = control.estimates.chain_costs(
+        control.estimates.costs(), alpha, levels
+    )  # a lookup's later calls, as modelled
+    rates = chain_rates(costs, alpha, levels, choice.block_sizes, control.estimates.through(alpha))
     paid = sharing_the_cache(verifying_costs([costs[m] for m in levels]))
     outcomes = level_outcomes(paid, rates, list(choice.block_sizes))
     gain = outcomes[-1].mean(lambda b: expected_gain(rates[-1], b))
@@ -415,7 +429,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cache", help="a profile cache for the twin's costs (as bench_adaptive's)")
     parser.add_argument("--prompts", type=int, default=3, help="prompts per text set")
-    parser.add_argument("--priors", type=float, nargs="+", default=[controller_module.PRIOR_TOKENS])
+    parser.add_argument("--priors", type=float, nargs="+", default=[estimates_module.PRIOR_TOKENS])
     parser.add_argument("--observations", type=Path, default=Path(tempfile.gettempdir()) / "model_error.pkl")
     parser.add_argument("--replay-only", action="store_true", help="replay --observations, decode nothing")
     parser.add_argument(

@@ -15,12 +15,13 @@ import torch
 from hf_models import derived_drafts, tiny_model
 
 import hsd_fast
-import hsd_fast.controller as controller_module
-from hsd_fast.controller import CORRECTION_PRIOR, PRIOR_CALLS, PRIOR_TOKENS, LatencyController, Scaled
+import hsd_fast.run_estimates as estimates_module
+from hsd_fast.controller import CORRECTION_PRIOR, LatencyController
 from hsd_fast.engine import run_hsd
 from hsd_fast.hierarchy_types import Profile, Selection
 from hsd_fast.latency import AffineCost, DepthRates, LookupCost, expected_latency
 from hsd_fast.row_spread import ProposalRows, row_rate, slowest_row_z
+from hsd_fast.run_estimates import PRIOR_CALLS, PRIOR_TOKENS, Scaled
 from hsd_fast.switching_types import Adaptive, Choice, Observation
 from hsd_fast.testing.exactness import pooled_chi_square
 from hsd_fast.testing.tables import TableRunner, table_family
@@ -65,12 +66,12 @@ def test_acceptance_follows_the_verifications_of_the_pair_that_ran() -> None:
             seen(r, small, verified=[[4, 4, 4, 4]], accepted=[[0, 0, 1, 0]], sizes=[[], []], seconds=[[], []],
                  rounds=2)
         )  # fmt: skip
-    rate = control.alpha()[1][3]
+    rate = control.estimates.alpha()[1][3]
     assert rate < 0.6  # from 0.8: one success in five trials per look, twenty looks, move it most of the way
-    assert control.alpha()[2][3] == 0.9  # a pair that did not run keeps its prior
+    assert control.estimates.alpha()[2][3] == 0.9  # a pair that did not run keeps its prior
     # the counts fade by 0.9 a round: a look that reports two rounds fades the older ones twice
     expected_trials = sum(5 * 0.9 ** (2 * k) for k in range(20))
-    assert control.trials[(1, 3)][1].sum() == pytest.approx(expected_trials)
+    assert control.estimates.trials[(1, 3)][1].sum() == pytest.approx(expected_trials)
     assert rate == pytest.approx(
         (expected_trials / 5 + PRIOR_TOKENS * 0.8) / (expected_trials + PRIOR_TOKENS)
     )
@@ -84,7 +85,7 @@ def test_costs_scale_by_what_the_run_measured() -> None:
     control.learn(
         seen(1, small, verified=[[4]], accepted=[[4]], sizes=[[4], [5]], seconds=[[draft], [verify]])
     )
-    costs = control.costs()
+    costs = control.estimates.costs()
     assert costs[1](1) == pytest.approx(2 * COSTS[1](1)) and costs[3](7) == pytest.approx(2 * COSTS[3](7))
     assert costs[2](3) == pytest.approx(2 * COSTS[2](3))  # not run: the overall scale
 
@@ -95,7 +96,7 @@ def test_costs_scale_by_what_the_run_measured() -> None:
         seen(2, lookup, verified=[[4], [4]], accepted=[[4], [4]], sizes=[[1] * 5, [5], [5]],
              seconds=[calls, [2 * COSTS[1](5)], [verify]])
     )  # fmt: skip
-    costs = control.costs()
+    costs = control.estimates.costs()
     assert costs[0].factor == pytest.approx(10.0)
     assert costs[2](3) == pytest.approx(2 * COSTS[2](3))  # not run: the models' scale, not the lookup's
 
@@ -108,7 +109,7 @@ def test_the_lookup_levels_proposal_lengths_follow_its_verifications() -> None:
         seen(1, lookup, verified=[[0] * 6 + [2, 2]], accepted=[[0] * 8], sizes=[[], []], seconds=[[], []])
     )
     prior = COSTS[0].lengths  # (0.5, 0.2, 0.1, 0.1, 0.1)
-    now = control.lengths(0)
+    now = control.estimates.lengths(0)
     assert now[0] == pytest.approx((PRIOR_CALLS * 0.5 + 6) / (PRIOR_CALLS + 8))
     assert now[1] == pytest.approx(
         (1 - now[0]) * PRIOR_CALLS * 0.2 / (PRIOR_CALLS * 0.5 + 2)
@@ -116,7 +117,7 @@ def test_the_lookup_levels_proposal_lengths_follow_its_verifications() -> None:
     # past the cut nothing was seen: the prior's hazards there (P(2 | >= 2) = 0.1 / 0.3, ...)
     assert now[2] / sum(now[2:]) == pytest.approx(prior[2] / sum(prior[2:]))
     assert now[3] / now[4] == pytest.approx(prior[3] / prior[4]) and sum(now) == pytest.approx(1.0)
-    assert control.costs()[0].lengths == now  # what the decisions price
+    assert control.estimates.costs()[0].lengths == now  # what the decisions price
     assert any("nothing matched 0.50 -> " in line for line in control.describe(["l", "a", "b", "t"]))
 
 
@@ -128,34 +129,43 @@ def test_a_lookups_later_calls_under_a_middle_model_are_counted_apart() -> None:
     chain = Choice((0, 2), (4, 4))
     marked, unmarked = (LatencyController(COSTS, alpha(), every=1, later_calls_apart=True) for _ in range(2))
     default = LatencyController(COSTS, alpha(), every=1)  # off by default: every call as a first one
-    before = marked.later_calls(0, 2, marked.alpha())
-    assert before.lengths == pytest.approx(marked.lengths(0)) and before.rates == pytest.approx((0.6, 0.8))
+    before = marked.estimates.later_calls(0, 2, marked.estimates.alpha())
+    assert before.lengths == pytest.approx(marked.estimates.lengths(0)) and before.rates == pytest.approx(
+        (0.6, 0.8)
+    )
     # each round: a first call offers 4 tokens, m keeps 2 (a correction: gain 3); a later call
     # offers nothing (m's draft: gain 1), the run reaches 4; the target takes m's 4 tokens
     rounds = {"verified": [[4, 0] * 5, [4] * 5], "accepted": [[2, 0] * 5, [4] * 5], "sizes": [[], [], []]}
     marked.learn(seen(1, chain, **rounds, seconds=[[], [], []], opens=[[True, False] * 5, [True] * 5]))
     unmarked.learn(seen(1, chain, **rounds, seconds=[[], [], []]))
     default.learn(seen(1, chain, **rounds, seconds=[[], [], []], opens=[[True, False] * 5, [True] * 5]))
-    assert default.proposals[0].tolist() == unmarked.proposals[0].tolist() and not default.later_proposals
-    assert default.modelled(chain, default.costs(), default.alpha()) == pytest.approx(
-        unmarked.modelled(chain, unmarked.costs(), unmarked.alpha())
+    assert (
+        default.estimates.proposals[0].tolist() == unmarked.estimates.proposals[0].tolist()
+        and not default.estimates.later_proposals
     )
-    assert marked.proposals[0][1].tolist() == [0, 0, 0, 0, 5]  # five first calls cut at T = 4
-    assert marked.later_proposals[(0, 2)][0].tolist() == [5, 0, 0, 0, 0]  # five later ended at 0
-    assert unmarked.proposals[0].sum() == 10 and not unmarked.later_proposals
-    later = marked.later_calls(0, 2, marked.alpha())
-    assert later.lengths[0] == pytest.approx((PRIOR_CALLS * marked.lengths(0)[0] + 5) / (PRIOR_CALLS + 5))
-    assert later.rates == pytest.approx(marked.alpha()[0][2])  # no later call offered a token: no trials
-    assert marked.trials[(0, 2)].tolist() == [[5, 5, 0, 0], [5, 5, 5, 0]]  # the first calls' only
+    assert default.modelled(chain, default.estimates.costs(), default.estimates.alpha()) == pytest.approx(
+        unmarked.modelled(chain, unmarked.estimates.costs(), unmarked.estimates.alpha())
+    )
+    assert marked.estimates.proposals[0][1].tolist() == [0, 0, 0, 0, 5]  # five first calls cut at T = 4
+    assert marked.estimates.later_proposals[(0, 2)][0].tolist() == [5, 0, 0, 0, 0]  # five later ended at 0
+    assert unmarked.estimates.proposals[0].sum() == 10 and not unmarked.estimates.later_proposals
+    later = marked.estimates.later_calls(0, 2, marked.estimates.alpha())
+    assert later.lengths[0] == pytest.approx(
+        (PRIOR_CALLS * marked.estimates.lengths(0)[0] + 5) / (PRIOR_CALLS + 5)
+    )
+    assert later.rates == pytest.approx(
+        marked.estimates.alpha()[0][2]
+    )  # no later call offered a token: no trials
+    assert marked.estimates.trials[(0, 2)].tolist() == [[5, 5, 0, 0], [5, 5, 5, 0]]  # the first calls' only
     # the first calls now look better than the pooled calls did, the later ones worse
-    assert marked.lengths(0)[0] < unmarked.lengths(0)[0] < later.lengths[0]
-    costs = marked.costs()
-    assert marked.modelled(chain, costs, marked.alpha()) != pytest.approx(
-        unmarked.modelled(chain, unmarked.costs(), unmarked.alpha()), rel=1e-3
+    assert marked.estimates.lengths(0)[0] < unmarked.estimates.lengths(0)[0] < later.lengths[0]
+    costs = marked.estimates.costs()
+    assert marked.modelled(chain, costs, marked.estimates.alpha()) != pytest.approx(
+        unmarked.modelled(chain, unmarked.estimates.costs(), unmarked.estimates.alpha()), rel=1e-3
     )
-    costs_later = marked._chain_costs(costs, marked.alpha(), [0, 2, 3])
+    costs_later = marked.estimates.chain_costs(costs, marked.estimates.alpha(), [0, 2, 3])
     assert costs_later[0].later == later and costs[0].later is None  # for this chain only
-    assert marked._chain_costs(costs, marked.alpha(), [0, 3]) == costs  # no middle model
+    assert marked.estimates.chain_costs(costs, marked.estimates.alpha(), [0, 3]) == costs  # no middle model
     assert any(
         "l's later calls under b: nothing matched" in line for line in marked.describe(["l", "a", "b", "t"])
     )
@@ -173,9 +183,9 @@ def test_a_lookup_levels_prior_counts_at_a_position_as_often_as_its_proposals_re
     expected = [
         (10 + PRIOR_TOKENS * w * a) / (10 + PRIOR_TOKENS * w) for w, a in zip(reached, prior, strict=True)
     ]
-    assert control.alpha()[0][3] == pytest.approx(tuple(expected))
+    assert control.estimates.alpha()[0][3] == pytest.approx(tuple(expected))
     # so the run's ten trials outweigh the prior more at the late positions, few proposals reach
-    assert 1 - control.alpha()[0][3][3] < (1 - control.alpha()[0][3][1]) / 2
+    assert 1 - control.estimates.alpha()[0][3][3] < (1 - control.estimates.alpha()[0][3][1]) / 2
 
 
 def test_a_chain_that_delivers_slower_than_modelled_is_priced_as_measured() -> None:
@@ -187,7 +197,7 @@ def test_a_chain_that_delivers_slower_than_modelled_is_priced_as_measured() -> N
     # measured) the controller decodes without a draft, every drafting chain priced as that one was
     choice = first
     for r in (1, 2):
-        wall = 10.0 * control.modelled(choice, control.costs(), control.alpha()) * 4
+        wall = 10.0 * control.modelled(choice, control.estimates.costs(), control.estimates.alpha()) * 4
         choice = control(seen(r, choice, wall=wall, tokens=4))
         assert choice == (first if r == 1 else Choice())
     measured, modelled, tokens = control.measured[(first.drafts, None)]
@@ -214,19 +224,19 @@ def test_warm_up_rounds_and_the_looks_own_time_are_not_what_the_hierarchy_costs(
     several times the model and move the controller off it."""
     control = LatencyController(COSTS, alpha(0.95), every=1, decide_share=math.inf)
     first = control(seen(0, None))
-    modelled = control.modelled(first, control.costs(), control.alpha())
+    modelled = control.modelled(first, control.estimates.costs(), control.estimates.alpha())
     slow = [[10 * COSTS[m](5)] for m in (*first.drafts, 3)]
     sizes = [[5]] * len(slow)
     verified, accepted = [[first.T[0]]] * len(first.drafts), [[0]] * len(first.drafts)
     warm_up = replace(
         seen(2, first, verified, accepted, sizes=sizes, seconds=slow, wall=10 * modelled * 4), warming=True
     )
-    before = control.alpha()
+    before = control.estimates.alpha()
     assert control(warm_up) == first
-    assert control.measured == {} and not any(control.ratios)  # no cost learnt from it
-    assert control.alpha() != before  # its verifications are counted all the same
+    assert control.measured == {} and not any(control.estimates.ratios)  # no cost learnt from it
+    assert control.estimates.alpha() != before  # its verifications are counted all the same
     # a look of 30x a round's modelled time before rounds delivered as modelled: the chain ran as modelled
-    modelled = control.modelled(first, control.costs(), control.alpha())
+    modelled = control.modelled(first, control.estimates.costs(), control.estimates.alpha())
     looked = seen(3, first, wall=31 * modelled * 4, look=30 * modelled * 4)
     control(looked)
     control(seen(4, first, wall=modelled * 4))  # the next decision folds it
@@ -242,12 +252,12 @@ def test_the_rounds_after_the_last_look_are_learnt_and_decide_nothing() -> None:
     two = {"committed": np.array([100, 100]), "finished": np.array([False, False])}
     first = control(replace(seen(0, None), **two))
     control(replace(seen(1, first, rounds=2), **two))
-    decided, before = len(control.decisions), control.alpha()
+    decided, before = len(control.decisions), control.estimates.alpha()
     verified, accepted = [[first.T[0]] * 2] * len(first.drafts), [[0, 0]] * len(first.drafts)
     end = seen(2, first, verified, accepted, [[]] * 3, [[]] * 3, rounds=1)
     control.finished(replace(end, committed=two["committed"], finished=np.array([True, True])))
-    assert len(control.decisions) == decided and control.alpha() != before
-    assert control.rows == 2 and control(replace(seen(0, None), **two)) == first
+    assert len(control.decisions) == decided and control.estimates.alpha() != before
+    assert control.estimates.rows == 2 and control(replace(seen(0, None), **two)) == first
     assert len(control.decisions) == decided  # the next request kept it without deciding
 
 
@@ -261,7 +271,9 @@ def test_it_switches_when_the_estimates_say_so_and_not_for_a_small_gain() -> Non
         drafts = choice.drafts
         verified = [[choice.T[i]] * 2 for i in range(len(drafts))]
         accepted = [[0, 0] if drafts[i] == 1 else [choice.T[i], choice.T[i]] for i in range(len(drafts))]
-        as_modelled = control.modelled(choice, control.costs(), control.alpha()) * 4  # 4 tokens a look
+        as_modelled = (
+            control.modelled(choice, control.estimates.costs(), control.estimates.alpha()) * 4
+        )  # 4 tokens a look
         none = [[]] * (len(drafts) + 1)
         choice = control(seen(r, choice, verified, accepted, none, none, wall=as_modelled))
     assert 1 not in choice.drafts
@@ -434,7 +446,7 @@ def test_greedy_with_the_controller_is_the_targets_own() -> None:
             do_sample=False, max_new_tokens=48, compile=False,
         )  # fmt: skip
         assert out.tolist() == expected.tolist()
-    assert any(r for r in control.ratios)  # it measured, decided at every look, and switched
+    assert any(r for r in control.estimates.ratios)  # it measured, decided at every look, and switched
     assert len(control.decisions) > 6 and len({choice for _, choice, _ in control.decisions}) > 2
 
 
@@ -502,7 +514,7 @@ def test_a_request_with_other_rows_decides_before_its_first_round() -> None:
     decided = len(control.decisions)
     wider = replace(seen(0, None), committed=np.array([100, 100]), finished=np.array([False, False]))
     control(wider)
-    assert len(control.decisions) == decided + 1 and control.rows == 2 and control.look_every == 2
+    assert len(control.decisions) == decided + 1 and control.estimates.rows == 2 and control.look_every == 2
 
 
 def test_a_batch_is_priced_at_the_pace_of_its_slowest_row() -> None:
@@ -528,7 +540,9 @@ def test_a_batch_is_priced_at_the_pace_of_its_slowest_row() -> None:
     slowest = row_rate(0.8, 2.0, slowest_row_z(16))
     assert slowest < 0.3
     expected = expected_latency([COSTS[1], COSTS[3]], [slowest], [4])
-    assert control.modelled(draft, control.costs(), control.alpha()) == pytest.approx(expected)
+    assert control.modelled(draft, control.estimates.costs(), control.estimates.alpha()) == pytest.approx(
+        expected
+    )
     assert any("slowest of 16 rows" in line for line in control.describe(["l", "a", "b", "t"]))
     # the lookup level's rows (ProposalRows) as their log-odds spread
     rows = ProposalRows(((1.0, 0.0),), ((0.5,),), sigma=2.0)
@@ -556,7 +570,7 @@ def test_a_lookups_replays_at_each_block_size_price_the_controllers_choices() ->
     for i in range(1, 4):
         matrix[0][i] = matrix[i][0] = rates
     control = LatencyController(COSTS, matrix, every=1)
-    assert all(control.alpha()[0][j].at == rates.at for j in (1, 2, 3))
+    assert all(control.estimates.alpha()[0][j].at == rates.at for j in (1, 2, 3))
     # a level's cost once its steps were timed (``costs``): scaled, and still replayed at each T
     scaled = [Scaled(COSTS[0], 3.0), COSTS[3]]
     own = [Scaled(replace(COSTS[0], lengths=(0.3, 0.7)), 3.0), COSTS[3]]
@@ -588,29 +602,31 @@ def test_a_run_at_one_block_size_moves_the_others_by_its_surplus_over_its_own_re
     at 2 calls); at T = 2 the estimate is the counts on top of that replay as a prior."""
     control = lookup_replayed_at_each_T()
     control.learn(seen(1, Choice((0,), (2,)), **RUN_AT_2))
-    carried = control.alpha()[0][3]
+    carried = control.estimates.alpha()[0][3]
     assert isinstance(carried, DepthRates)
     for T in (1, 2, 3):  # at 2: the counts are what its replay expects; at 3: not the run's 0.75, 0.67
         assert carried.at[T][0] == pytest.approx(AT_EACH_T[T][0])
         assert carried.at[T][1] == pytest.approx(AT_EACH_T[T][1])
     assert tuple(carried) == pytest.approx((0.9, 0.9, 0.9, 0.9))
-    assert control.lengths(0) == pytest.approx(COSTS[0].lengths)
-    assert control.alpha()[0][1].at[3][1] == pytest.approx(AT_EACH_T[3][1])  # a pair that did not run
+    assert control.estimates.lengths(0) == pytest.approx(COSTS[0].lengths)
+    assert control.estimates.alpha()[0][1].at[3][1] == pytest.approx(
+        AT_EACH_T[3][1]
+    )  # a pair that did not run
 
     # a run that accepts less than its replay expects: each T's rate at position 1 falls by the
     # surplus over its pseudo-trials; at T = 2 rates and lengths are the counts on its replay's
     worse = lookup_replayed_at_each_T()
     worse.learn(seen(1, Choice((0,), (2,)), **{**RUN_AT_2, "accepted": [[0, 0, 0, 0]]}))
-    carried = worse.alpha()[0][3]
+    carried = worse.estimates.alpha()[0][3]
     for T, (lengths, rates) in {**AT_EACH_T, 4: (COSTS[0].lengths, (0.9,) * 4)}.items():
-        weight = PRIOR_TOKENS * controller_module._reached(rates, lengths)[0]
+        weight = PRIOR_TOKENS * estimates_module._reached(rates, lengths)[0]
         own = carried.at[T][1] if T < 4 else carried
         assert own[0] == pytest.approx(max(rates[0] - 3 / (4 + weight), 0.0))
     lengths, rates = AT_EACH_T[2]
-    counted = controller_module._per_position(rates, lengths, np.array([0.0, 0.0]), np.array([4.0, 0.0]))
+    counted = estimates_module._per_position(rates, lengths, np.array([0.0, 0.0]), np.array([4.0, 0.0]))
     assert carried.at[2][1] == pytest.approx(counted)  # at the T that ran: the counts on its replay
     calls = np.array([[0, 0, 0, 0, 0], [0, 0, 4, 0, 0.0]])
-    assert carried.at[2][0] == pytest.approx(controller_module._product_limit(lengths, calls[:, :3]))
+    assert carried.at[2][0] == pytest.approx(estimates_module._product_limit(lengths, calls[:, :3]))
 
 
 def test_counts_at_the_largest_block_size_are_added_to_its_replay_as_before() -> None:
@@ -622,7 +638,9 @@ def test_counts_at_the_largest_block_size_are_added_to_its_replay_as_before() ->
              seconds=[[], []])
     )  # fmt: skip
     calls = np.array([[1, 1, 0, 1, 0], [0, 0, 0, 0, 2.0]])
-    assert control.lengths(0) == pytest.approx(controller_module._product_limit(COSTS[0].lengths, calls))
-    passed, tried = controller_module._trials(np.array([0, 1, 4, 4, 3]), np.array([0, 1, 2, 4, 1]))
-    one_replay = controller_module._per_position((0.9,) * 4, COSTS[0].lengths, passed, tried)
-    assert tuple(control.alpha()[0][3]) == pytest.approx(one_replay)
+    assert control.estimates.lengths(0) == pytest.approx(
+        estimates_module._product_limit(COSTS[0].lengths, calls)
+    )
+    passed, tried = estimates_module._trials(np.array([0, 1, 4, 4, 3]), np.array([0, 1, 2, 4, 1]))
+    one_replay = estimates_module._per_position((0.9,) * 4, COSTS[0].lengths, passed, tried)
+    assert tuple(control.estimates.alpha()[0][3]) == pytest.approx(one_replay)

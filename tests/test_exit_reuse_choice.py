@@ -112,7 +112,7 @@ def test_an_adaptive_run_from_a_twin_pick_takes_the_users_exit(deep) -> None:
     assert bound.drafts == (EarlyExit(deep, 2, reuse=False),)
     bound = replace(bound, profile=Profile(tuple(levels), tuple(costs), tuple(tuple(r) for r in alpha)))
     controller = LatencyController.from_hierarchy(bound, [exit2])
-    assert all(getattr(c, "reused_by", ()) == () for c in controller.prior_costs)
+    assert all(getattr(c, "reused_by", ()) == () for c in controller.estimates.prior_costs)
     ids = prompts(deep, 1)[0]
     expected = deep.generate(ids, do_sample=False, max_new_tokens=24)
     out = hsd(deep, ids, drafts=[exit2], hierarchy=bound, adapt=True)

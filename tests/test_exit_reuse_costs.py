@@ -20,12 +20,12 @@ import torch
 from exit_levels import affine_cost, counted, deep_model
 from hf_models import tiny_model
 
-from hsd_fast.controller import _without_reuse
 from hsd_fast.early_exit import EarlyExit
 from hsd_fast.exit_reuse import refusal
 from hsd_fast.latency import expected_latency, verifying_costs
 from hsd_fast.profile import ProfileCache
 from hsd_fast.profile.costs import crowd_bytes, reuse_costs
+from hsd_fast.run_estimates import _without_reuse
 from hsd_fast.selector import select
 
 SPANS = (1, 2, 4)

@@ -32,7 +32,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
       "proposal_level", "lookup", "tree", "schedule", "positions", "hierarchy_types", "switching_types",
       "cli_args", "files")),
     ("model", "the latency model: pure Python and the C++ ledger, never the engine",
-     ("latency", "row_spread", "tree_latency", "selector", "batch_latency", "controller", "depth_counts")),
+     ("latency", "row_spread", "tree_latency", "selector", "batch_latency", "controller", "depth_counts",
+      "run_estimates")),
     ("steps", "one level's step: run state, step math, compile policy, buffers, token trees, the target's "
      "kept scores",
      ("steps", "decode_state", "buffer_pool", "compile_policy", "graph_cache", "compile_price", "level_step",

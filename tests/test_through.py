@@ -19,7 +19,7 @@ from test_controller import COSTS, alpha, seen
 from test_profile import FakeClock
 
 import hsd_fast
-from hsd_fast.controller import PRIOR_TOKENS, LatencyController
+from hsd_fast.controller import LatencyController
 from hsd_fast.latency import (
     AffineCost,
     LaterCalls,
@@ -42,6 +42,7 @@ from hsd_fast.proposal_scores import (
     replay,
     scorable,
 )
+from hsd_fast.run_estimates import PRIOR_TOKENS
 from hsd_fast.selector import select
 from hsd_fast.switching_types import Choice, Probe, ProposalsProbed
 
@@ -238,15 +239,17 @@ def test_the_selector_stacks_a_model_over_the_lookup_level_where_what_it_passes_
 def test_the_controller_learns_the_rate_through_and_keeps_the_pairs_own() -> None:
     prior = {(0, 1, 3): RatesThrough(0.9, 0.5)}
     control = LatencyController(COSTS, alpha(0.8), every=1, through=prior)
-    assert control.through(control.alpha()) == prior  # nothing ran: the profile's
+    assert control.estimates.through(control.estimates.alpha()) == prior  # nothing ran: the profile's
     chain = Choice((0, 1), (4, 2))
     for r in range(1, 11):  # the target takes every token the small draft hands up
         control.learn(
             seen(r, chain, verified=[[4], [3]], accepted=[[4], [3]], sizes=[[], [], []], seconds=[[], [], []])
         )
-    assert (1, 3) not in control.trials and control.alpha()[1][3] == 0.8  # the pair's own rate stays
-    learnt = control.through(control.alpha())[(0, 1, 3)]
-    passed, tried, *shared = control.through_trials[(0, 1, 3)]
+    assert (1, 3) not in control.estimates.trials and control.estimates.alpha()[1][
+        3
+    ] == 0.8  # the pair's own rate stays
+    learnt = control.estimates.through(control.estimates.alpha())[(0, 1, 3)]
+    passed, tried, *shared = control.estimates.through_trials[(0, 1, 3)]
     kept, corrections, own = (x / tried for x in shared)
     rest = 0.5**corrections * 0.8**own
     mixed = (passed + PRIOR_TOKENS * 0.9**kept * rest) / (tried + PRIOR_TOKENS)
@@ -257,7 +260,7 @@ def test_the_controller_learns_the_rate_through_and_keeps_the_pairs_own() -> Non
     assert learnt.corrected**corrections * learnt.own**own == pytest.approx(mixed)
     assert math.log(learnt.corrected) / math.log(0.5) == pytest.approx(math.log(learnt.own) / math.log(0.8))
     # the chain is priced with it: faster than with the pair's own rate alone
-    costs, now = control.costs(), control.alpha()
+    costs, now = control.estimates.costs(), control.estimates.alpha()
     unmixed = expected_latency([COSTS[0], COSTS[1], COSTS[3]], [now[0][1], now[1][3]], [4, 2])
     assert control.modelled(chain, costs, now) < unmixed
     described = control.describe(["l", "a", "b", "t"])
@@ -275,9 +278,9 @@ def test_a_mix_below_the_prior_is_the_kept_proposals_rate_alone() -> None:
         control.learn(
             seen(r, chain, verified=[[4], [3]], accepted=[[4], [0]], sizes=[[], [], []], seconds=[[], [], []])
         )
-    learnt = control.through(control.alpha())[(0, 1, 3)]
+    learnt = control.estimates.through(control.estimates.alpha())[(0, 1, 3)]
     assert learnt.passed < 0.9 and learnt.corrected == 0.5 and learnt.own is None
-    passed, tried, *shared = control.through_trials[(0, 1, 3)]
+    passed, tried, *shared = control.estimates.through_trials[(0, 1, 3)]
     kept, corrections, own = (x / tried for x in shared)
     rest = 0.5**corrections * 0.8**own
     mixed = (passed + PRIOR_TOKENS * 0.9**kept * rest) / (tried + PRIOR_TOKENS)
@@ -292,7 +295,7 @@ def test_probes_of_a_model_move_its_rates_over_the_lookup_level() -> None:
     prior = {(0, 1, 3): RatesThrough(0.9, 0.3)}
     control = LatencyController(COSTS, alpha(0.8), every=1, through=prior)
     chain = Choice((0, 1), (4, 2))
-    before = control.modelled(chain, control.costs(), control.alpha())
+    before = control.modelled(chain, control.estimates.costs(), control.estimates.alpha())
     found = ProposalsProbed(
         0,
         np.array([10.0, 6.0]),
@@ -302,18 +305,24 @@ def test_probes_of_a_model_move_its_rates_over_the_lookup_level() -> None:
         own=(7.0, 8.0),
     )
     control.learn(replace(seen(1, None), probes=(Probe(1, 40, 36, 1e-3, found),)))  # no round: no fade
-    learnt = control.through(control.alpha())[(0, 1, 3)]
+    learnt = control.estimates.through(control.estimates.alpha())[(0, 1, 3)]
     assert learnt.passed == pytest.approx((16 + PRIOR_TOKENS * 0.9) / (16 + PRIOR_TOKENS))
     assert learnt.corrected == pytest.approx((9 + PRIOR_TOKENS * 0.3) / (10 + PRIOR_TOKENS))
     direct = (36 + PRIOR_TOKENS * 0.8) / (40 + PRIOR_TOKENS)  # the pair (1, t), probed too
     assert learnt.own == pytest.approx((7 + PRIOR_TOKENS * direct) / (8 + PRIOR_TOKENS))
     # the prior's (0.6, 0.8) per position, corrected; its calls reach position 1 in half of them
     # (lengths 0.5, 0.2, ...), position 2 in 0.3 x 0.6
-    lookup_to_small, first, second = control.alpha()[0][1], PRIOR_TOKENS * 0.5, PRIOR_TOKENS * 0.3 * 0.6
+    lookup_to_small, first, second = (
+        control.estimates.alpha()[0][1],
+        PRIOR_TOKENS * 0.5,
+        PRIOR_TOKENS * 0.3 * 0.6,
+    )
     assert lookup_to_small[0] == pytest.approx((10 + first * 0.6) / (12 + first))
     assert lookup_to_small[1] == pytest.approx((6 + second * 0.8) / (8 + second))
-    assert control.alpha()[1][3] == pytest.approx((36 + PRIOR_TOKENS * 0.8) / (40 + PRIOR_TOKENS))
-    assert control.modelled(chain, control.costs(), control.alpha()) < before  # the chain gained
+    assert control.estimates.alpha()[1][3] == pytest.approx((36 + PRIOR_TOKENS * 0.8) / (40 + PRIOR_TOKENS))
+    assert (
+        control.modelled(chain, control.estimates.costs(), control.estimates.alpha()) < before
+    )  # the chain gained
     assert any(
         "(0 in the chain, 16 + 10 + 8 probed)" in line for line in control.describe(["l", "a", "b", "t"])
     )
@@ -324,7 +333,7 @@ def test_a_chain_without_a_measured_rate_counts_the_pair_as_before() -> None:
     chain = Choice((0, 1), (4, 2))
     nothing = [[], [], []]
     control.learn(seen(1, chain, verified=[[4], [3]], accepted=[[4], [3]], sizes=nothing, seconds=nothing))
-    assert control.trials[(1, 3)][1].sum() == 3 and not control.through_trials
+    assert control.estimates.trials[(1, 3)][1].sum() == 3 and not control.estimates.through_trials
 
 
 def test_select_hierarchy_measures_the_rates_through_its_lookup_level(tmp_path) -> None:
@@ -364,10 +373,12 @@ def test_a_probe_is_worth_its_time_where_the_rates_through_could_make_a_chain_wi
     control = LatencyController(costs, rates, through={(0, 1, 3): RatesThrough(0.9, 0.3)}, probe_every=1)
     control.current = lookup_only = Choice((0,), (4,))
     chain = Choice((0, 1), (4, 4))
-    now = control.predicted(lookup_only, control.costs(), control.alpha())
-    raised_pair = control.alpha()
+    now = control.predicted(lookup_only, control.estimates.costs(), control.estimates.alpha())
+    raised_pair = control.estimates.alpha()
     raised_pair[1][3] = 0.5 + 2 * (0.25 / PRIOR_TOKENS) ** 0.5
-    assert control.predicted(chain, control.costs(), raised_pair) > 0.95 * now  # the pair alone: shut
+    assert (
+        control.predicted(chain, control.estimates.costs(), raised_pair) > 0.95 * now
+    )  # the pair alone: shut
     assert control.wants_probes(replace(seen(1, lookup_only), round=1)) == [1]
     low = ProposalsProbed(
         0, np.array([40.0]), np.array([40.0]), kept=(20.0, 40.0), corrections=(2.0, 40.0), own=(20.0, 40.0)
