@@ -31,7 +31,7 @@ from hsd_fast.profile import ProfileCache, ProfileNoiseWarning, measured_latency
 from hsd_fast.profile.costs import crowd_bytes
 from hsd_fast.proposal_level import ProposalLevel
 from hsd_fast.row_spread import ProposalRows, Spread
-from hsd_fast.selector import prefer_no_draft
+from hsd_fast.selector import prefer_fewer_drafts, prefer_no_draft
 from hsd_fast.tree import MAX_NODES, Tree
 from hsd_fast.tree_latency import tree_acceptance, tree_cost
 
@@ -93,9 +93,13 @@ def select_hierarchy(
     is chosen, with a ``NoDraftWarning`` and the reason in ``no_draft_reason`` (0 turns this off).
 
     A profile is only as good as the machine was quiet: the returned ``Hierarchy`` carries the
-    costs' relative noise (``cost_noise``), and when the pick's predicted speed-up over
-    autoregressive decoding or over the best single draft is within ``NOISE_MARGIN`` standard
-    errors of it, ``within_noise`` is set and a ``ProfileNoiseWarning`` says so."""
+    costs' relative noise (``cost_noise``). Where the best hierarchy is predicted faster than one with
+    fewer drafts (one at least) by less than ``NOISE_MARGIN`` standard errors of it, the one with
+    fewer drafts is chosen (``prefer_fewer_drafts``: the two rank by chance, and fewer drafts hold
+    fewer models, caches and compiled steps), with a ``ProfileNoiseWarning`` and the reason in
+    ``fewer_drafts_reason``. When the pick's predicted speed-up over autoregressive decoding or over
+    the best single draft is within that margin, ``within_noise`` is set and a
+    ``ProfileNoiseWarning`` says so."""
     unknown = set(generation_kwargs) - set(SAMPLING_KWARGS)
     _check_sizes(max_T, tree_sizes, batch)
     if unknown:
@@ -173,12 +177,16 @@ def select_hierarchy(
     through = through_over(everything, passed_through)
     selection = select_for_batch(costs, alpha, batch, max_T, max_new_tokens, spread, through)
     selection, no_draft_reason = prefer_no_draft(selection, MODEL_ERROR if min_gain is None else min_gain)
+    noise = max(c.noise for c in costs)
+    selection, fewer_drafts_reason = prefer_fewer_drafts(selection, NOISE_MARGIN * noise)
     pick = Hierarchy.bind(selection, everything, batch)
     pick = replace(pick, profile=Profile.of(everything, costs, alpha, spread, through, max_T))
     if no_draft_reason is not None:
         warnings.warn(f"select_hierarchy: {no_draft_reason}", NoDraftWarning, stacklevel=2)
         pick = replace(pick, no_draft_reason=no_draft_reason)
-    noise = max(c.noise for c in costs)
+    if fewer_drafts_reason is not None:
+        warnings.warn(f"select_hierarchy: {fewer_drafts_reason}", ProfileNoiseWarning, stacklevel=2)
+        pick = replace(pick, fewer_drafts_reason=fewer_drafts_reason)
     doubt = _doubt(pick.selection, noise)
     if doubt is not None:
         warnings.warn(f"select_hierarchy: {doubt}", ProfileNoiseWarning, stacklevel=2)

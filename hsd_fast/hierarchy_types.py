@@ -110,6 +110,7 @@ class Hierarchy:
     tree: Tree | None = None
     batch: int = 1  # rows it was chosen for: its latencies are per token of each row
     no_draft_reason: str | None = None  # why no draft was chosen over a better-predicted chain
+    fewer_drafts_reason: str | None = None  # why fewer drafts were chosen over a better-predicted chain
     profile: Profile | None = field(default=None, compare=False, repr=False)  # what it was chosen from
 
     @property

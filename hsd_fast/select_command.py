@@ -307,6 +307,8 @@ def run(args: argparse.Namespace) -> int:
     table = _table(rows, args.measure)
     if pick.no_draft_reason:
         table.append(f"\nThe pick is no draft: {pick.no_draft_reason}.")
+    if pick.fewer_drafts_reason:
+        table.append(f"\nThe pick has fewer drafts than the best predicted: {pick.fewer_drafts_reason}.")
     table += _never_drafts(pick, models)
     if args.measure:
         rank = sorted(r["measured_tok_s"] for r in rows)[::-1].index(rows[0]["measured_tok_s"]) + 1
@@ -330,6 +332,8 @@ def run(args: argparse.Namespace) -> int:
             prompts=f"{len(prompts)} rows x {args.prompt_len} tokens ({described})",
             max_new_tokens=args.max_new_tokens,
             no_draft_reason=pick.no_draft_reason,
+            fewer_drafts_reason=pick.fewer_drafts_reason,
+            cost_noise=pick.cost_noise,
         )
         write_report(args.json, "hsd-fast select", meta, table, {"rows": rows})  # a stem: run.v2 stays
     return 0

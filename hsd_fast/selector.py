@@ -187,6 +187,38 @@ def _exact(
     return expected_latency([costs[m] for m in models], chain_rates(costs, alpha, models, T, through), T)
 
 
+def prefer_fewer_drafts(selection: Selection, margin: float) -> tuple[Selection, str | None]:
+    """``selection`` with the hierarchy of the fewest drafts (one at least) among it and its runner-ups
+    whose predicted latency is within ``margin`` of the pick's made the pick, and why (None when the
+    pick is kept).
+
+    ``margin`` is the advantage the step costs' noise can resolve: a pick predicted 2 % ahead of a
+    chain with one draft fewer, on costs each a few percent uncertain, ranks the two by chance, and
+    the chain with fewer drafts holds fewer models, caches and compiled steps (on the zoo's table
+    prompts ``lookup > xxs > s`` was picked 1.02x ahead of ``lookup > s`` within a margin of 8.9 % and
+    ran 0.92x it: docs/design.md, "Where the latency model errs"). No-draft decoding is
+    ``prefer_no_draft``'s to choose."""
+    if len(selection.chain) <= 2 or margin <= 0:
+        return selection, None
+    pick = replace(selection, runner_ups=())
+    within = [
+        s
+        for s in selection.runner_ups
+        if 2 <= len(s.chain) < len(pick.chain)
+        and s.predicted_latency <= (1 + margin) * pick.predicted_latency
+    ]
+    if not within:
+        return selection, None
+    fewer = min(within, key=lambda s: (len(s.chain), s.predicted_latency))
+    drafts = len(fewer.chain) - 1
+    reason = (
+        f"the best hierarchy's predicted speed-up over one with {drafts} draft{'s' * (drafts > 1)} "
+        f"({fewer.predicted_latency / pick.predicted_latency:.3f}x) is within the noise of the measured "
+        f"step costs (+-{margin:.1%}): the one with fewer drafts chosen"
+    )
+    return replace(fewer, runner_ups=(pick, *(s for s in selection.runner_ups if s is not fewer))), reason
+
+
 def prefer_no_draft(selection: Selection, min_gain: float) -> tuple[Selection, str | None]:
     """``selection`` with no-draft decoding (always among its runner-ups) made the pick when the
     pick's predicted speed-up over it is below ``1 + min_gain``, and why (None when it is kept).

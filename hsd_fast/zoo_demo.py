@@ -80,8 +80,9 @@ def main(
         f"hierarchy: {chain}, T = {list(pick.T)} (predicted {pick.speedup_over_ar:.2f}x {baseline}, "
         "on the zoo's calibration text)\n"
     )
-    if pick.no_draft_reason:
-        print(f"({pick.no_draft_reason})\n")
+    for reason in (pick.no_draft_reason, pick.fewer_drafts_reason):
+        if reason:
+            print(f"({reason})\n")
 
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
     kwargs = {"do_sample": False, "max_new_tokens": max_new_tokens, "eos_token_id": None}

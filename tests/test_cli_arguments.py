@@ -185,6 +185,8 @@ def test_select_writes_both_halves_of_the_report(given, stem, tmp_path, monkeypa
         speedup_over_best_single=1.0,
         runner_ups=[],
         no_draft_reason=None,
+        fewer_drafts_reason=None,
+        cost_noise=0.0,
     )
 
     def fake_select(target, candidates, calibration, *, cache, tree_sizes, **kwargs):

@@ -37,11 +37,11 @@ from hsd_fast.hierarchy_types import NoDraftWarning, Selection
 from hsd_fast.latency import LookupCost, TreeCost, expected_latency, sharing_the_cache
 from hsd_fast.lookup import LookupDraft
 from hsd_fast.processors import LogitsTransform
-from hsd_fast.profile import ProfileCache
+from hsd_fast.profile import ProfileCache, ProfileNoiseWarning
 from hsd_fast.profile.cache import ProfileCacheWarning
 from hsd_fast.profile.costs import CostProfile, interleaved_medians
 from hsd_fast.profile.run_text import continued
-from hsd_fast.selector import prefer_no_draft, select
+from hsd_fast.selector import prefer_fewer_drafts, prefer_no_draft, select
 
 VOCAB, FIRST = 96, 3  # tokens FIRST..VOCAB-1 form one cycle of 93
 
@@ -224,6 +224,58 @@ def test_select_hierarchy_says_when_it_chose_no_draft(monkeypatch) -> None:
     assert [h.drafts for h in pick.runner_ups] == [(draft,)]
     kept = hsd_fast.select_hierarchy(target, [draft], _prompts(), cache=cache, progress=False, min_gain=0.0)
     assert kept.drafts == (draft,) and kept.no_draft_reason is None
+
+
+def _deep_selection(over_single: float) -> Selection:
+    """A pick with two drafts predicted ``over_single`` times the best single draft, over no draft 2x."""
+    ar = Selection((2,), (), 2.0)
+    single = Selection((1, 2), (3,), 1.0, 2.0)
+    deeper = Selection((0, 1, 2), (4, 2), 1 / over_single, 2 * over_single, over_single)
+    return replace(deeper, runner_ups=(single, ar))
+
+
+def test_fewer_drafts_are_chosen_when_the_gain_is_within_the_costs_noise() -> None:
+    kept, reason = prefer_fewer_drafts(_deep_selection(1.10), margin=0.09)
+    assert kept == _deep_selection(1.10) and reason is None
+
+    chosen, reason = prefer_fewer_drafts(_deep_selection(1.02), margin=0.09)
+    assert chosen.chain == (1, 2) and "one with 1 draft (1.020x)" in reason and "+-9.0%" in reason
+    assert [s.chain for s in chosen.runner_ups] == [(0, 1, 2), (2,)]  # nothing lost from the list
+    assert not chosen.runner_ups[0].runner_ups
+
+    assert prefer_fewer_drafts(_deep_selection(1.02), margin=0.0)[1] is None  # quiet costs: kept
+    assert prefer_fewer_drafts(_deep_selection(1.02), margin=2.0)[0].chain == (1, 2)  # never no draft
+    single = replace(_deep_selection(1.0), chain=(1, 2), T=(3,))
+    assert prefer_fewer_drafts(single, margin=0.5) == (single, None)  # one draft is the fewest
+
+
+def test_select_hierarchy_says_when_it_chose_fewer_drafts(monkeypatch) -> None:
+    """The selection (replaced here by one whose two-draft pick is predicted 1.02x its best single
+    draft) on costs 5 % noisy (a 15 % margin at three standard errors): the single draft, a
+    ProfileNoiseWarning, the reason on the result, the deeper chain first among the runner-ups;
+    on quiet costs the deeper chain is kept."""
+    import hsd_fast.hierarchy as hierarchy_module
+
+    target, small, large = counting_llama(), counting_llama(), counting_llama()
+    with torch.no_grad():  # other models (other cache keys), the same argmax
+        small.lm_head.weight[0, 0] += 1e-3
+        large.lm_head.weight[0, 1] += 1e-3
+    monkeypatch.setattr(hierarchy_module, "select_for_batch", lambda *a, **k: _deep_selection(1.02))
+    cache = ProfileCache()
+    for noise, expected in ((0.05, (large,)), (0.0, (small, large))):
+        cost = CostProfile((1, 2), (0.01, 0.011), (1,), (0.01,), noise=noise)
+        monkeypatch.setattr(cache, "costs", lambda *a, cost=cost, **k: cost)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pick = hsd_fast.select_hierarchy(target, [small, large], _prompts(), cache=cache, progress=False)
+        assert pick.drafts == expected
+        said = [str(w.message) for w in caught if issubclass(w.category, ProfileNoiseWarning)]
+        if noise:
+            assert "the one with fewer drafts chosen" in pick.fewer_drafts_reason
+            assert any("+-15.0%" in m and "fewer drafts chosen" in m for m in said)
+            assert [h.drafts for h in pick.runner_ups] == [(small, large), ()]
+        else:
+            assert pick.fewer_drafts_reason is None and not said
 
 
 def test_text_sets_cut_disjoint_windows_from_the_files_found(tmp_path, monkeypatch) -> None:
