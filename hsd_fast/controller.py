@@ -11,8 +11,6 @@ a lookup level); the controller decides on them:
 - **Rows apart**: the estimate pools a batch's rows, but the batch decodes at its slowest row's
   pace; with the profile's spread (``row_spread``) each pair is priced at the rate of the expected
   slowest of the rows still decoding (``_paced``).
-  pace; with the profile's spread (``row_spread``) each pair is priced at the rate of the expected
-  slowest of the rows still decoding (``_paced``).
 - **Probes** (greedy runs): at a look, while the probes' seconds stay under ``probe_share`` of the
   wall time it has seen, the idle model candidate considered longest ago (at most once every
   ``probe_every`` looks, twice as long after each further probe that left it out) is fed the
@@ -22,8 +20,7 @@ a lookup level); the controller decides on them:
   (candidate, target), so a draft that sits out is still judged on this request's text. Where a
   lookup level is a candidate, the probe also scores the candidate on the lookup's proposals
   replayed on that text: trials of the pair (lookup, candidate) and of the target's rates on what
-  the candidate would hand up of them (``through``).
-
+  the candidate would hand up of them (``RunEstimates.through``).
 - **What the model misses**: a run's seconds per token also hold what the latency model leaves
   out: a batch's rows that finish apart (the batch pays for the rows that still decode), the
   engine's host work between steps, a verification's cost growing faster with its width than the
@@ -116,9 +113,9 @@ class LatencyController:
     level's rows, ``ProposalRows``, as their log-odds spread): at more than one row the model
     prices each pair at the rate of the batch's slowest row, which sets the batch's pace;
     ``through``: the rates at which a model accepts the proposals the model under it passed
-    (``latency.chain_rates``), corrected by the chains that run (``through``, the method);
+    (``latency.chain_rates``), corrected by the chains that run (``RunEstimates.through``);
     ``later_calls_apart``: under a middle model, count a lookup level's calls after the first of
-    the middle model's run apart and price chains with them (``later_calls``). Off by default: it
+    the middle model's run apart and price chains with them (``RunEstimates.later_calls``). Off by default: it
     makes the model's middle verifications per round right (docs/design.md, "Tokens that came
     through", *First and later calls*), but on the cost twin's stream the controller then ran
     ``lookup > xs > s`` where ``lookup > s`` was faster (0.90-0.95x the pick, from 0.95-1.01x)."""

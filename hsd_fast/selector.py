@@ -194,9 +194,9 @@ def prefer_fewer_drafts(selection: Selection, margin: float) -> tuple[Selection,
 
     ``margin`` is the advantage the step costs' noise can resolve: a pick predicted 2 % ahead of a
     chain with one draft fewer, on costs each a few percent uncertain, ranks the two by chance, and
-    the chain with fewer drafts holds fewer models, caches and compiled steps (on the zoo's table
-    prompts ``lookup > xxs > s`` was picked 1.02x ahead of ``lookup > s`` within a margin of 8.9 % and
-    ran 0.92x it: docs/design.md, "Where the latency model errs"). No-draft decoding is
+    the chain with fewer drafts holds fewer models, caches and compiled steps (on data tables
+    ``lookup > xxs > s`` was predicted 1.03x ahead of ``lookup > s`` within a margin of 9 % and ran
+    0.90x it: docs/design.md, "Where the latency model errs"). No-draft decoding is
     ``prefer_no_draft``'s to choose."""
     if len(selection.chain) <= 2 or margin <= 0:
         return selection, None
