@@ -452,6 +452,11 @@ class LatencyController:
         self._measure(costs, alpha)
         if self.current is None or self.looks - self.resolved_at >= self.resolve_every:
             self._resolve(costs, alpha)
+        if self.current is None and seen.choice is not None and seen.choice.tree is None:
+            # the hierarchy the run started from (a pick): held as any choice of its own, until the
+            # model predicts another faster by the margin (the selector may have preferred it to one
+            # predicted a little faster, ``selector.prefer_fewer_drafts``)
+            self.current = seen.choice
         options = {*self.shortlist, *self._neighbours(self.current or self.shortlist[0])}
         through = self.estimates.through(alpha)  # once for every option scored
         scores = {c: self.predicted(c, costs, alpha, through) for c in options}

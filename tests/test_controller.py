@@ -644,3 +644,23 @@ def test_counts_at_the_largest_block_size_are_added_to_its_replay_as_before() ->
     passed, tried = estimates_module._trials(np.array([0, 1, 4, 4, 3]), np.array([0, 1, 2, 4, 1]))
     one_replay = estimates_module._per_position((0.9,) * 4, COSTS[0].lengths, passed, tried)
     assert tuple(control.estimates.alpha()[0][3]) == pytest.approx(one_replay)
+
+
+def test_the_first_look_holds_the_hierarchy_the_run_started_from() -> None:
+    """A run started from a hierarchy (a pick) shows it at the first look: the controller holds it
+    as a choice of its own, left only for one predicted faster by the margin, not for the model's
+    best outright (the selector may have chosen it over one predicted a little faster)."""
+    fresh = LatencyController(COSTS, alpha(), every=1)
+    best = fresh(seen(0, None))  # nothing ran: the model's own best
+    costs, rates = fresh.estimates.costs(), fresh.estimates.alpha()
+    seconds = {c: fresh.predicted(c, costs, rates) for c in fresh._neighbours(best) if c != best}
+    close = min(seconds, key=seconds.get)  # the next best, within the margin of the best
+    far = max(seconds, key=seconds.get)
+    assert (
+        (1 - fresh.margin) * seconds[close]
+        < fresh.predicted(best, costs, rates)
+        < (1 - fresh.margin) * seconds[far]
+    )
+    for start, expected in ((close, close), (far, best)):
+        control = LatencyController(COSTS, alpha(), every=1)
+        assert control(seen(1, start)) == expected
