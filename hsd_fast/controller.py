@@ -53,7 +53,8 @@ a request's last look at its end (``finished``): only decisions wait.
 It scores the current hierarchy and its neighbours (each block size one up or down, a
 candidate added or removed, the level-0 draft swapped) and the selector's last runner-ups with the
 exact latency model on the current estimates, and switches when the best is predicted faster by more
-than ``margin`` (hysteresis: an estimate's noise must not make it flap). The full selector runs at
+than ``margin`` (hysteresis: an estimate's noise must not make it flap); the hierarchy a run started
+from (``Adaptive.start``, a pick) is the current one at its first look. The full selector runs at
 the start and every ``resolve_every`` looks (counted over every request the controller serves).
 Decisions and probes each keep within a share of the wall time the controller has seen
 (``decide_share``, ``probe_share``): a look that would exceed it keeps the current hierarchy.
