@@ -200,12 +200,11 @@ def prefer_fewer_drafts(selection: Selection, margin: float) -> tuple[Selection,
     ``prefer_no_draft``'s to choose."""
     if len(selection.chain) <= 2 or margin <= 0:
         return selection, None
-    pick = replace(selection, runner_ups=())
     within = [
         s
         for s in selection.runner_ups
-        if 2 <= len(s.chain) < len(pick.chain)
-        and s.predicted_latency <= (1 + margin) * pick.predicted_latency
+        if 2 <= len(s.chain) < len(selection.chain)
+        and s.predicted_latency <= (1 + margin) * selection.predicted_latency
     ]
     if not within:
         return selection, None
@@ -213,10 +212,10 @@ def prefer_fewer_drafts(selection: Selection, margin: float) -> tuple[Selection,
     drafts = len(fewer.chain) - 1
     reason = (
         f"the best hierarchy's predicted speed-up over one with {drafts} draft{'s' * (drafts > 1)} "
-        f"({fewer.predicted_latency / pick.predicted_latency:.3f}x) is within the noise of the measured "
+        f"({fewer.predicted_latency / selection.predicted_latency:.3f}x) is within the noise of the measured "
         f"step costs (+-{margin:.1%}): the one with fewer drafts chosen"
     )
-    return replace(fewer, runner_ups=(pick, *(s for s in selection.runner_ups if s is not fewer))), reason
+    return _promoted(selection, fewer), reason
 
 
 def prefer_no_draft(selection: Selection, min_gain: float) -> tuple[Selection, str | None]:
@@ -229,9 +228,15 @@ def prefer_no_draft(selection: Selection, min_gain: float) -> tuple[Selection, s
     if len(selection.chain) == 1 or selection.speedup_over_ar >= 1 + min_gain:
         return selection, None
     ar = next(s for s in selection.runner_ups if len(s.chain) == 1)
-    others = [replace(selection, runner_ups=()), *(s for s in selection.runner_ups if s is not ar)]
     reason = (
         f"the best hierarchy is predicted {selection.speedup_over_ar:.2f}x no-draft decoding, within the "
         f"latency model's error (+-{min_gain:.0%}): no draft chosen"
     )
-    return replace(ar, runner_ups=tuple(others)), reason
+    return _promoted(selection, ar), reason
+
+
+def _promoted(selection: Selection, runner_up: Selection) -> Selection:
+    """``runner_up`` (one of ``selection``'s) made the pick: the old pick first among its runner-ups,
+    then the others, nothing lost from the list."""
+    others = (s for s in selection.runner_ups if s is not runner_up)
+    return replace(runner_up, runner_ups=(replace(selection, runner_ups=()), *others))
